@@ -1,0 +1,108 @@
+"""Actors, endpoints and the per-actor context."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ENDPOINT_ATTR = "__otpmesh_endpoint__"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """What `@endpoint` recorded about a method."""
+
+    name: str
+    is_async: bool
+    let_it_crash: bool
+
+
+class Actor:
+    """Base class of actors: subclass it and mark methods with ``@otpmesh.endpoint``.
+
+    The constructor runs in the actor's own process. An actor handles one message at a time.
+    An exception escaping an endpoint crashes the actor ("let it crash") unless the endpoint
+    was declared with ``@endpoint(let_it_crash=False)``.
+    """
+
+    @classmethod
+    def endpoints(cls) -> dict[str, EndpointInfo]:
+        """The endpoints of this class, by name."""
+        found: dict[str, EndpointInfo] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                info = getattr(value, _ENDPOINT_ATTR, None)
+                if isinstance(info, EndpointInfo):
+                    found[name] = info
+        return found
+
+
+@overload
+def endpoint(fn: F, /) -> F: ...
+
+
+@overload
+def endpoint(*, let_it_crash: bool = True) -> Callable[[F], F]: ...
+
+
+def endpoint(fn: F | None = None, /, *, let_it_crash: bool = True) -> F | Callable[[F], F]:
+    """Mark an actor method as an endpoint callable from anywhere.
+
+    ``async def`` endpoints run in the actor's task; plain ``def`` endpoints run inline.
+    With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
+    """
+
+    def mark(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"@endpoint decorates a method, not {f!r}")
+        info = EndpointInfo(f.__name__, inspect.iscoroutinefunction(f), let_it_crash)
+        setattr(f, _ENDPOINT_ATTR, info)
+        return f
+
+    if fn is not None:
+        return mark(fn)
+    return mark
+
+
+@dataclass(frozen=True, slots=True)
+class ActorContext:
+    """Where the running actor sits: its mesh name, path, rank, coordinates and mesh shape."""
+
+    name: str
+    path: str
+    rank: int
+    coords: dict[str, int] = field(default_factory=dict)
+    shape: dict[str, int] = field(default_factory=dict)
+    pid: int = 0
+
+
+_current: contextvars.ContextVar[ActorContext] = contextvars.ContextVar("otpmesh_actor_context")
+
+
+def context() -> ActorContext:
+    """The context of the actor whose code is running (constructor or endpoint)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "otpmesh.context() is only available inside an actor's constructor or endpoints"
+        ) from None
+
+
+def set_context(ctx: ActorContext) -> contextvars.Token[ActorContext]:
+    return _current.set(ctx)
+
+
+def class_path(cls: type) -> str:
+    """The import path a class travels by: 'module:QualName'."""
+    if "<locals>" in cls.__qualname__:
+        raise TypeError(
+            f"actor class {cls.__qualname__} is defined inside a function; define it at module "
+            "level so worker processes can import it"
+        )
+    return f"{cls.__module__}:{cls.__qualname__}"

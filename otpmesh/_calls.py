@@ -1,0 +1,76 @@
+"""Waiting for replies: one CallGroup per logical call, however many actors it went to.
+
+Replies are delivered synchronously by connection readers; the waiting task is parked with
+trio's low-level primitives (one reschedule per wake-up, no Event or task per actor).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import trio
+
+_MISSING: Any = object()
+
+
+class CallGroup:
+    """The outstanding replies of one call to `n` actors, delivered by index."""
+
+    __slots__ = ("_task", "arrived", "cancels", "paths", "remaining", "results")
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self.results: list[Any] = [_MISSING] * len(paths)
+        self.remaining = len(paths)
+        self.arrived: deque[int] = deque()
+        # Per index: how to forget the outstanding request if the caller gives up.
+        self.cancels: list[Any] = [None] * len(paths)
+        self._task: trio.lowlevel.Task | None = None
+
+    def deliver(self, index: int, ok: bool, value: Any) -> None:
+        """Record the reply (value, or exception when not ok) of actor `index`; first one wins."""
+        if self.results[index] is not _MISSING:
+            return
+        self.results[index] = (ok, value)
+        self.cancels[index] = None
+        self.remaining -= 1
+        self.arrived.append(index)
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def _park(self) -> None:
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def wait_all(self) -> None:
+        while self.remaining:
+            await self._park()
+
+    async def wait_next(self) -> int:
+        while not self.arrived:
+            await self._park()
+        return self.arrived.popleft()
+
+    def missing(self) -> list[int]:
+        return [i for i, r in enumerate(self.results) if r is _MISSING]
+
+    def forget(self) -> None:
+        """Drop every request still outstanding (timeout or cancellation): late replies are ignored."""
+        for i, cancel in enumerate(self.cancels):
+            if cancel is not None:
+                self.cancels[i] = None
+                cancel()
+
+    def outcome(self, index: int) -> Any:
+        """The value of actor `index`, or raise its error."""
+        ok, value = self.results[index]
+        if ok:
+            return value
+        raise value

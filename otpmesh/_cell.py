@@ -1,0 +1,137 @@
+"""An actor's cell: its instance, its bounded mailbox and the task that serves it one message at a time."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._actor import ActorContext, EndpointInfo, set_context
+
+if TYPE_CHECKING:
+    from ._node import Node, ReplyTo
+
+log = logging.getLogger("otpmesh.actor")
+
+MAILBOX_CAPACITY = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ExitReason:
+    """Why an actor stopped: 'normal', 'shutdown', or a crash with the exception's type and text."""
+
+    kind: str
+    type_name: str = ""
+    message: str = ""
+    traceback: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "crashed":
+            return f"crashed with {self.type_name}: {self.message}"
+        return self.kind
+
+    def to_data(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "type": self.type_name,
+            "message": self.message,
+            "traceback": self.traceback,
+        }
+
+
+# A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast).
+Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None"]
+
+
+class ActorCell:
+    """Hosts one actor instance inside a node."""
+
+    def __init__(
+        self,
+        node: Node,
+        ctx: ActorContext,
+        instance: Any,
+        endpoints: dict[str, EndpointInfo],
+        on_exit: Callable[[ActorCell], None],
+        capacity: int = MAILBOX_CAPACITY,
+    ) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.instance = instance
+        self.endpoints = endpoints
+        self._on_exit = on_exit
+        self.send, self._receive = trio.open_memory_channel[Message](capacity)
+        self.exit_reason: ExitReason | None = None
+        self._scope = trio.CancelScope()
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_reason is None
+
+    async def run(self) -> None:
+        set_context(self.ctx)
+        with self._scope:
+            async for method, args, kwargs, reply in self._receive:
+                if not await self._handle(method, args, kwargs, reply):
+                    break
+        if self.exit_reason is None:
+            self.exit_reason = ExitReason("shutdown")
+        self._drain()
+        self._on_exit(self)
+
+    def stop(self, reason: ExitReason) -> None:
+        """End the actor after its current message; queued messages get an 'actor died' reply."""
+        if self.exit_reason is None:
+            self.exit_reason = reason
+        self._scope.cancel()
+
+    def _drain(self) -> None:
+        self.send.close()
+        reason = self.describe_exit()
+        while True:
+            try:
+                _, _, _, reply = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if reply is not None:
+                self.node.reply_dead(reply, reason)
+        self._receive.close()
+
+    def describe_exit(self) -> str:
+        return self.exit_reason.describe() if self.exit_reason else "running"
+
+    async def _handle(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """Run one message; return False when the actor crashed."""
+        info = self.endpoints.get(method)
+        if info is None:
+            known = ", ".join(sorted(self.endpoints)) or "none"
+            self.node.reply_error(
+                reply,
+                "AttributeError",
+                f"{type(self.instance).__qualname__} has no endpoint {method!r} (endpoints: {known})",
+                "",
+            )
+            return True
+        try:
+            result = getattr(self.instance, method)(*args, **kwargs)
+            if info.is_async:
+                result = await result
+        except Exception as exc:
+            tb = traceback.format_exc()
+            self.node.reply_error(reply, type(exc).__qualname__, str(exc), tb)
+            if not info.let_it_crash:
+                if reply is None:
+                    log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
+                return True
+            self.exit_reason = ExitReason("crashed", type(exc).__qualname__, str(exc), tb)
+            log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
+            return False
+        if reply is not None:
+            self.node.reply_ok(reply, result)
+        return True

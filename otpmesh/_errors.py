@@ -1,0 +1,63 @@
+"""Every exception otpmesh raises, in one place.
+
+Remote errors cross the wire as data (type name, message, traceback text), never pickled.
+"""
+
+from __future__ import annotations
+
+
+class OtpmeshError(Exception):
+    """Base class of every error otpmesh raises on purpose."""
+
+
+class ActorError(OtpmeshError):
+    """Raised by a call when the remote endpoint raised; carries the remote type, message and traceback."""
+
+    def __init__(self, actor: str, type_name: str, message: str, traceback: str = "") -> None:
+        self.actor = actor
+        self.type_name = type_name
+        self.message = message
+        self.traceback = traceback
+        super().__init__(f"{actor} raised {type_name}: {message}")
+
+    def __str__(self) -> str:
+        head = f"{self.actor} raised {self.type_name}: {self.message}"
+        if self.traceback:
+            return f"{head}\n--- remote traceback ---\n{self.traceback.rstrip()}"
+        return head
+
+
+class ActorDiedError(OtpmeshError):
+    """Raised by a call to an actor that is dead or died before it replied; says why it died."""
+
+    def __init__(self, actor: str, reason: str) -> None:
+        self.actor = actor
+        self.reason = reason
+        super().__init__(f"{actor} is dead: {reason}")
+
+
+class CallTimeoutError(OtpmeshError, TimeoutError):
+    """Raised by a call when no reply came within its timeout; names the actors that did not answer."""
+
+    def __init__(self, actors: list[str], endpoint: str, timeout: float) -> None:
+        self.actors = actors
+        self.endpoint = endpoint
+        self.timeout = timeout
+        shown = ", ".join(actors[:8]) + (f" and {len(actors) - 8} more" if len(actors) > 8 else "")
+        super().__init__(f"call to {endpoint!r} on {shown} timed out after {timeout:g} s")
+
+
+class ProtocolError(OtpmeshError):
+    """Raised by the frame decoder when bytes on a connection break the wire protocol."""
+
+
+class EncodeError(OtpmeshError, TypeError):
+    """Raised when a message holds a value the wire cannot carry (otpmesh never pickles)."""
+
+
+class SpawnError(OtpmeshError):
+    """Raised by proc_mesh or spawn when a worker process or an actor could not be started."""
+
+
+class MeshError(OtpmeshError, ValueError):
+    """Raised on misuse of a mesh: bad shape, bad slice, call_one on many actors."""

@@ -1,0 +1,383 @@
+"""A node: one process's endpoint on the wire (the controller and every worker run one).
+
+It listens on an abstract Unix socket, dials peers directly (actor-to-actor calls never relay
+through the controller), routes incoming calls to local actor cells and replies to callers.
+
+Frames (msgpack arrays, see docs/wire.md):
+
+    [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
+    [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
+    [2, call_id, value]                            OK    reply
+    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised' or 'dead')
+    [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
+    [5, payload]                                   HELLO a worker introduces itself
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from . import _codec
+from ._calls import CallGroup
+from ._cell import ActorCell
+from ._errors import ActorDiedError, ActorError, ProtocolError
+from ._wire import Connection, handshake
+
+log = logging.getLogger("otpmesh.node")
+
+CALL, CAST, OK, ERR, SYS, HELLO = range(6)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2}
+_P_CALL = _codec.pack(CALL)
+_P_CAST = _codec.pack(CAST)
+_ARRAY6 = b"\x96"
+_ARRAY5 = b"\x95"
+
+ReplyTo = tuple[Connection | CallGroup, int]
+SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
+
+
+class Target(Protocol):
+    """Where an actor lives: what a call needs to reach it."""
+
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def addr(self) -> str: ...
+    def dead_reason(self) -> str | None: ...
+
+
+_CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
+
+
+def current_node() -> Node | None:
+    """The node of this trio run (a worker's, or the controller's once started), if any."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        return None
+
+
+def set_current_node(node: Node) -> None:
+    _CURRENT.set(node)
+
+
+def new_address(role: str) -> str:
+    """A fresh abstract Unix socket address: nothing on disk to leak if the process is killed."""
+    return f"\0otpmesh/{os.getpid()}/{role}/{uuid.uuid4().hex[:12]}"
+
+
+def decode_message(frame: bytes) -> list[Any]:
+    msg = _codec.unpack(frame)
+    if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
+        raise ProtocolError(f"frame is not a message array: {str(msg)[:80]!r}")
+    arity = _ARITY.get(msg[0])
+    if arity is None:
+        raise ProtocolError(f"unknown frame kind {msg[0]!r}")
+    if len(msg) != arity:
+        raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
+    return msg
+
+
+class Node:
+    """The wire endpoint of one process. Create it, then ``await nursery.start(node.serve)``."""
+
+    def __init__(self, role: str, sys_handlers: dict[str, SysHandler] | None = None) -> None:
+        self.addr = new_address(role)
+        self.actors: dict[str, ActorCell] = {}
+        self.exited: dict[str, str] = {}  # actor id -> why it stopped, for fast failures
+        self.sys_handlers = sys_handlers or {}
+        self.on_hello: Callable[[Connection, Any], None] | None = None
+        # Returns True when it takes over failing the connection's pending calls.
+        self.on_connection_lost: Callable[[Connection], bool] | None = None
+        self._conns: dict[str, Connection] = {}
+        self._dialing: dict[str, trio.Event] = {}
+        self.nursery: trio.Nursery | None = None
+        self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
+
+    # ---------------------------------------------------------------- serving
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.bind(self.addr)
+        sock.listen(128)
+        listener = trio.SocketListener(sock)
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            async with listener:
+                while True:
+                    stream = await listener.accept()
+                    nursery.start_soon(self._serve_accepted, stream)
+
+    async def _serve_accepted(self, stream: trio.SocketStream) -> None:
+        try:
+            await handshake(stream, dialer=False)
+        except (ProtocolError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+            log.error("refused an incoming connection: %s", exc)
+            await stream.aclose()
+            return
+        await self._run_connection(Connection(stream, peer="(incoming)", decode=decode_message,
+                                              on_message=self._on_message))
+
+    async def _run_connection(self, conn: Connection) -> None:
+        try:
+            await conn.run()
+        finally:
+            self._connection_closed(conn)
+
+    async def connect(self, addr: str) -> Connection:
+        """The connection to the node at `addr`, dialing it the first time."""
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        while addr in self._dialing:
+            await self._dialing[addr].wait()
+            conn = self._conns.get(addr)
+            if conn is not None and not conn.closed:
+                return conn
+        self._dialing[addr] = done = trio.Event()
+        try:
+            stream = await trio.open_unix_socket(addr)
+            try:
+                await handshake(stream, dialer=True)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            conn = Connection(stream, peer=addr, decode=decode_message, on_message=self._on_message)
+            self._conns[addr] = conn
+            if self.nursery is None:
+                raise RuntimeError("node is not serving")
+            self.nursery.start_soon(self._run_connection, conn)
+            return conn
+        finally:
+            del self._dialing[addr]
+            done.set()
+
+    def register(self, addr: str, conn: Connection) -> None:
+        """Use the (already served) incoming `conn` for calls to the node at `addr`."""
+        conn.peer = addr
+        self._conns[addr] = conn
+
+    def _connection_closed(self, conn: Connection) -> None:
+        if self._conns.get(conn.peer) is conn:
+            del self._conns[conn.peer]
+        if self.on_connection_lost is None or not self.on_connection_lost(conn):
+            self.fail_pending(conn, conn.close_reason or "connection lost")
+
+    def fail_pending(self, conn: Connection, reason: str) -> None:
+        """Fail every call still waiting on `conn` with an ActorDiedError carrying `reason`."""
+        pending, conn.pending = conn.pending, {}
+        for group, index in pending.values():
+            group.deliver(index, False, ActorDiedError(group.paths[index], reason))
+
+    # ---------------------------------------------------------------- incoming
+
+    def _on_message(self, conn: Connection, msg: list[Any]) -> Awaitable[None] | None:
+        kind = msg[0]
+        if kind == OK or kind == ERR:
+            entry = conn.pending.pop(msg[1], None)
+            if entry is None:
+                return None  # the caller gave up (timeout) before the reply came
+            group, index = entry
+            if kind == OK:
+                group.deliver(index, True, msg[2])
+            else:
+                group.deliver(index, False, remote_error(group.paths[index], msg))
+            return None
+        if kind == CALL:
+            return self.deliver_local(msg[2], msg[3], msg[4], msg[5], (conn, msg[1]))
+        if kind == CAST:
+            return self.deliver_local(msg[1], msg[2], msg[3], msg[4], None)
+        if kind == SYS:
+            if self.nursery is not None:
+                self.nursery.start_soon(self._run_sys, conn, msg[1], msg[2], msg[3])
+            return None
+        if self.on_hello is None:
+            raise ProtocolError("unexpected HELLO frame")
+        self.on_hello(conn, msg[1])
+        return None
+
+    def deliver_local(
+        self,
+        actor_id: str,
+        method: str,
+        args: Any,
+        kwargs: Any,
+        reply: ReplyTo | None,
+    ) -> Awaitable[None] | None:
+        if not isinstance(method, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ProtocolError("call frame needs a method name, an args array and a kwargs map")
+        cell = self.actors.get(actor_id)
+        if cell is None or not cell.alive:
+            if reply is not None:
+                why = cell.describe_exit() if cell else self.exited.get(actor_id, "no such actor")
+                self.reply_dead(reply, why)
+            return None
+        item = (method, args, kwargs, reply)
+        try:
+            cell.send.send_nowait(item)
+        except trio.WouldBlock:
+            return cell.send.send(item)
+        except trio.ClosedResourceError:
+            if reply is not None:
+                self.reply_dead(reply, cell.describe_exit())
+        return None
+
+    async def _run_sys(self, conn: Connection, call_id: int, op: str, payload: Any) -> None:
+        handler = self.sys_handlers.get(op)
+        reply: ReplyTo | None = (conn, call_id) if call_id >= 0 else None
+        if handler is None:
+            self.reply_error(reply, "ProtocolError", f"unknown node operation {op!r}", "")
+            return
+        try:
+            result = await handler(conn, payload)
+        except Exception as exc:
+            import traceback
+
+            self.reply_error(reply, type(exc).__qualname__, str(exc), traceback.format_exc())
+            if reply is None:
+                log.exception("node operation %s failed", op)
+            return
+        if reply is not None:
+            self.reply_ok(reply, result)
+
+    # ---------------------------------------------------------------- replies
+
+    def reply_ok(self, reply: ReplyTo, value: Any) -> None:
+        target, call_id = reply
+        try:
+            payload = _codec.pack([OK, call_id, value])
+        except Exception as exc:
+            self.reply_error(reply, type(exc).__qualname__, f"cannot send the result: {exc}", "")
+            return
+        if isinstance(target, CallGroup):
+            target.deliver(call_id, True, _codec.unpack(payload)[2])
+        elif not target.closed:
+            target.send_nowait(payload)
+
+    def reply_error(
+        self, reply: ReplyTo | None, type_name: str, message: str, tb: str, kind: str = "raised"
+    ) -> None:
+        if reply is None:
+            return
+        target, call_id = reply
+        msg = [ERR, call_id, kind, type_name, message, tb]
+        if isinstance(target, CallGroup):
+            target.deliver(call_id, False, remote_error(target.paths[call_id], msg))
+        elif not target.closed:
+            target.send_nowait(_codec.pack(msg))
+
+    def reply_dead(self, reply: ReplyTo, reason: str) -> None:
+        self.reply_error(reply, "ActorDiedError", reason, "", kind="dead")
+
+    # ---------------------------------------------------------------- outgoing
+
+    async def call(
+        self, targets: Sequence[Target], paths: list[str], method: str, args: Any, kwargs: Any
+    ) -> CallGroup:
+        """Send one call to every target; the returned group collects the replies."""
+        group = CallGroup(paths)
+        body = _codec.pack(method) + _codec.pack(list(args)) + _codec.pack(kwargs)
+        inflight = self.inflight
+        for index, target in enumerate(targets):
+            actor_id = target.actor_id
+            inflight[actor_id] = inflight.get(actor_id, 0) + 1
+            dead = target.dead_reason()
+            if dead is not None:
+                group.deliver(index, False, ActorDiedError(paths[index], dead))
+                continue
+            if target.addr == self.addr:
+                self._call_local(group, index, actor_id, body)
+                continue
+            try:
+                conn = await self.connect(target.addr)
+            except OSError as exc:
+                reason = f"its process cannot be reached ({exc})"
+                group.deliver(index, False, ActorDiedError(paths[index], reason))
+                continue
+            call_id = conn.next_call_id
+            conn.next_call_id += 1
+            conn.pending[call_id] = (group, index)
+            group.cancels[index] = _forgetter(conn, call_id)
+            conn.send_nowait(_ARRAY6, _P_CALL, _codec.pack(call_id), _codec.pack(actor_id), body)
+        for target in targets:
+            if target.addr != self.addr:
+                conn = self._conns.get(target.addr)
+                if conn is not None:
+                    await conn.drain()
+        return group
+
+    def done(self, targets: Sequence[Target]) -> None:
+        """Forget the in-flight counts of a finished call (used for load balancing)."""
+        inflight = self.inflight
+        for target in targets:
+            n = inflight.get(target.actor_id, 0) - 1
+            if n > 0:
+                inflight[target.actor_id] = n
+            else:
+                inflight.pop(target.actor_id, None)
+
+    def _call_local(self, group: CallGroup, index: int, actor_id: str, body: bytes) -> None:
+        # Same process: still encode and decode, so arguments are copies as they would be remotely.
+        method, args, kwargs = _codec.unpack(b"\x93" + body)
+        waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index))
+        if waiting is not None and self.nursery is not None:
+            self.nursery.start_soon(_await, waiting)
+
+    async def cast(self, targets: Sequence[Target], method: str, args: Any, kwargs: Any) -> None:
+        """Fire-and-forget to every target, FIFO with later calls from this node."""
+        body = _codec.pack(method) + _codec.pack(list(args)) + _codec.pack(kwargs)
+        for target in targets:
+            if target.addr == self.addr:
+                m, a, k = _codec.unpack(b"\x93" + body)
+                waiting = self.deliver_local(target.actor_id, m, a, k, None)
+                if waiting is not None:
+                    await waiting
+                continue
+            try:
+                conn = await self.connect(target.addr)
+            except OSError:
+                log.warning("cast to %s dropped: its process cannot be reached", target.actor_id)
+                continue
+            conn.send_nowait(_ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
+
+    async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
+        """Run node operation `op` on the peer behind `conn` and return its result."""
+        group = CallGroup([path])
+        call_id = conn.next_call_id
+        conn.next_call_id += 1
+        conn.pending[call_id] = (group, 0)
+        group.cancels[0] = _forgetter(conn, call_id)
+        try:
+            conn.send_nowait(_codec.pack([SYS, call_id, op, payload]))
+            await group.wait_all()
+        finally:
+            group.forget()
+        return group.outcome(0)
+
+    def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
+        if not conn.closed:
+            conn.send_nowait(_codec.pack([SYS, -1, op, payload]))
+
+
+def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:
+    return lambda: conn.pending.pop(call_id, None) and None
+
+
+async def _await(waiting: Awaitable[None]) -> None:
+    await waiting
+
+
+def remote_error(path: str, msg: list[Any]) -> Exception:
+    """The exception a caller sees for an ERR frame from the actor at `path`."""
+    _, _, kind, type_name, message, tb = msg
+    if kind == "dead":
+        return ActorDiedError(path, str(message))
+    return ActorError(path, str(type_name), str(message), str(tb))

@@ -1,0 +1,143 @@
+"""Proc meshes: shaped sets of worker processes, and spawning actor meshes on them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import trio
+
+from ._actor import Actor, class_path
+from ._errors import ActorError, MeshError, SpawnError
+from ._mesh import ActorMesh, Slot
+from ._runtime import Proc, Runtime, runtime
+from ._shape import Shape, all_coords, check_shape
+
+STOP_TIMEOUT = 5.0
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this host exposes, found without initialising CUDA (fork-safe)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
+def _slot_env(coords: dict[str, int], rank: int, gpus: list[str]) -> dict[str, str]:
+    env = {"OTPMESH_RANK": str(rank)}
+    if "gpus" in coords and gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[coords["gpus"] % len(gpus)]
+    return env
+
+
+class ProcMesh:
+    """Worker processes, one per point of `shape`. ``async with`` stops them on exit."""
+
+    def __init__(self, rt: Runtime, shape: Shape, procs: list[Proc]) -> None:
+        self._rt = rt
+        self._shape = shape
+        self._procs = procs
+        self._meshes: dict[str, ActorMesh] = {}
+
+    @property
+    def shape(self) -> Shape:
+        return dict(self._shape)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    async def spawn(self, name: str, actor: type[Actor], *args: Any, **kwargs: Any) -> ActorMesh:
+        """Start one `actor` per process (its constructor runs there); return the actor mesh."""
+        if not isinstance(name, str) or not name or "/" in name:
+            raise MeshError(f"mesh name must be a non-empty string without '/', not {name!r}")
+        if name in self._meshes:
+            raise MeshError(f"this proc mesh already has an actor mesh named {name!r}")
+        if not (isinstance(actor, type) and issubclass(actor, Actor)):
+            raise TypeError(f"spawn needs an otpmesh.Actor subclass, not {actor!r}")
+        payload = {
+            "cls": class_path(actor),
+            "main": getattr(sys.modules.get("__main__"), "__file__", None),
+            "name": name,
+            "shape": self._shape,
+            "args": list(args),
+            "kwargs": kwargs,
+        }
+        slots = [Slot(f"{name}/{p.rank}", p.addr, p) for p in self._procs]
+        errors: dict[int, BaseException] = {}
+
+        async def start_one(proc: Proc, slot: Slot) -> None:
+            if proc.conn is None or not proc.alive:
+                errors[proc.rank] = SpawnError(f"{slot.actor_id}: {proc.death()}")
+                return
+            body = dict(payload, id=slot.actor_id, rank=proc.rank, coords=proc.coords)
+            try:
+                await self._rt.node.sys_call(proc.conn, "spawn_actor", body, slot.actor_id)
+            except Exception as exc:
+                errors[proc.rank] = exc
+            else:
+                proc.actors.append(slot.actor_id)
+
+        async with trio.open_nursery() as nursery:
+            for proc, slot in zip(self._procs, slots, strict=True):
+                nursery.start_soon(start_one, proc, slot)
+        if errors:
+            await self._stop_actors([s for p, s in zip(self._procs, slots, strict=True)
+                                     if p.rank not in errors])
+            rank, first = min(errors.items())
+            detail = str(first) if not isinstance(first, ActorError) else str(first)
+            raise SpawnError(
+                f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
+                f"rank {rank}: {detail}"
+            ) from first
+        mesh = ActorMesh(name, frozenset(actor.endpoints()), dict(self._shape), slots, None)
+        self._meshes[name] = mesh
+        return mesh
+
+    async def _stop_actors(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            if slot.proc is not None and slot.proc.conn is not None and slot.proc.alive:
+                self._rt.node.sys_cast(slot.proc.conn, "stop_actor", {"id": slot.actor_id})
+
+    async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`."""
+        for proc in self._procs:
+            if proc.alive and proc.conn is not None:
+                self._rt.node.sys_cast(proc.conn, "shutdown", None)
+        with trio.move_on_after(timeout):
+            for proc in self._procs:
+                await proc.exited.wait()
+        for proc in self._procs:
+            self._rt.kill(proc)
+        with trio.move_on_after(timeout):
+            for proc in self._procs:
+                await proc.exited.wait()
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stop()
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self._shape})"
+
+
+async def proc_mesh(**shape: int) -> ProcMesh:
+    """Start one worker process per point of `shape` (e.g. ``procs=4``, ``hosts=2, gpus=4``)."""
+    checked = check_shape(shape)
+    rt = await runtime()
+    coords = all_coords(checked)
+    gpus = visible_gpus()
+    envs = [_slot_env(point, rank, gpus) for rank, point in enumerate(coords)]
+    procs = await rt.start_procs(checked, coords, envs)
+    return ProcMesh(rt, checked, procs)

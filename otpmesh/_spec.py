@@ -1,0 +1,317 @@
+"""Supervision-tree specs: frozen dataclasses with OTP's words and defaults, checked up front.
+
+A tree is data: building one starts nothing. Every field is validated in ``__post_init__`` so a
+mistake is reported where it was written, naming the child path, the field, the value given and
+the values allowed (OTP's ``check_childspec`` does the same before it starts anything).
+A spec only knows its own id, so a field error inside a child names that child; checks that need
+the parent (duplicate ids, ``significant`` under ``auto_shutdown=NEVER``) name the full path.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+from ._spec_errors import SpecError
+
+
+class Strategy(enum.StrEnum):
+    """What a supervisor restarts when a child is to be restarted (OTP's ``strategy`` flag)."""
+
+    ONE_FOR_ONE = "one_for_one"
+    ONE_FOR_ALL = "one_for_all"
+    ALL_FOR_ONE = "one_for_all"  # the seed's name; an alias, so the two compare equal
+    REST_FOR_ONE = "rest_for_one"
+    ESCALATE = "escalate"  # otpmesh's addition: stop the group, exit with the child's reason
+
+
+class Restart(enum.StrEnum):
+    """When a child that exited is restarted (OTP's ``restart`` key)."""
+
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    TEMPORARY = "temporary"
+
+
+class AutoShutdown(enum.StrEnum):
+    """When the exit of significant children shuts their supervisor down (OTP 24+)."""
+
+    NEVER = "never"
+    ANY_SIGNIFICANT = "any_significant"
+    ALL_SIGNIFICANT = "all_significant"
+
+
+class Shutdown(enum.StrEnum):
+    """The non-numeric shutdown specs; a number of seconds is the third kind."""
+
+    BRUTAL_KILL = "brutal_kill"
+    INFINITY = "infinity"
+
+
+ONE_FOR_ONE = Strategy.ONE_FOR_ONE
+ONE_FOR_ALL = Strategy.ONE_FOR_ALL
+ALL_FOR_ONE = Strategy.ALL_FOR_ONE
+REST_FOR_ONE = Strategy.REST_FOR_ONE
+ESCALATE = Strategy.ESCALATE
+PERMANENT = Restart.PERMANENT
+TRANSIENT = Restart.TRANSIENT
+TEMPORARY = Restart.TEMPORARY
+NEVER = AutoShutdown.NEVER
+ANY_SIGNIFICANT = AutoShutdown.ANY_SIGNIFICANT
+ALL_SIGNIFICANT = AutoShutdown.ALL_SIGNIFICANT
+BRUTAL_KILL = Shutdown.BRUTAL_KILL
+INFINITY = Shutdown.INFINITY
+
+ShutdownSpec: TypeAlias = Shutdown | float
+"""``BRUTAL_KILL``, ``INFINITY`` or a timeout in seconds (graceful stop, then kill)."""
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    # Frozen dataclasses normalise their own fields in __post_init__ this way.
+    object.__setattr__(obj, name, value)
+
+
+def _enum(path: str, name: str, value: object, kind: type[enum.StrEnum]) -> Any:
+    """Accept a member or OTP's word for it ('one_for_one'), so specs can come from config."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in kind)
+        raise SpecError(path, name, value, allowed) from None
+
+
+def _check_id(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value or "/" in value:
+        raise SpecError(
+            f"{kind} {value!r}", "id", value, "a non-empty str without '/'",
+            "ids form paths like 'rl/rollouts/2'",
+        )
+    return value
+
+
+def _check_shutdown(path: str, value: object) -> ShutdownSpec:
+    if isinstance(value, str):
+        return _shutdown_word(path, value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED)
+    if not (value > 0 and math.isfinite(value)):
+        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED, "use BRUTAL_KILL to kill at once")
+    return float(value)
+
+
+_SHUTDOWN_ALLOWED = "BRUTAL_KILL, INFINITY or a positive number of seconds"
+
+
+def _shutdown_word(path: str, value: str) -> Shutdown:
+    try:
+        return Shutdown(value)
+    except ValueError:
+        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED) from None
+
+
+def _check_child_flags(path: str, spec: Supervisor | Worker | Mesh) -> None:
+    """Fields every kind of child has: restart, shutdown, significant (OTP rule 3, first half)."""
+    _set(spec, "restart", _enum(path, "restart", spec.restart, Restart))
+    _set(spec, "shutdown", _check_shutdown(path, spec.shutdown))
+    if not isinstance(spec.significant, bool):
+        raise SpecError(path, "significant", spec.significant, "True or False")
+    if spec.significant and spec.restart is Restart.PERMANENT:
+        raise SpecError(
+            path, "significant", True, "False for a PERMANENT child",
+            "a permanent child is always restarted, so its exit can never shut the group down; "
+            "use restart=TRANSIENT or TEMPORARY",
+        )
+
+
+def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
+    """strategy, intensity and period, shared by Supervisor and Mesh (OTP rule 1)."""
+    _set(spec, "strategy", _enum(path, "strategy", spec.strategy, Strategy))
+    intensity = spec.intensity
+    if isinstance(intensity, bool) or not isinstance(intensity, int) or intensity < 0:
+        raise SpecError(path, "intensity", intensity, "an int >= 0 (restarts allowed per period)")
+    period = spec.period
+    if (isinstance(period, bool) or not isinstance(period, int | float)
+            or not (period > 0 and math.isfinite(period))):
+        raise SpecError(path, "period", period, "a positive number of seconds")
+    _set(spec, "period", float(period))
+
+
+def _check_args(path: str, spec: Worker | Mesh) -> None:
+    if isinstance(spec.actor, str):
+        if not _IMPORT_PATH.match(spec.actor):
+            raise SpecError(path, "actor", spec.actor, "an actor class or 'pkg.module:Class'")
+    elif not isinstance(spec.actor, type):
+        raise SpecError(path, "actor", spec.actor, "an actor class or 'pkg.module:Class'")
+    if not isinstance(spec.args, tuple | list):
+        raise SpecError(path, "args", spec.args, "a tuple or list of positional arguments")
+    _set(spec, "args", tuple(spec.args))
+    kwargs = spec.kwargs
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise SpecError(path, "kwargs", kwargs, "a mapping of str to argument values")
+    # A private copy behind a read-only view: the caller's dict can change, the spec cannot.
+    _set(spec, "kwargs", MappingProxyType(dict(kwargs)))
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One actor, started with ``actor(*args, **kwargs)`` and supervised as one child.
+
+    ``actor`` is the class itself or its import path ``"pkg.module:Class"``. The defaults are OTP's
+    for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
+    """
+
+    id: str
+    actor: type | str
+    _: KW_ONLY
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    restart: Restart = Restart.PERMANENT
+    shutdown: ShutdownSpec = 5.0
+    significant: bool = False
+
+    def __post_init__(self) -> None:
+        path = f"Worker {_check_id('Worker', self.id)!r}"
+        _check_args(path, self)
+        _check_child_flags(path, self)
+
+
+@dataclass(frozen=True, slots=True)
+class Supervisor:
+    """A supervisor and its children, started in list order and stopped in reverse order.
+
+    OTP's defaults: ``ONE_FOR_ONE``, ``intensity=1`` restart per ``period=5.0`` seconds,
+    ``auto_shutdown=NEVER``. As a child, a supervisor is ``PERMANENT`` with ``shutdown=INFINITY``
+    (OTP's advice: its subtree must be given all the time it needs to stop in order).
+    """
+
+    id: str
+    _: KW_ONLY
+    strategy: Strategy = Strategy.ONE_FOR_ONE
+    intensity: int = 1
+    period: float = 5.0
+    auto_shutdown: AutoShutdown = AutoShutdown.NEVER
+    children: tuple[Supervisor | Worker | Mesh, ...] = ()
+    restart: Restart = Restart.PERMANENT
+    shutdown: ShutdownSpec = Shutdown.INFINITY
+    significant: bool = False
+
+    def __post_init__(self) -> None:
+        path = f"Supervisor {_check_id('Supervisor', self.id)!r}"
+        _check_group_flags(path, self)
+        _set(self, "auto_shutdown", _enum(path, "auto_shutdown", self.auto_shutdown, AutoShutdown))
+        _check_child_flags(path, self)
+        if isinstance(self.children, str | bytes) or not isinstance(self.children, Iterable):
+            raise SpecError(path, "children", self.children, "a list of Supervisor/Worker/Mesh")
+        _set(self, "children", tuple(self.children))
+        seen: set[str] = set()
+        for child in self.children:
+            check_sibling(self, child, seen)
+            seen.add(child.id)
+
+
+def check_sibling(parent: Supervisor, child: object, taken: set[str] | frozenset[str]) -> None:
+    """The checks a child needs its parent for (OTP rules 2 and 3); also used by start_child."""
+    if not isinstance(child, Supervisor | Worker | Mesh):
+        raise SpecError(
+            f"Supervisor {parent.id!r}", "children", child, "Supervisor, Worker or Mesh specs"
+        )
+    path = f"{parent.id}/{child.id}"
+    if child.id in taken:
+        raise SpecError(path, "id", child.id, "an id no sibling uses", "duplicate child id")
+    if child.significant and parent.auto_shutdown is AutoShutdown.NEVER:
+        raise SpecError(
+            path, "significant", True, "False under a supervisor with auto_shutdown=NEVER",
+            "set auto_shutdown=ANY_SIGNIFICANT or ALL_SIGNIFICANT on the parent",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """An actor mesh supervised as a group: one actor per slot of ``shape``.
+
+    It behaves exactly as ``as_supervisor()``: a supervisor with ``strategy``, ``intensity`` and
+    ``period`` whose children are ``PERMANENT`` workers ``"0"``, ``"1"``, ... in flat (row-major)
+    rank order. ``shutdown`` is each actor's; ``restart`` and ``significant`` are the group's, as a
+    child of its parent (the group itself stops with ``INFINITY``, like any supervisor).
+    """
+
+    id: str
+    actor: type | str
+    _: KW_ONLY
+    shape: Mapping[str, int] = field(default_factory=lambda: {"procs": 1})
+    strategy: Strategy = Strategy.ONE_FOR_ONE
+    intensity: int = 1
+    period: float = 5.0
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    restart: Restart = Restart.PERMANENT
+    shutdown: ShutdownSpec = 5.0
+    significant: bool = False
+
+    def __post_init__(self) -> None:
+        path = f"Mesh {_check_id('Mesh', self.id)!r}"
+        _check_group_flags(path, self)
+        _check_args(path, self)
+        _check_child_flags(path, self)
+        _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
+
+    @property
+    def size(self) -> int:
+        """The number of slots (actors): the product of the shape's sizes."""
+        return math.prod(self.shape.values())
+
+    def as_supervisor(self) -> Supervisor:
+        """The equivalent Supervisor spec: what the supervisor core actually runs."""
+        workers = [
+            Worker(str(rank), self.actor, args=self.args, kwargs=self.kwargs,
+                   restart=Restart.PERMANENT, shutdown=self.shutdown)
+            for rank in range(self.size)
+        ]
+        return Supervisor(
+            self.id, strategy=self.strategy, intensity=self.intensity, period=self.period,
+            children=workers, restart=self.restart, shutdown=Shutdown.INFINITY,
+            significant=self.significant,
+        )
+
+
+def _check_shape(path: str, shape: object) -> dict[str, int]:
+    allowed = "a non-empty dict of dimension name (identifier) to positive int, e.g. {'gpus': 4}"
+    if not isinstance(shape, Mapping) or not shape:
+        raise SpecError(path, "shape", shape, allowed)
+    for name, size in shape.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecError(path, "shape", dict(shape), allowed, f"bad dimension name {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise SpecError(path, "shape", dict(shape), allowed, f"bad size {name}={size!r}")
+    return dict(shape)
+
+
+ChildSpec: TypeAlias = Supervisor | Worker | Mesh
+"""Anything that can be a child of a Supervisor."""
+
+
+def as_core_spec(spec: ChildSpec) -> Supervisor | Worker:
+    """A Mesh becomes its equivalent Supervisor; the supervisor core knows only these two."""
+    return spec.as_supervisor() if isinstance(spec, Mesh) else spec
+
+
+def walk(spec: ChildSpec, parent: str = "") -> Iterator[tuple[str, ChildSpec]]:
+    """Every node of a tree with its path, parents first, children in start order.
+
+    Paths join ids with '/': ``rl``, ``rl/learner``, ``rl/rollouts``, ``rl/rollouts/2``. A Mesh is
+    yielded itself, then its slot workers.
+    """
+    path = f"{parent}/{spec.id}" if parent else spec.id
+    yield path, spec
+    children = spec.as_supervisor().children if isinstance(spec, Mesh) else ()
+    if isinstance(spec, Supervisor):
+        children = spec.children
+    for child in children:
+        yield from walk(child, path)

@@ -1,0 +1,225 @@
+"""The wire: a versioned handshake, then length-prefixed msgpack frames over a trio stream.
+
+Layout of a connection (see docs/wire.md):
+
+    dialer -> acceptor   MAGIC (8 bytes) + version (u16, big-endian) + flags (u16)
+    acceptor -> dialer   the same, or the connection is closed
+    both directions      frames: length (u32, big-endian) + msgpack payload
+
+The decoder is sans-IO (``FrameDecoder.feed``) so garbage can be fed to it directly in tests.
+A broken frame closes that one connection; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ._errors import ProtocolError
+
+log = logging.getLogger("otpmesh.wire")
+
+MAGIC = b"OTPMESH\x00"
+PROTOCOL_VERSION = 1
+_HELLO = struct.Struct(">8sHH")
+HANDSHAKE = _HELLO.pack(MAGIC, PROTOCOL_VERSION, 0)
+#: Largest frame accepted; bigger tensors belong on the tensor channel, not the control wire.
+MAX_FRAME_SIZE = 1 << 30
+_LEN = struct.Struct(">I")
+_RECV_CHUNK = 1 << 18
+# Frames smaller than this are coalesced into one write; bigger ones are written as they are.
+_COALESCE_LIMIT = 1 << 18
+# A caller waits for the writer once this much is queued on one connection (backpressure).
+_HIGH_WATER = 16 << 20
+
+
+def frame_header(size: int) -> bytes:
+    """The 4-byte length prefix of a frame whose payload has `size` bytes."""
+    if size > MAX_FRAME_SIZE:
+        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_SIZE} bytes")
+    return _LEN.pack(size)
+
+
+def check_handshake(data: bytes) -> None:
+    """Raise ProtocolError unless `data` is a handshake this version speaks."""
+    magic, version, _flags = _HELLO.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad handshake magic {magic!r}, expected {MAGIC!r}")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"peer speaks protocol version {version}, this side {PROTOCOL_VERSION}")
+
+
+class FrameDecoder:
+    """Splits a byte stream into frame payloads. Raises ProtocolError on an oversized frame."""
+
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_size
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size > self._max:
+                raise ProtocolError(
+                    f"frame of {size} bytes exceeds the limit of {self._max} bytes"
+                )
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            frames.append(bytes(buf[pos + 4 : stop]))
+            pos = stop
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame (non-zero at EOF = truncation)."""
+        return len(self._buf)
+
+
+async def _receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = await stream.receive_some(n - len(data))
+        if not chunk:
+            raise ProtocolError(f"connection closed during handshake after {len(data)} bytes")
+        data += chunk
+    return bytes(data)
+
+
+async def handshake(stream: trio.abc.Stream, *, dialer: bool, timeout: float = 10.0) -> None:
+    """Run the opening handshake on a fresh stream; raise ProtocolError if the peer is not ours."""
+    with trio.fail_after(timeout):
+        if dialer:
+            await stream.send_all(HANDSHAKE)
+            check_handshake(await _receive_exactly(stream, _HELLO.size))
+        else:
+            check_handshake(await _receive_exactly(stream, _HELLO.size))
+            await stream.send_all(HANDSHAKE)
+
+
+MessageHandler = Callable[["Connection", Any], "Awaitable[None] | None"]
+
+
+class Connection:
+    """One framed, bidirectional connection. Writes are queued and coalesced by a writer task.
+
+    ``on_message`` is called for every decoded message, in order; it returns None when it handled
+    the message at once, or an awaitable when it must wait (a full mailbox), which pauses reading:
+    that is how backpressure reaches the sender.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        peer: str,
+        decode: Callable[[bytes], Any],
+        on_message: MessageHandler,
+    ) -> None:
+        self.stream = stream
+        self.peer = peer
+        self._decode = decode
+        self._on_message = on_message
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._out_bytes = 0
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._drain_lot = trio.lowlevel.ParkingLot()
+        self.closed = False
+        self.close_reason: str | None = None
+        self._closed_event = trio.Event()
+        #: Outstanding calls sent on this connection, by call id (owned by the node).
+        self.pending: dict[int, Any] = {}
+        self.next_call_id = 0
+
+    def send_nowait(self, *parts: bytes | bytearray | memoryview) -> None:
+        """Queue one frame (its payload given as parts) for writing; never blocks."""
+        if self.closed:
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        size = sum(len(p) for p in parts)
+        self._out.append(frame_header(size))
+        self._out.extend(parts)
+        self._out_bytes += size + 4
+        self._writer_lot.unpark()
+
+    async def drain(self) -> None:
+        """Wait while more than the high-water mark is queued, so writers cannot outrun the socket."""
+        while self._out_bytes > _HIGH_WATER and not self.closed:
+            await self._drain_lot.park()
+
+    async def run(self) -> None:
+        """Read and write until the peer closes or the protocol breaks; then close."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._guarded, self._write_loop, nursery.cancel_scope)
+                await self._guarded(self._read_loop, nursery.cancel_scope)
+        finally:
+            self._mark_closed("connection closed")
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    async def _guarded(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+        try:
+            await loop()
+            reason = "connection closed by peer"
+        except ProtocolError as exc:
+            log.error("closing connection to %s: %s", self.peer, exc)
+            reason = f"protocol error: {exc}"
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            reason = f"connection lost: {exc or type(exc).__name__}"
+        except Exception as exc:
+            log.exception("closing connection to %s after an internal error", self.peer)
+            reason = f"internal error: {exc!r}"
+        self._mark_closed(reason)
+        scope.cancel()
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        while True:
+            data = await self.stream.receive_some(_RECV_CHUNK)
+            if not data:
+                if decoder.buffered:
+                    raise ProtocolError(
+                        f"truncated frame: stream ended with {decoder.buffered} bytes pending"
+                    )
+                return
+            for frame in decoder.feed(data):
+                message = self._decode(frame)
+                waiting = self._on_message(self, message)
+                if waiting is not None:
+                    await waiting
+
+    async def _write_loop(self) -> None:
+        stream = self.stream
+        while True:
+            if not self._out:
+                await self._writer_lot.park()
+                continue
+            out, self._out = self._out, []
+            sent = self._out_bytes
+            self._out_bytes = 0
+            if sent <= _COALESCE_LIMIT:
+                await stream.send_all(b"".join(out))
+            else:
+                for part in out:
+                    await stream.send_all(part)
+            self._drain_lot.unpark_all()
+
+    def _mark_closed(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+            self._drain_lot.unpark_all()
+            self._closed_event.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
