@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import traceback
 from collections.abc import Callable
@@ -67,6 +68,10 @@ class ActorCell:
         self.send, self._receive = trio.open_memory_channel[Message](capacity)
         self.exit_reason: ExitReason | None = None
         self._scope = trio.CancelScope()
+        self.busy = False
+        # Plain-def endpoints may run in the connection's task; they still see this actor's context.
+        self._pyctx = contextvars.copy_context()
+        self._pyctx.run(set_context, ctx)
 
     @property
     def alive(self) -> bool:
@@ -76,7 +81,10 @@ class ActorCell:
         set_context(self.ctx)
         with self._scope:
             async for method, args, kwargs, reply in self._receive:
-                if not await self._handle(method, args, kwargs, reply):
+                self.busy = True
+                alive = await self._handle(method, args, kwargs, reply)
+                self.busy = False
+                if not alive:
                     break
         if self.exit_reason is None:
             self.exit_reason = ExitReason("shutdown")
@@ -104,6 +112,28 @@ class ActorCell:
     def describe_exit(self) -> str:
         return self.exit_reason.describe() if self.exit_reason else "running"
 
+    def handle_inline(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """Run a plain-def endpoint at once if the actor is idle with an empty mailbox (no task
+        switch on the hot path). Return False when the message must be queued instead."""
+        if self.busy or self.exit_reason is not None:
+            return False
+        if self._receive.statistics().current_buffer_used:
+            return False
+        info = self.endpoints.get(method)
+        if info is None or info.is_async:
+            return False
+        try:
+            result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
+        except Exception as exc:
+            if not self._failed(info, method, exc, reply):
+                self._scope.cancel()
+            return True
+        if reply is not None:
+            self.node.reply_ok(reply, result)
+        return True
+
     async def _handle(
         self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
     ) -> bool:
@@ -123,15 +153,21 @@ class ActorCell:
             if info.is_async:
                 result = await result
         except Exception as exc:
-            tb = traceback.format_exc()
-            self.node.reply_error(reply, type(exc).__qualname__, str(exc), tb)
-            if not info.let_it_crash:
-                if reply is None:
-                    log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
-                return True
-            self.exit_reason = ExitReason("crashed", type(exc).__qualname__, str(exc), tb)
-            log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
-            return False
+            return self._failed(info, method, exc, reply)
         if reply is not None:
             self.node.reply_ok(reply, result)
         return True
+
+    def _failed(
+        self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
+    ) -> bool:
+        """Report an endpoint's exception; return False when it crashes the actor."""
+        tb = "".join(traceback.format_exception(exc))
+        self.node.reply_error(reply, type(exc).__qualname__, str(exc), tb)
+        if not info.let_it_crash:
+            if reply is None:
+                log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
+            return True
+        self.exit_reason = ExitReason("crashed", type(exc).__qualname__, str(exc), tb)
+        log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
+        return False

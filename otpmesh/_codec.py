@@ -6,6 +6,7 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     2  actor ref  msgpack of the ref's fields
     3  actor mesh msgpack of the mesh's fields
     4  tuple      msgpack array of the items
+    5  value mesh msgpack [shape pairs, values]
 
 torch is imported only when a tensor is met, so processes that never touch one never pay for it.
 """
@@ -26,6 +27,7 @@ EXT_TENSOR = 1
 EXT_ACTOR_REF = 2
 EXT_ACTOR_MESH = 3
 EXT_TUPLE = 4
+EXT_VALUE_MESH = 5
 
 _U16 = struct.Struct(">H")
 

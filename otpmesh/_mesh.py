@@ -309,5 +309,11 @@ def _ref_from_data(data: list[Any]) -> ActorRef:
     return ActorRef(name, frozenset(endpoints), Slot(actor_id, addr), timeout)
 
 
+_codec.register_ext(
+    ValueMesh,
+    _codec.EXT_VALUE_MESH,
+    lambda vm: [list(vm._shape.items()), vm._values],
+    lambda data: ValueMesh(dict(data[0]), data[1]),
+)
 _codec.register_ext(ActorMesh, _codec.EXT_ACTOR_MESH, _mesh_to_data, _mesh_from_data)
 _codec.register_ext(ActorRef, _codec.EXT_ACTOR_REF, _ref_to_data, _ref_from_data)

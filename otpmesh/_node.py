@@ -28,7 +28,7 @@ from . import _codec
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._errors import ActorDiedError, ActorError, ProtocolError
-from ._wire import Connection, handshake
+from ._wire import Connection, detach, dial, handshake
 
 log = logging.getLogger("otpmesh.node")
 
@@ -117,13 +117,14 @@ class Node:
                     nursery.start_soon(self._serve_accepted, stream)
 
     async def _serve_accepted(self, stream: trio.SocketStream) -> None:
+        sock = detach(stream)
         try:
-            await handshake(stream, dialer=False)
-        except (ProtocolError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+            await handshake(sock, dialer=False)
+        except (ProtocolError, trio.TooSlowError, OSError) as exc:
             log.error("refused an incoming connection: %s", exc)
-            await stream.aclose()
+            sock.close()
             return
-        await self._run_connection(Connection(stream, peer="(incoming)", decode=decode_message,
+        await self._run_connection(Connection(sock, peer="(incoming)", decode=decode_message,
                                               on_message=self._on_message))
 
     async def _run_connection(self, conn: Connection) -> None:
@@ -144,13 +145,8 @@ class Node:
                 return conn
         self._dialing[addr] = done = trio.Event()
         try:
-            stream = await trio.open_unix_socket(addr)
-            try:
-                await handshake(stream, dialer=True)
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-            conn = Connection(stream, peer=addr, decode=decode_message, on_message=self._on_message)
+            sock = await dial(addr)
+            conn = Connection(sock, peer=addr, decode=decode_message, on_message=self._on_message)
             self._conns[addr] = conn
             if self.nursery is None:
                 raise RuntimeError("node is not serving")
@@ -219,6 +215,8 @@ class Node:
             if reply is not None:
                 why = cell.describe_exit() if cell else self.exited.get(actor_id, "no such actor")
                 self.reply_dead(reply, why)
+            return None
+        if cell.handle_inline(method, args, kwargs, reply):
             return None
         item = (method, args, kwargs, reply)
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -78,7 +78,7 @@ def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)
 
 
-def _enum(path: str, name: str, value: object, kind: type[enum.StrEnum]) -> Any:
+def _enum(path: str, name: str, value: Any, kind: type[enum.StrEnum]) -> Any:
     """Accept a member or OTP's word for it ('one_for_one'), so specs can come from config."""
     try:
         return kind(value)
@@ -90,7 +90,10 @@ def _enum(path: str, name: str, value: object, kind: type[enum.StrEnum]) -> Any:
 def _check_id(kind: str, value: object) -> str:
     if not isinstance(value, str) or not value or "/" in value:
         raise SpecError(
-            f"{kind} {value!r}", "id", value, "a non-empty str without '/'",
+            f"{kind} {value!r}",
+            "id",
+            value,
+            "a non-empty str without '/'",
             "ids form paths like 'rl/rollouts/2'",
         )
     return value
@@ -102,7 +105,7 @@ def _check_shutdown(path: str, value: object) -> ShutdownSpec:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED)
     if not (value > 0 and math.isfinite(value)):
-        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED, "use BRUTAL_KILL to kill at once")
+        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED, "BRUTAL_KILL kills at once")
     return float(value)
 
 
@@ -124,7 +127,10 @@ def _check_child_flags(path: str, spec: Supervisor | Worker | Mesh) -> None:
         raise SpecError(path, "significant", spec.significant, "True or False")
     if spec.significant and spec.restart is Restart.PERMANENT:
         raise SpecError(
-            path, "significant", True, "False for a PERMANENT child",
+            path,
+            "significant",
+            True,
+            "False for a PERMANENT child",
             "a permanent child is always restarted, so its exit can never shut the group down; "
             "use restart=TRANSIENT or TEMPORARY",
         )
@@ -137,8 +143,11 @@ def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
     if isinstance(intensity, bool) or not isinstance(intensity, int) or intensity < 0:
         raise SpecError(path, "intensity", intensity, "an int >= 0 (restarts allowed per period)")
     period = spec.period
-    if (isinstance(period, bool) or not isinstance(period, int | float)
-            or not (period > 0 and math.isfinite(period))):
+    if (
+        isinstance(period, bool)
+        or not isinstance(period, int | float)
+        or not (period > 0 and math.isfinite(period))
+    ):
         raise SpecError(path, "period", period, "a positive number of seconds")
     _set(spec, "period", float(period))
 
@@ -170,7 +179,7 @@ class Worker:
     id: str
     actor: type | str
     _: KW_ONLY
-    args: tuple[Any, ...] = ()
+    args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = 5.0
@@ -197,7 +206,7 @@ class Supervisor:
     intensity: int = 1
     period: float = 5.0
     auto_shutdown: AutoShutdown = AutoShutdown.NEVER
-    children: tuple[Supervisor | Worker | Mesh, ...] = ()
+    children: Sequence[Supervisor | Worker | Mesh] = ()
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = Shutdown.INFINITY
     significant: bool = False
@@ -207,7 +216,8 @@ class Supervisor:
         _check_group_flags(path, self)
         _set(self, "auto_shutdown", _enum(path, "auto_shutdown", self.auto_shutdown, AutoShutdown))
         _check_child_flags(path, self)
-        if isinstance(self.children, str | bytes) or not isinstance(self.children, Iterable):
+        children: object = self.children
+        if isinstance(children, str | bytes) or not isinstance(children, Iterable):
             raise SpecError(path, "children", self.children, "a list of Supervisor/Worker/Mesh")
         _set(self, "children", tuple(self.children))
         seen: set[str] = set()
@@ -222,12 +232,15 @@ def check_sibling(parent: Supervisor, child: object, taken: set[str] | frozenset
         raise SpecError(
             f"Supervisor {parent.id!r}", "children", child, "Supervisor, Worker or Mesh specs"
         )
-    path = f"{parent.id}/{child.id}"
+    path = f"{type(child).__name__} '{parent.id}/{child.id}'"
     if child.id in taken:
         raise SpecError(path, "id", child.id, "an id no sibling uses", "duplicate child id")
     if child.significant and parent.auto_shutdown is AutoShutdown.NEVER:
         raise SpecError(
-            path, "significant", True, "False under a supervisor with auto_shutdown=NEVER",
+            path,
+            "significant",
+            True,
+            "False under a supervisor with auto_shutdown=NEVER",
             "set auto_shutdown=ANY_SIGNIFICANT or ALL_SIGNIFICANT on the parent",
         )
 
@@ -249,7 +262,7 @@ class Mesh:
     strategy: Strategy = Strategy.ONE_FOR_ONE
     intensity: int = 1
     period: float = 5.0
-    args: tuple[Any, ...] = ()
+    args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = 5.0
@@ -270,13 +283,24 @@ class Mesh:
     def as_supervisor(self) -> Supervisor:
         """The equivalent Supervisor spec: what the supervisor core actually runs."""
         workers = [
-            Worker(str(rank), self.actor, args=self.args, kwargs=self.kwargs,
-                   restart=Restart.PERMANENT, shutdown=self.shutdown)
+            Worker(
+                str(rank),
+                self.actor,
+                args=self.args,
+                kwargs=self.kwargs,
+                restart=Restart.PERMANENT,
+                shutdown=self.shutdown,
+            )
             for rank in range(self.size)
         ]
         return Supervisor(
-            self.id, strategy=self.strategy, intensity=self.intensity, period=self.period,
-            children=workers, restart=self.restart, shutdown=Shutdown.INFINITY,
+            self.id,
+            strategy=self.strategy,
+            intensity=self.intensity,
+            period=self.period,
+            children=workers,
+            restart=self.restart,
+            shutdown=Shutdown.INFINITY,
             significant=self.significant,
         )
 

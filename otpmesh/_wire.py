@@ -13,6 +13,7 @@ A broken frame closes that one connection; nothing else is affected.
 from __future__ import annotations
 
 import logging
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -86,47 +87,86 @@ class FrameDecoder:
         return len(self._buf)
 
 
-async def _receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+async def recv_some(sock: socket.socket, n: int) -> bytes:
+    """Receive up to `n` bytes from a non-blocking socket, waiting with trio when none are ready."""
+    while True:
+        try:
+            return sock.recv(n)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+
+
+async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
+    """Send all of `data` on a non-blocking socket, waiting with trio when its buffer is full."""
+    view = memoryview(data).cast("B")
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
+async def _receive_exactly(sock: socket.socket, n: int) -> bytes:
     data = bytearray()
     while len(data) < n:
-        chunk = await stream.receive_some(n - len(data))
+        chunk = await recv_some(sock, n - len(data))
         if not chunk:
             raise ProtocolError(f"connection closed during handshake after {len(data)} bytes")
         data += chunk
     return bytes(data)
 
 
-async def handshake(stream: trio.abc.Stream, *, dialer: bool, timeout: float = 10.0) -> None:
-    """Run the opening handshake on a fresh stream; raise ProtocolError if the peer is not ours."""
+async def handshake(sock: socket.socket, *, dialer: bool, timeout: float = 10.0) -> None:
+    """Run the opening handshake on a fresh socket; raise ProtocolError if the peer is not ours."""
     with trio.fail_after(timeout):
         if dialer:
-            await stream.send_all(HANDSHAKE)
-            check_handshake(await _receive_exactly(stream, _HELLO.size))
+            await send_all(sock, HANDSHAKE)
+            check_handshake(await _receive_exactly(sock, _HELLO.size))
         else:
-            check_handshake(await _receive_exactly(stream, _HELLO.size))
-            await stream.send_all(HANDSHAKE)
+            check_handshake(await _receive_exactly(sock, _HELLO.size))
+            await send_all(sock, HANDSHAKE)
+
+
+def detach(stream: trio.SocketStream) -> socket.socket:
+    """The non-blocking stdlib socket under a trio stream (connections drive sockets directly)."""
+    sock = socket.socket(fileno=stream.socket.detach())
+    sock.setblocking(False)
+    return sock
+
+
+async def dial(addr: str) -> socket.socket:
+    """Connect to the node listening at Unix address `addr` and run the handshake."""
+    sock = detach(await trio.open_unix_socket(addr))
+    try:
+        await handshake(sock, dialer=True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 MessageHandler = Callable[["Connection", Any], "Awaitable[None] | None"]
 
 
 class Connection:
-    """One framed, bidirectional connection. Writes are queued and coalesced by a writer task.
+    """One framed, bidirectional connection over a non-blocking socket.
 
-    ``on_message`` is called for every decoded message, in order; it returns None when it handled
-    the message at once, or an awaitable when it must wait (a full mailbox), which pauses reading:
-    that is how backpressure reaches the sender.
+    A frame is written straight to the socket by the task that sends it when nothing is queued
+    (no task switch on the hot path); what the socket cannot take at once is queued for the
+    writer task, which keeps frames in order. ``on_message`` is called for every decoded message,
+    in order; it returns None when it handled the message at once, or an awaitable when it must
+    wait (a full mailbox), which pauses reading: that is how backpressure reaches the sender.
     """
 
     def __init__(
         self,
-        stream: trio.abc.Stream,
+        sock: socket.socket,
         *,
         peer: str,
         decode: Callable[[bytes], Any],
         on_message: MessageHandler,
     ) -> None:
-        self.stream = stream
+        self.sock = sock
         self.peer = peer
         self._decode = decode
         self._on_message = on_message
@@ -142,14 +182,34 @@ class Connection:
         self.next_call_id = 0
 
     def send_nowait(self, *parts: bytes | bytearray | memoryview) -> None:
-        """Queue one frame (its payload given as parts) for writing; never blocks."""
+        """Write one frame (its payload given as parts), or queue what the socket cannot take."""
         if self.closed:
             raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
         size = sum(len(p) for p in parts)
-        self._out.append(frame_header(size))
-        self._out.extend(parts)
-        self._out_bytes += size + 4
-        self._writer_lot.unpark()
+        header = frame_header(size)
+        if self._out:
+            self._out.append(header)
+            self._out.extend(parts)
+            self._out_bytes += size + 4
+            return
+        data = b"".join((header, *parts)) if size <= _COALESCE_LIMIT else None
+        if data is None:
+            self._out.append(header)
+            self._out.extend(parts)
+            self._out_bytes += size + 4
+            self._writer_lot.unpark()
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._mark_closed(f"connection lost: {exc}")
+            return
+        if sent < len(data):
+            self._out.append(memoryview(data)[sent:])
+            self._out_bytes += len(data) - sent
+            self._writer_lot.unpark()
 
     async def drain(self) -> None:
         """Wait while more than the high-water mark is queued, so writers cannot outrun the socket."""
@@ -164,8 +224,8 @@ class Connection:
                 await self._guarded(self._read_loop, nursery.cancel_scope)
         finally:
             self._mark_closed("connection closed")
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
 
     async def _guarded(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
         try:
@@ -184,8 +244,15 @@ class Connection:
 
     async def _read_loop(self) -> None:
         decoder = FrameDecoder()
+        sock = self.sock
+        streak = 0
         while True:
-            data = await self.stream.receive_some(_RECV_CHUNK)
+            try:
+                data = sock.recv(_RECV_CHUNK)
+            except BlockingIOError:
+                streak = 0
+                await trio.lowlevel.wait_readable(sock)
+                continue
             if not data:
                 if decoder.buffered:
                     raise ProtocolError(
@@ -197,21 +264,24 @@ class Connection:
                 waiting = self._on_message(self, message)
                 if waiting is not None:
                     await waiting
+            streak += 1
+            if streak >= 8:  # a busy peer must not starve this process's other tasks
+                streak = 0
+                await trio.lowlevel.checkpoint()
 
     async def _write_loop(self) -> None:
-        stream = self.stream
         while True:
             if not self._out:
                 await self._writer_lot.park()
                 continue
             out, self._out = self._out, []
-            sent = self._out_bytes
+            size = self._out_bytes
             self._out_bytes = 0
-            if sent <= _COALESCE_LIMIT:
-                await stream.send_all(b"".join(out))
+            if size <= _COALESCE_LIMIT:
+                await send_all(self.sock, b"".join(out))
             else:
                 for part in out:
-                    await stream.send_all(part)
+                    await send_all(self.sock, part)
             self._drain_lot.unpark_all()
 
     def _mark_closed(self, reason: str) -> None:

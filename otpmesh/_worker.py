@@ -16,7 +16,7 @@ from ._actor import Actor, ActorContext, set_context
 from ._cell import ActorCell, ExitReason
 from ._errors import SpawnError
 from ._node import HELLO, Node, set_current_node
-from ._wire import Connection, handshake
+from ._wire import Connection, dial
 
 log = logging.getLogger("otpmesh.worker")
 
@@ -64,9 +64,8 @@ class Worker:
         set_current_node(self.node)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
-            stream = await trio.open_unix_socket(self.cfg["controller"])
-            await handshake(stream, dialer=True)
-            conn = Connection(stream, peer=self.cfg["controller"],
+            sock = await dial(self.cfg["controller"])
+            conn = Connection(sock, peer=self.cfg["controller"],
                               decode=self._decode, on_message=self.node._on_message)
             self.controller = conn
             self.node.register(self.cfg["controller"], conn)

@@ -1,0 +1,55 @@
+"""Shared test helpers: run a trio body with a deadline, and actors the tests spawn.
+
+Worker processes are real (fork server, Unix sockets, signals); nothing here mocks them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+# Workers of most tests never touch a tensor: don't make every fork server import torch.
+os.environ.setdefault("OTPMESH_PRELOAD", "")
+
+
+def run_trio(fn: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    """Run `fn` in a fresh trio run (fresh otpmesh runtime) under a deadline."""
+
+    async def main() -> Any:
+        with trio.fail_after(timeout):
+            return await fn()
+
+    return trio.run(main)
+
+
+def _our_forkservers() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"otpmesh._forkserver" in cmd and ppid == os.getpid():
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_leftover_fork_servers() -> Any:
+    yield
+    # Each trio run's fork server exits once its controller socket closes; give it a moment.
+    for _ in range(50):
+        if not _our_forkservers():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"fork servers outlived their trio runs: {_our_forkservers()}")
