@@ -163,11 +163,13 @@ class ActorCell:
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
         tb = "".join(traceback.format_exception(exc))
+        # Log before replying, so the log line is on its way before the caller can react.
+        if info.let_it_crash:
+            log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
+        elif reply is None:
+            log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
         self.node.reply_error(reply, type(exc).__qualname__, str(exc), tb)
         if not info.let_it_crash:
-            if reply is None:
-                log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
             return True
         self.exit_reason = ExitReason("crashed", type(exc).__qualname__, str(exc), tb)
-        log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
         return False

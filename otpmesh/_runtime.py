@@ -200,7 +200,7 @@ class Runtime:
         """Copy a worker's output to ours, each line prefixed with its actors' paths."""
         stream = trio.lowlevel.FdStream(fd)
         pending = b""
-        async with stream:
+        try:
             while True:
                 try:
                     data = await stream.receive_some(1 << 16)
@@ -208,11 +208,24 @@ class Runtime:
                     data = b""
                 if not data:
                     break
-                *lines, pending = (pending + data).split(b"\n")
-                for line in lines:
-                    self._write_line(sink, proc, line)
-        if pending:
-            self._write_line(sink, proc, pending)
+                pending = self._write_lines(sink, proc, pending + data)
+        finally:
+            # The run may be ending: copy what the worker already wrote before closing.
+            try:
+                while data := os.read(fd, 1 << 16):
+                    pending = self._write_lines(sink, proc, pending + data)
+            except OSError:
+                pass
+            if pending:
+                self._write_line(sink, proc, pending)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    def _write_lines(self, sink: Any, proc: Proc, data: bytes) -> bytes:
+        *lines, rest = data.split(b"\n")
+        for line in lines:
+            self._write_line(sink, proc, line)
+        return rest
 
     @staticmethod
     def _write_line(sink: Any, proc: Proc, line: bytes) -> None:

@@ -1,0 +1,195 @@
+"""Differential tests: otpmesh's supervisor core against the REAL Erlang/OTP 25 supervisor.
+
+Hypothesis generates trees, start plans and fault schedules; the same cases run through
+``otpmesh.testing.simulate`` (a tree of cores) and through ``tests/erlang/otp_supervisor_trace
+.escript`` (real ``supervisor`` and ``gen_server`` processes), and the two traces must be equal.
+One Hypothesis example is a *batch* of cases run by one escript, since starting the Erlang VM
+costs far more than a case. Periods are an hour, so every restart of a case falls inside the
+window and nothing depends on the wall clock; the one period-expiry test sleeps for real.
+
+Set OTPMESH_ERLANG_BATCHES to run more batches (of up to 25 cases each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otpmesh._spec import (
+    ALL_SIGNIFICANT,
+    ANY_SIGNIFICANT,
+    BRUTAL_KILL,
+    INFINITY,
+    NEVER,
+    ONE_FOR_ALL,
+    ONE_FOR_ONE,
+    PERMANENT,
+    REST_FOR_ONE,
+    TEMPORARY,
+    TRANSIENT,
+    Restart,
+    Shutdown,
+    Supervisor,
+    Worker,
+)
+from otpmesh.testing import Advance, Call, Crash, StartOutcome, Step, StopSupervisor, simulate
+
+ESCRIPT = Path(__file__).parent / "erlang" / "otp_supervisor_trace.escript"
+BATCHES = int(os.environ.get("OTPMESH_ERLANG_BATCHES", "8"))
+
+pytestmark = [
+    pytest.mark.erlang,
+    pytest.mark.skipif(
+        shutil.which("escript") is None,
+        reason="Erlang/OTP is not installed ('escript' not on PATH); "
+        "install it with 'apt-get install erlang-base' to run the differential tests",
+    ),
+]
+
+
+class Actor:
+    """Stands for an actor class: the core never instantiates it."""
+
+
+Case = tuple[Supervisor, dict[str, list[StartOutcome]], list[Step]]
+
+# ---- Python -> Erlang terms -------------------------------------------------------------------
+
+
+def erl(term: object) -> str:
+    """Erlang source for `term`: str -> atom, tuple -> tuple, list -> list, dict -> map."""
+    if isinstance(term, bool):
+        return "true" if term else "false"
+    if isinstance(term, str):
+        return "'" + term.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(term, int):
+        return str(term)
+    if isinstance(term, tuple):
+        return "{" + ",".join(erl(t) for t in term) + "}"
+    if isinstance(term, list):
+        return "[" + ",".join(erl(t) for t in term) + "]"
+    if isinstance(term, dict):
+        return "#{" + ",".join(f"{erl(k)}=>{erl(v)}" for k, v in term.items()) + "}"
+    raise TypeError(f"no Erlang spelling for {term!r}")
+
+
+def erl_shutdown(shutdown: Shutdown | float) -> object:
+    return shutdown.value if isinstance(shutdown, Shutdown) else round(shutdown * 1000)
+
+
+def erl_spec(spec: Supervisor | Worker) -> tuple[object, ...]:
+    if isinstance(spec, Worker):
+        shutdown = erl_shutdown(spec.shutdown)
+        return ("worker", spec.id, spec.restart.value, shutdown, spec.significant)
+    flags = {
+        "strategy": spec.strategy.value,
+        "intensity": spec.intensity,
+        "period": round(spec.period),
+        "auto_shutdown": spec.auto_shutdown.value,
+    }
+    children = [erl_spec(c) for c in spec.children if isinstance(c, Supervisor | Worker)]
+    return ("sup", spec.id, flags, spec.restart.value, spec.significant, children)
+
+
+def erl_step(step: Step) -> tuple[object, ...]:
+    if isinstance(step, Crash):
+        return ("crash", step.path, step.reason)
+    if isinstance(step, StopSupervisor):
+        return ("stop_sup", step.path, step.reason)
+    if isinstance(step, Advance):
+        return ("sleep", round(step.seconds * 1000))
+    if step.op == "start_child":
+        if not isinstance(step.spec, Worker):
+            raise TypeError("the escript starts dynamic workers only")
+        return ("call", step.sup, "start_child", erl_spec(step.spec))
+    return ("call", step.sup, step.op, step.id)
+
+
+def as_tuples(value: object) -> object:
+    return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def run_erlang(cases: list[Case]) -> list[list[object]]:
+    """Run `cases` on the real OTP supervisor; one trace (list of tuples) per case."""
+    terms = [(erl_spec(tree), list(plans.items()), [erl_step(s) for s in steps])
+             for tree, plans, steps in cases]
+    result = subprocess.run(
+        ["escript", str(ESCRIPT)],
+        input=erl(terms) + ".\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"escript failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(cases), result.stdout[-2000:]
+    return [list(as_tuples(json.loads(line))) for line in lines]  # type: ignore[call-overload]
+
+
+def run_otpmesh(case: Case) -> list[object]:
+    tree, plans, steps = case
+    return list(simulate(tree, steps, start_plans=plans).trace)
+
+
+def assert_same(cases: list[Case]) -> None:
+    for case, theirs in zip(cases, run_erlang(cases), strict=True):
+        ours = run_otpmesh(case)
+        if ours != theirs:
+            lines = [f"{'':>3} {'otpmesh':<60} erlang"]
+            for i in range(max(len(ours), len(theirs))):
+                a = repr(ours[i]) if i < len(ours) else "-"
+                b = repr(theirs[i]) if i < len(theirs) else "-"
+                lines.append(f"{i:>3} {a:<60} {b}{'' if a == b else '   <<<'}")
+            pytest.fail(f"traces differ for case {case!r}\n" + "\n".join(lines))
+
+
+# ---- generated cases --------------------------------------------------------------------------
+
+REASONS = ["normal", "shutdown", ("shutdown", "detail"), "boom", "killed"]
+STOP_REASONS = ["shutdown", "normal", "boom"]
+OUTCOMES: list[StartOutcome] = ["ok", "ok", "ok", "ok", "ignore", ("error", "nope")]
+
+
+@st.composite
+def child_flags(draw: st.DrawFn, parent_auto: object) -> dict[str, object]:
+    restart = draw(st.sampled_from([PERMANENT, PERMANENT, TRANSIENT, TEMPORARY]))
+    significant = parent_auto is not NEVER and restart is not PERMANENT and draw(st.booleans())
+    return {"restart": restart, "significant": significant}
+
+
+@st.composite
+def supervisors(
+    draw: st.DrawFn, sup_id: str, depth: int, parent_auto: object = NEVER
+) -> Supervisor:
+    auto = draw(st.sampled_from([NEVER, NEVER, ANY_SIGNIFICANT, ALL_SIGNIFICANT]))
+    children: list[Supervisor | Worker] = []
+    for i in range(draw(st.integers(1, 4))):
+        flags = draw(child_flags(auto))
+        if depth < 2 and draw(st.integers(0, 3)) == 0:
+            children.append(draw(supervisors(f"s{i}", depth + 1, auto)).__class__(
+                **{**_fields(draw(supervisors(f"s{i}", depth + 1, auto))), **flags}
+            ))
+        else:
+            shutdown = draw(st.sampled_from([BRUTAL_KILL, 1.0, INFINITY]))
+            children.append(Worker(f"w{i}", Actor, shutdown=shutdown, **flags))  # type: ignore[arg-type]
+    return Supervisor(
+        sup_id,
+        strategy=draw(st.sampled_from([ONE_FOR_ONE, ONE_FOR_ALL, REST_FOR_ONE])),
+        intensity=draw(st.integers(0, 3)),
+        period=3600.0,
+        auto_shutdown=auto,
+        children=children,
+    )
+
+
+def _fields(spec: Supervisor) -> dict[str, object]:
+    return {name: getattr(spec, name) for name in spec.__dataclass_fields__}

@@ -1,0 +1,146 @@
+"""The wire protocol: framing, handshake, and garbage that must only ever close one connection."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgpack
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import otpmesh
+from otpmesh._codec import pack
+from otpmesh._node import decode_message
+from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE, FrameDecoder, check_handshake, frame_header
+from tests.actors import Echo
+from tests.conftest import run_trio
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def test_decoder_splits_frames_across_arbitrary_chunk_boundaries() -> None:
+    data = b"".join(_frame(pack([1, "a", "m", [i], {}])) for i in range(50))
+    for step in (1, 3, 7, 64, len(data)):
+        decoder = FrameDecoder()
+        frames = []
+        for i in range(0, len(data), step):
+            frames += decoder.feed(data[i : i + step])
+        assert [decode_message(f)[3] for f in frames] == [[i] for i in range(50)]
+        assert decoder.buffered == 0
+
+
+def test_oversized_frame_is_refused_before_it_is_buffered() -> None:
+    decoder = FrameDecoder(max_frame_size=1024)
+    with pytest.raises(otpmesh.ProtocolError, match="frame of 1025 bytes exceeds the limit of 1024"):
+        decoder.feed(struct.pack(">I", 1025))
+    with pytest.raises(otpmesh.ProtocolError, match="exceeds the limit"):
+        frame_header(MAX_FRAME_SIZE + 1)
+
+
+def test_handshake_checks_magic_and_version() -> None:
+    check_handshake(HANDSHAKE)
+    with pytest.raises(otpmesh.ProtocolError, match="bad handshake magic"):
+        check_handshake(b"HTTP/1.1" + HANDSHAKE[8:])
+    with pytest.raises(otpmesh.ProtocolError, match="protocol version 99"):
+        check_handshake(HANDSHAKE[:8] + struct.pack(">HH", 99, 0))
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        (b"\xc1", "malformed frame"),
+        (msgpack.packb({"not": "a list"}), "not a message array"),
+        (msgpack.packb([42, 1]), "unknown frame kind 42"),
+        (msgpack.packb([0, 1, 2]), "needs 6 fields, got 3"),
+        (msgpack.packb([2, 1, msgpack.ExtType(77, b"")]), "unknown extension type 77"),
+        (msgpack.packb([2, 1, msgpack.ExtType(1, b"\x00")]), "malformed frame"),
+    ],
+)
+def test_bad_frames_are_protocol_errors(payload: bytes, match: str) -> None:
+    with pytest.raises(otpmesh.ProtocolError, match=match):
+        decode_message(payload)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), max_size=8))
+def test_garbage_bytes_only_ever_raise_protocol_errors(chunks: list[bytes]) -> None:
+    decoder = FrameDecoder(max_frame_size=1 << 16)
+    try:
+        for chunk in chunks:
+            for frame in decoder.feed(chunk):
+                decode_message(frame)
+    except otpmesh.ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_inside_a_well_framed_payload_only_raises_protocol_errors(payload: bytes) -> None:
+    try:
+        decode_message(payload)
+    except otpmesh.ProtocolError:
+        pass
+
+
+def _raw_connect(addr: str, handshake: bool = True) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(addr)
+    if handshake:
+        sock.sendall(HANDSHAKE)
+        assert sock.recv(len(HANDSHAKE)) == HANDSHAKE
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "attack",
+    ["bad-handshake", "oversized", "truncated", "unknown-kind", "not-msgpack", "random"],
+)
+def test_a_bad_connection_is_closed_and_the_worker_keeps_serving(attack: str) -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            mesh = await procs.spawn("w", Echo)
+            addr = procs._procs[0].addr
+            bystander = _raw_connect(addr)
+
+            def attack_worker() -> bool:
+                sock = _raw_connect(addr, handshake=attack != "bad-handshake")
+                if attack == "bad-handshake":
+                    sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                elif attack == "oversized":
+                    sock.sendall(struct.pack(">I", MAX_FRAME_SIZE + 1))
+                elif attack == "truncated":
+                    sock.sendall(struct.pack(">I", 100) + b"abc")
+                    sock.shutdown(socket.SHUT_WR)
+                elif attack == "unknown-kind":
+                    sock.sendall(_frame(msgpack.packb([99, 1])))
+                elif attack == "not-msgpack":
+                    sock.sendall(_frame(b"\xc1\xc1\xc1"))
+                else:  # a plausible length prefix, then the sender gives up mid-frame
+                    sock.sendall(bytes(range(256)) * 4)
+                    sock.shutdown(socket.SHUT_WR)
+                closed = _closed_by_peer(sock)
+                sock.close()
+                return closed
+
+            assert await trio.to_thread.run_sync(attack_worker)
+            # The process, its controller connection and other connections still work.
+            assert await mesh[0].echo("still here") == "still here"
+            bystander.sendall(_frame(pack([0, 7, "w/0", "echo", ["bystander"], {}])))
+            reply = await trio.to_thread.run_sync(bystander.recv, 4096)
+            assert msgpack.unpackb(reply[4:]) == [2, 7, "bystander"]
+            bystander.close()
+
+    run_trio(body)
