@@ -62,7 +62,7 @@ class CallGroup:
         return [i for i, r in enumerate(self.results) if r is _MISSING]
 
     def forget(self) -> None:
-        """Drop every request still outstanding (timeout or cancellation): late replies are ignored."""
+        """Drop the requests still outstanding (timeout, cancellation); late replies are ignored."""
         for i, cancel in enumerate(self.cancels):
             if cancel is not None:
                 self.cancels[i] = None

@@ -1,4 +1,4 @@
-"""An actor's cell: its instance, its bounded mailbox and the task that serves it one message at a time."""
+"""An actor's cell: its instance, its bounded mailbox, the task serving one message at a time."""
 
 from __future__ import annotations
 
@@ -141,10 +141,11 @@ class ActorCell:
         info = self.endpoints.get(method)
         if info is None:
             known = ", ".join(sorted(self.endpoints)) or "none"
+            cls = type(self.instance).__qualname__
             self.node.reply_error(
                 reply,
                 "AttributeError",
-                f"{type(self.instance).__qualname__} has no endpoint {method!r} (endpoints: {known})",
+                f"{cls} has no endpoint {method!r} (endpoints: {known})",
                 "",
             )
             return True

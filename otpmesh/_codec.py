@@ -95,8 +95,9 @@ def _default(obj: Any) -> Any:
     if torch is not None and isinstance(obj, torch.Tensor):
         return _encode_tensor(obj)
     # strict_types sends subclasses here (bool-like ints, enums, OrderedDict, ...): use the base.
-    for base in (bool, int, float, str, bytes, dict, list):
-        if isinstance(obj, base):
+    bases: tuple[Callable[[Any], Any], ...] = (bool, int, float, str, bytes, dict, list)
+    for base in bases:
+        if isinstance(obj, base):  # type: ignore[arg-type]
             return base(obj)
     if isinstance(obj, bytearray | memoryview):
         return bytes(obj)

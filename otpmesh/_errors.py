@@ -11,7 +11,7 @@ class OtpmeshError(Exception):
 
 
 class ActorError(OtpmeshError):
-    """Raised by a call when the remote endpoint raised; carries the remote type, message and traceback."""
+    """Raised by a call when the remote endpoint raised; carries its type, message and traceback."""
 
     def __init__(self, actor: str, type_name: str, message: str, traceback: str = "") -> None:
         self.actor = actor
@@ -37,7 +37,7 @@ class ActorDiedError(OtpmeshError):
 
 
 class CallTimeoutError(OtpmeshError, TimeoutError):
-    """Raised by a call when no reply came within its timeout; names the actors that did not answer."""
+    """Raised by a call when no reply came within its timeout; names the actors that were late."""
 
     def __init__(self, actors: list[str], endpoint: str, timeout: float) -> None:
         self.actors = actors

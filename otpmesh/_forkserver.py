@@ -53,8 +53,14 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.send(msgpack.packb(msg))
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, req: dict[str, Any], fds: list[int],
-           server_pid: int) -> None:
+def _child(
+    sock: socket.socket,
+    wake_r: int,
+    wake_w: int,
+    req: dict[str, Any],
+    fds: list[int],
+    server_pid: int,
+) -> None:
     code = 1
     try:
         sock.close()

@@ -98,8 +98,14 @@ class _Caller:
 
     __slots__ = ("_endpoints", "_name", "_shape", "_slots", "_timeout")
 
-    def __init__(self, name: str, endpoints: frozenset[str], shape: Shape, slots: list[Slot],
-                 timeout: float | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoints: frozenset[str],
+        shape: Shape,
+        slots: list[Slot],
+        timeout: float | None,
+    ) -> None:
         self._name = name
         self._endpoints = endpoints
         self._shape = shape
@@ -154,13 +160,15 @@ class ActorMesh(_Caller):
     def slice(self, **selection: int | slice) -> ActorMesh:
         """A sub-mesh: ``gpus=0`` drops the dimension, ``gpus=slice(0, 2)`` keeps part of it."""
         shape, ranks = select(self._shape, **selection)
-        return ActorMesh(self._name, self._endpoints, shape, [self._slots[r] for r in ranks],
-                         self._timeout)
+        return ActorMesh(
+            self._name, self._endpoints, shape, [self._slots[r] for r in ranks], self._timeout
+        )
 
     def with_timeout(self, seconds: float | None) -> ActorMesh:
         """The same mesh whose calls time out after `seconds` by default."""
-        return ActorMesh(self._name, self._endpoints, self._shape, self._slots,
-                         _check_timeout(seconds))
+        return ActorMesh(
+            self._name, self._endpoints, self._shape, self._slots, _check_timeout(seconds)
+        )
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name!r}, shape={self._shape})"
@@ -171,8 +179,9 @@ class ActorRef(_Caller):
 
     __slots__ = ()
 
-    def __init__(self, name: str, endpoints: frozenset[str], slot: Slot,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self, name: str, endpoints: frozenset[str], slot: Slot, timeout: float | None = None
+    ) -> None:
         super().__init__(name, endpoints, {}, [slot], timeout)
 
     @property
@@ -289,14 +298,20 @@ _round_robin = itertools.count()
 
 
 def _mesh_to_data(mesh: ActorMesh) -> list[Any]:
-    return [mesh._name, sorted(mesh._endpoints), list(mesh._shape.items()),
-            [[s.actor_id, s.addr] for s in mesh._slots], mesh._timeout]
+    return [
+        mesh._name,
+        sorted(mesh._endpoints),
+        list(mesh._shape.items()),
+        [[s.actor_id, s.addr] for s in mesh._slots],
+        mesh._timeout,
+    ]
 
 
 def _mesh_from_data(data: list[Any]) -> ActorMesh:
     name, endpoints, shape, slots, timeout = data
-    return ActorMesh(name, frozenset(endpoints), dict(shape), [Slot(a, b) for a, b in slots],
-                     timeout)
+    return ActorMesh(
+        name, frozenset(endpoints), dict(shape), [Slot(a, b) for a, b in slots], timeout
+    )
 
 
 def _ref_to_data(ref: ActorRef) -> list[Any]:

@@ -124,8 +124,9 @@ class Node:
             log.error("refused an incoming connection: %s", exc)
             sock.close()
             return
-        await self._run_connection(Connection(sock, peer="(incoming)", decode=decode_message,
-                                              on_message=self._on_message))
+        await self._run_connection(
+            Connection(sock, peer="(incoming)", decode=decode_message, on_message=self._on_message)
+        )
 
     async def _run_connection(self, conn: Connection) -> None:
         try:
@@ -208,7 +209,11 @@ class Node:
         kwargs: Any,
         reply: ReplyTo | None,
     ) -> Awaitable[None] | None:
-        if not isinstance(method, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        if (
+            not isinstance(method, str)
+            or not isinstance(args, list)
+            or not isinstance(kwargs, dict)
+        ):
             raise ProtocolError("call frame needs a method name, an args array and a kwargs map")
         cell = self.actors.get(actor_id)
         if cell is None or not cell.alive:
@@ -306,10 +311,9 @@ class Node:
             group.cancels[index] = _forgetter(conn, call_id)
             conn.send_nowait(_ARRAY6, _P_CALL, _codec.pack(call_id), _codec.pack(actor_id), body)
         for target in targets:
-            if target.addr != self.addr:
-                conn = self._conns.get(target.addr)
-                if conn is not None:
-                    await conn.drain()
+            used = self._conns.get(target.addr)
+            if used is not None:
+                await used.drain()
         return group
 
     def done(self, targets: Sequence[Target]) -> None:

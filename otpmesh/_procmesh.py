@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from ._actor import Actor, class_path
-from ._errors import ActorError, MeshError, SpawnError
+from ._errors import MeshError, SpawnError
 from ._mesh import ActorMesh, Slot
 from ._runtime import Proc, Runtime, runtime
 from ._shape import Shape, all_coords, check_shape
@@ -90,13 +90,13 @@ class ProcMesh:
             for proc, slot in zip(self._procs, slots, strict=True):
                 nursery.start_soon(start_one, proc, slot)
         if errors:
-            await self._stop_actors([s for p, s in zip(self._procs, slots, strict=True)
-                                     if p.rank not in errors])
+            await self._stop_actors(
+                [s for p, s in zip(self._procs, slots, strict=True) if p.rank not in errors]
+            )
             rank, first = min(errors.items())
-            detail = str(first) if not isinstance(first, ActorError) else str(first)
             raise SpawnError(
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
-                f"rank {rank}: {detail}"
+                f"rank {rank}: {first}"
             ) from first
         mesh = ActorMesh(name, frozenset(actor.endpoints()), dict(self._shape), slots, None)
         self._meshes[name] = mesh

@@ -28,7 +28,8 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
 
         raise SpawnError(
             "otpmesh.run() was called while a worker imported the controller's main file to find "
-            "an actor class; guard the entry point with: if __name__ == \"__main__\": otpmesh.run(main)"
+            'an actor class; guard the entry point with:\n    if __name__ == "__main__":\n'
+            "        otpmesh.run(main)"
         )
     try:
         return trio.run(main, *args)

@@ -148,8 +148,9 @@ class Runtime:
 
     # ------------------------------------------------------------ processes
 
-    async def start_procs(self, shape: dict[str, int], coords: list[dict[str, int]],
-                          envs: list[dict[str, str]]) -> list[Proc]:
+    async def start_procs(
+        self, shape: dict[str, int], coords: list[dict[str, int]], envs: list[dict[str, str]]
+    ) -> list[Proc]:
         """Fork one worker per slot and wait until each has dialed back (or died)."""
         await self._fs_ready.wait()
         procs = []
@@ -246,7 +247,7 @@ class Runtime:
     # ------------------------------------------------------------ node hooks
 
     def _on_hello(self, conn: Connection, payload: Any) -> None:
-        proc = self.procs.get(payload.get("proc")) if isinstance(payload, dict) else None
+        proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
         if proc is None or proc.conn is not None:
             log.error("refused a worker hello for an unknown process: %r", payload)
             return

@@ -29,8 +29,10 @@ def check_shape(shape: Mapping[str, Any], what: str = "proc_mesh") -> Shape:
 def all_coords(shape: Shape) -> list[Coords]:
     """Every point of `shape` in rank (row-major) order."""
     names = list(shape)
-    return [dict(zip(names, point, strict=True))
-            for point in itertools.product(*(range(n) for n in shape.values()))]
+    return [
+        dict(zip(names, point, strict=True))
+        for point in itertools.product(*(range(n) for n in shape.values()))
+    ]
 
 
 def rank_of(shape: Shape, coords: Mapping[str, int]) -> int:
@@ -72,6 +74,8 @@ def select(shape: Shape, **selection: int | slice) -> tuple[Shape, list[int]]:
         else:
             raise MeshError(f"slice {name}={sel!r}: use an int or a slice")
     names = list(shape)
-    ranks = [rank_of(shape, dict(zip(names, point, strict=True)))
-             for point in itertools.product(*per_dim)]
+    ranks = [
+        rank_of(shape, dict(zip(names, point, strict=True)))
+        for point in itertools.product(*per_dim)
+    ]
     return new_shape, ranks

@@ -69,9 +69,7 @@ class FrameDecoder:
         while end - pos >= 4:
             (size,) = _LEN.unpack_from(buf, pos)
             if size > self._max:
-                raise ProtocolError(
-                    f"frame of {size} bytes exceeds the limit of {self._max} bytes"
-                )
+                raise ProtocolError(f"frame of {size} bytes exceeds the limit of {self._max} bytes")
             stop = pos + 4 + size
             if stop > end:
                 break
@@ -212,7 +210,7 @@ class Connection:
             self._writer_lot.unpark()
 
     async def drain(self) -> None:
-        """Wait while more than the high-water mark is queued, so writers cannot outrun the socket."""
+        """Wait while more than the high-water mark is queued (writers must not outrun it)."""
         while self._out_bytes > _HIGH_WATER and not self.closed:
             await self._drain_lot.park()
 

@@ -52,11 +52,14 @@ class Worker:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.node = Node("w", sys_handlers={
-            "spawn_actor": self._spawn_actor,
-            "stop_actor": self._stop_actor,
-            "shutdown": self._shutdown,
-        })
+        self.node = Node(
+            "w",
+            sys_handlers={
+                "spawn_actor": self._spawn_actor,
+                "stop_actor": self._stop_actor,
+                "shutdown": self._shutdown,
+            },
+        )
         self.controller: Connection | None = None
         self._done = trio.Event()
 
@@ -65,8 +68,12 @@ class Worker:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
             sock = await dial(self.cfg["controller"])
-            conn = Connection(sock, peer=self.cfg["controller"],
-                              decode=self._decode, on_message=self.node._on_message)
+            conn = Connection(
+                sock,
+                peer=self.cfg["controller"],
+                decode=self._decode,
+                on_message=self.node._on_message,
+            )
             self.controller = conn
             self.node.register(self.cfg["controller"], conn)
             conn.send_nowait(self._hello())
@@ -83,8 +90,9 @@ class Worker:
     def _hello(self) -> bytes:
         from . import _codec
 
-        return _codec.pack([HELLO, {"proc": self.cfg["proc"], "pid": os.getpid(),
-                                    "addr": self.node.addr}])
+        return _codec.pack(
+            [HELLO, {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}]
+        )
 
     async def _serve_controller(self, conn: Connection) -> None:
         # The controller's connection is this process's lifeline: when it goes, so do we.
@@ -95,8 +103,14 @@ class Worker:
 
     async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> None:
         cls = import_class(p["cls"], p.get("main"))
-        ctx = ActorContext(name=p["name"], path=p["id"], rank=p["rank"], coords=p["coords"],
-                           shape=p["shape"], pid=os.getpid())
+        ctx = ActorContext(
+            name=p["name"],
+            path=p["id"],
+            rank=p["rank"],
+            coords=p["coords"],
+            shape=p["shape"],
+            pid=os.getpid(),
+        )
         token = set_context(ctx)
         try:
             instance = cls(*p["args"], **p["kwargs"])
@@ -126,8 +140,9 @@ class Worker:
             del self.node.actors[cell.ctx.path]
         self.node.exited[cell.ctx.path] = reason.describe()
         if self.controller is not None:
-            self.node.sys_cast(self.controller, "actor_exited",
-                               {"id": cell.ctx.path, "reason": reason.to_data()})
+            self.node.sys_cast(
+                self.controller, "actor_exited", {"id": cell.ctx.path, "reason": reason.to_data()}
+            )
 
 
 def main(cfg: dict[str, Any]) -> int:
@@ -138,7 +153,8 @@ def main(cfg: dict[str, Any]) -> int:
     _run.IN_WORKER = True
     sys.path[:] = cfg["sys_path"]
     os.chdir(cfg["cwd"])
-    logging.basicConfig(level=cfg.get("log_level", logging.WARNING),
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.get("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
+    )
     trio.run(Worker(cfg).main)
     return 0

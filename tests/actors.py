@@ -26,8 +26,15 @@ class Echo(otpmesh.Actor):
     @otpmesh.endpoint
     def whoami(self) -> dict[str, Any]:
         ctx = otpmesh.context()
-        return {"name": ctx.name, "path": ctx.path, "rank": ctx.rank, "coords": ctx.coords,
-                "shape": ctx.shape, "pid": os.getpid(), "tag": self.tag}
+        return {
+            "name": ctx.name,
+            "path": ctx.path,
+            "rank": ctx.rank,
+            "coords": ctx.coords,
+            "shape": ctx.shape,
+            "pid": os.getpid(),
+            "tag": self.tag,
+        }
 
     @otpmesh.endpoint
     def record(self, x: Any) -> None:

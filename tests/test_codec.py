@@ -18,8 +18,18 @@ from tests.actors import Echo
 from tests.conftest import run_trio
 
 DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
 ]
 
 
@@ -40,7 +50,11 @@ def tensors(draw: Any) -> torch.Tensor:
         numel *= dim
     nbytes = numel * dtype.itemsize
     raw = draw(st.binary(min_size=nbytes, max_size=nbytes))
-    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+    t = (
+        torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        if nbytes
+        else torch.empty(0, dtype=torch.uint8)
+    )
     t = t.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)
     if dtype == torch.bool:
         t = t.view(torch.uint8).clamp(0, 1).view(torch.bool) if nbytes else t
@@ -78,9 +92,9 @@ def test_plain_data_round_trips_and_tuples_stay_tuples() -> None:
 
 
 def test_unsupported_values_are_refused_with_a_clear_error() -> None:
-    with pytest.raises(otpmesh.EncodeError, match="cannot send a value of type builtins.set"):
+    with pytest.raises(otpmesh.EncodeError, match=r"cannot send a value of type builtins\.set"):
         pack({1, 2})
-    with pytest.raises(otpmesh.EncodeError, match="sparse|to_dense"):
+    with pytest.raises(otpmesh.EncodeError, match=r"sparse|to_dense"):
         pack(torch.eye(3).to_sparse())
 
 
@@ -111,6 +125,11 @@ def test_a_controller_that_never_touches_a_tensor_never_imports_torch() -> None:
         "unpack(pack({'a': (1, 2)}))\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ), timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=60,
+    )
     assert out.stdout.strip() == "False", out.stderr

@@ -21,12 +21,16 @@ def test_endpoint_exception_crashes_the_actor_and_carries_the_remote_traceback()
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=2) as procs:
             mesh = await procs.spawn("w", Echo)
-            with pytest.raises(otpmesh.ActorError, match="w/1 raised ValueError: bad input") as info:
+            with pytest.raises(
+                otpmesh.ActorError, match="w/1 raised ValueError: bad input"
+            ) as info:
                 await mesh[1].fail("bad input")
             assert info.value.type_name == "ValueError"
             assert "tests/actors.py" in info.value.traceback
-            assert 'raise ValueError(message)' in info.value.traceback
-            with pytest.raises(otpmesh.ActorDiedError, match="w/1 is dead: crashed with ValueError"):
+            assert "raise ValueError(message)" in info.value.traceback
+            with pytest.raises(
+                otpmesh.ActorDiedError, match="w/1 is dead: crashed with ValueError"
+            ):
                 await mesh[1].echo(1)
             assert await mesh[0].echo(1) == 1  # its sibling lives on
 
@@ -48,7 +52,9 @@ def test_unsendable_result_is_an_error_not_a_crash() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=1) as procs:
             mesh = await procs.spawn("w", Echo)
-            with pytest.raises(otpmesh.ActorError, match="cannot send a value of type builtins.object"):
+            with pytest.raises(
+                otpmesh.ActorError, match=r"cannot send a value of type builtins\.object"
+            ):
                 await mesh[0].unsendable()
             with pytest.raises(otpmesh.EncodeError, match="never pickle"):
                 await mesh[0].echo(object())
@@ -127,8 +133,13 @@ def _start_controller(tmp_path, mode: str) -> tuple[subprocess.Popen[str], list[
     script = tmp_path / "controller.py"
     script.write_text(_CONTROLLER)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("pids"), line + (proc.stderr.read() if proc.stderr else "")
@@ -180,8 +191,9 @@ def test_ctrl_c_stops_everything_with_one_short_message(tmp_path) -> None:  # ty
 
 def test_worker_output_reaches_the_controller_prefixed_with_the_actor_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = tmp_path / "shout.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import otpmesh
         from tests.actors import Echo
 
@@ -194,10 +206,12 @@ def test_worker_output_reaches_the_controller_prefixed_with_the_actor_path(tmp_p
         if __name__ == "__main__":
             otpmesh.run(main)
         """
-    ))
+        )
+    )
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert "[loud/1] hello from one" in done.stdout
     assert "[loud/1] ValueError: on purpose" in done.stderr
     assert "otpmesh.ActorError" in done.stderr or "ActorError" in done.stderr

@@ -115,7 +115,9 @@ def test_every_call_takes_a_timeout_that_names_the_actor() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=2) as procs:
             mesh = await procs.spawn("w", Echo)
-            with pytest.raises(otpmesh.CallTimeoutError, match=r"'sleep' on w/1 timed out after 0.2 s"):
+            with pytest.raises(
+                otpmesh.CallTimeoutError, match=r"'sleep' on w/1 timed out after 0.2 s"
+            ):
                 await mesh[1].sleep.with_timeout(0.2)(5)
             with pytest.raises(TimeoutError, match=r"w/0, w/1"):
                 await mesh.with_timeout(0.2).sleep(5)
@@ -129,8 +131,8 @@ def test_unknown_endpoint_is_an_attribute_error_naming_the_endpoints() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=1) as procs:
             mesh = await procs.spawn("w", Echo)
-            with pytest.raises(AttributeError, match="w has no endpoint 'nope'.*echo"):
-                mesh.nope
+            with pytest.raises(AttributeError, match=r"w has no endpoint 'nope'.*echo"):
+                _ = mesh.nope
 
     run_trio(body)
 
