@@ -80,16 +80,35 @@ class ActorCell:
     async def run(self) -> None:
         set_context(self.ctx)
         with self._scope:
-            async for method, args, kwargs, reply in self._receive:
-                self.busy = True
-                alive = await self._handle(method, args, kwargs, reply)
-                self.busy = False
-                if not alive:
-                    break
+            while await self._serve_batch():
+                pass
         if self.exit_reason is None:
             self.exit_reason = ExitReason("shutdown")
         self._drain()
         self._on_exit(self)
+
+    async def _serve_batch(self) -> bool:
+        """Handle what is queued (at least one message); return False when the actor is done."""
+        receive = self._receive
+        try:
+            item = await receive.receive()
+        except trio.EndOfChannel:
+            return False
+        # Drain without a scheduler round trip per message, but yield now and then.
+        for _ in range(64):
+            self.busy = True
+            alive = await self._handle(*item)
+            self.busy = False
+            if not alive:
+                return False
+            try:
+                item = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return True
+        self.busy = True
+        alive = await self._handle(*item)
+        self.busy = False
+        return alive
 
     def stop(self, reason: ExitReason) -> None:
         """End the actor after its current message; queued messages get an 'actor died' reply."""

@@ -84,13 +84,10 @@ class ValueMesh(Generic[T]):
         return f"ValueMesh({self._shape}, {self._values!r})"
 
 
-async def _node() -> Node:
-    node = current_node()
-    if node is None:
-        from ._runtime import runtime
+async def _start_runtime() -> Node:
+    from ._runtime import runtime
 
-        node = (await runtime()).node
-    return node
+    return (await runtime()).node
 
 
 class _Caller:
@@ -228,7 +225,7 @@ class Endpoint:
         try:
             await self._wait(group, group.wait_all)
         finally:
-            await self._finish(group, slots)
+            self._finish(group, slots)
         return ValueMesh(self._owner._shape, [group.outcome(i) for i in range(len(slots))])
 
     async def call_one(self, *args: Any, **kwargs: Any) -> Any:
@@ -243,7 +240,7 @@ class Endpoint:
 
     async def choose(self, *args: Any, **kwargs: Any) -> Any:
         """Call exactly one actor, the one with the fewest calls in flight from this process."""
-        node = await _node()
+        node = current_node() or await _start_runtime()
         slots = self._owner._slots
         live = [s for s in slots if s.dead_reason() is None] or slots
         least = min(node.inflight.get(s.actor_id, 0) for s in live)
@@ -260,11 +257,11 @@ class Endpoint:
                 index = await self._wait(group, group.wait_next)
                 yield coords[index], group.outcome(index)
         finally:
-            await self._finish(group, slots)
+            self._finish(group, slots)
 
     async def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting for results (FIFO with later calls from here)."""
-        node = await _node()
+        node = current_node() or await _start_runtime()
         await node.cast(self._owner._slots, self._name, args, kwargs)
 
     async def _call_slot(self, slot: Slot, args: Any, kwargs: Any) -> Any:
@@ -272,11 +269,11 @@ class Endpoint:
         try:
             await self._wait(group, group.wait_all)
         finally:
-            await self._finish(group, [slot])
+            self._finish(group, [slot])
         return group.outcome(0)
 
     async def _start(self, slots: list[Slot], args: Any, kwargs: Any) -> CallGroup:
-        node = await _node()
+        node = current_node() or await _start_runtime()
         return await node.call(slots, [s.actor_id for s in slots], self._name, args, kwargs)
 
     async def _wait(self, group: CallGroup, waiter: Any) -> Any:
@@ -287,7 +284,7 @@ class Endpoint:
         late = [group.paths[i] for i in group.missing()]
         raise CallTimeoutError(late, self._name, self._timeout)
 
-    async def _finish(self, group: CallGroup, slots: list[Slot]) -> None:
+    def _finish(self, group: CallGroup, slots: list[Slot]) -> None:
         group.forget()
         node = current_node()
         if node is not None:

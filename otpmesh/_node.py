@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -287,7 +288,7 @@ class Node:
     ) -> CallGroup:
         """Send one call to every target; the returned group collects the replies."""
         group = CallGroup(paths)
-        body = _codec.pack(method) + _codec.pack(list(args)) + _codec.pack(kwargs)
+        body = _call_body(method, args, kwargs)
         inflight = self.inflight
         for index, target in enumerate(targets):
             actor_id = target.actor_id
@@ -309,7 +310,7 @@ class Node:
             conn.next_call_id += 1
             conn.pending[call_id] = (group, index)
             group.cancels[index] = _forgetter(conn, call_id)
-            conn.send_nowait(_ARRAY6, _P_CALL, _codec.pack(call_id), _codec.pack(actor_id), body)
+            conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
         for target in targets:
             used = self._conns.get(target.addr)
             if used is not None:
@@ -335,7 +336,7 @@ class Node:
 
     async def cast(self, targets: Sequence[Target], method: str, args: Any, kwargs: Any) -> None:
         """Fire-and-forget to every target, FIFO with later calls from this node."""
-        body = _codec.pack(method) + _codec.pack(list(args)) + _codec.pack(kwargs)
+        body = _call_body(method, args, kwargs)
         for target in targets:
             if target.addr == self.addr:
                 m, a, k = _codec.unpack(b"\x93" + body)
@@ -367,6 +368,20 @@ class Node:
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
         if not conn.closed:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload]))
+
+
+def _call_body(method: str, args: Any, kwargs: Any) -> bytes:
+    """The packed [method, args, kwargs] tail shared by every frame of one call."""
+    packed = _codec.pack([method, list(args), kwargs])
+    return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
+
+
+_UINT32 = struct.Struct(">BI")
+
+
+def _pack_uint(n: int) -> bytes:
+    """msgpack's uint32 encoding of a call id, without a trip through the packer."""
+    return _UINT32.pack(0xCE, n) if n < 1 << 32 else _codec.pack(n)
 
 
 def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:

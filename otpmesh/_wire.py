@@ -170,6 +170,9 @@ class Connection:
         self._on_message = on_message
         self._out: list[bytes | bytearray | memoryview] = []
         self._out_bytes = 0
+        # Set after a direct write until the writer task next runs: frames sent meanwhile (in the
+        # same scheduler batch) are queued and go out together in one write.
+        self._batching = False
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
@@ -185,18 +188,15 @@ class Connection:
             raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
         size = sum(len(p) for p in parts)
         header = frame_header(size)
-        if self._out:
-            self._out.append(header)
-            self._out.extend(parts)
-            self._out_bytes += size + 4
-            return
-        data = b"".join((header, *parts)) if size <= _COALESCE_LIMIT else None
-        if data is None:
+        if self._out or self._batching or size > _COALESCE_LIMIT:
             self._out.append(header)
             self._out.extend(parts)
             self._out_bytes += size + 4
             self._writer_lot.unpark()
             return
+        data = b"".join((header, *parts))
+        self._batching = True
+        self._writer_lot.unpark()
         try:
             sent = self.sock.send(data)
         except BlockingIOError:
@@ -207,7 +207,6 @@ class Connection:
         if sent < len(data):
             self._out.append(memoryview(data)[sent:])
             self._out_bytes += len(data) - sent
-            self._writer_lot.unpark()
 
     async def drain(self) -> None:
         """Wait while more than the high-water mark is queued (writers must not outrun it)."""
@@ -270,6 +269,7 @@ class Connection:
     async def _write_loop(self) -> None:
         while True:
             if not self._out:
+                self._batching = False
                 await self._writer_lot.park()
                 continue
             out, self._out = self._out, []

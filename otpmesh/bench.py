@@ -1,0 +1,168 @@
+"""Benchmarks: ``python -m otpmesh.bench`` (or ``bash .ci/dev bench``) prints one JSON object.
+
+Every figure is a median (or rate) measured in this run, beside a baseline measured in the same
+run: a bare trio Unix-socket echo between two processes with the same framing (4-byte length
+prefix, msgpack payload). Timings on shared machines are noisy; compare ratios, not absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import trio
+
+import otpmesh
+
+_LEN = struct.Struct(">I")
+
+
+class BenchActor(otpmesh.Actor):
+    """The actor every benchmark calls."""
+
+    @otpmesh.endpoint
+    async def echo(self, x: Any) -> Any:
+        return x
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _time_calls(fn: Callable[[int], Awaitable[Any]], n: int) -> list[float]:
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        await fn(i)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+# ---------------------------------------------------------------- the bare baseline
+
+
+async def _echo_server(addr: str) -> None:
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener.bind("\0" + addr)  # abstract socket: argv cannot carry the NUL
+    listener.listen(1)
+    print("ready", flush=True)
+    sock, _ = await listener.accept()
+    stream = trio.SocketStream(sock)
+    buf = b""
+    while data := await stream.receive_some(1 << 16):
+        buf += data
+        while len(buf) >= 4:
+            (size,) = _LEN.unpack_from(buf)
+            if len(buf) < 4 + size:
+                break
+            msg = msgpack.unpackb(buf[4 : 4 + size])
+            buf = buf[4 + size :]
+            out = msgpack.packb([2, msg[1], msg[4]])
+            await stream.send_all(_LEN.pack(len(out)) + out)
+
+
+async def _bare_round_trips(n: int) -> list[float]:
+    addr = f"otpmesh-bench-echo-{os.getpid()}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "otpmesh.bench", "--echo-server", addr],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()
+        stream = await trio.open_unix_socket("\0" + addr)
+
+        async def one(i: int) -> None:
+            out = msgpack.packb([0, i, "bench/0", "echo", [i], {}])
+            await stream.send_all(_LEN.pack(len(out)) + out)
+            got = b""
+            while len(got) < 4 or len(got) < 4 + _LEN.unpack_from(got)[0]:
+                got += await stream.receive_some(1 << 16)
+
+        await _time_calls(one, 200)
+        samples = await _time_calls(one, n)
+        await stream.aclose()
+        return samples
+    finally:
+        server.kill()
+        server.wait()
+
+
+# ---------------------------------------------------------------- otpmesh
+
+
+async def _pipelined(mesh: otpmesh.ActorMesh, n: int) -> float:
+    ref = mesh[0]
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(ref.echo, i)
+    return n / (time.perf_counter() - start)
+
+
+async def run_benchmarks(calls: int, pipelined: int) -> dict[str, Any]:
+    bare = await _bare_round_trips(calls)
+
+    warm = await otpmesh.proc_mesh(procs=1)  # starts the fork server (and preloads torch)
+    await warm.stop()
+
+    start = time.perf_counter()
+    procs = await otpmesh.proc_mesh(procs=4)
+    mesh = await procs.spawn("bench", BenchActor)
+    await mesh[0].echo(0)
+    first_reply = time.perf_counter() - start
+
+    await _time_calls(mesh[0].echo, 200)
+    unicast = await _time_calls(mesh[0].echo, calls)
+    broadcast = await _time_calls(mesh.echo, max(200, calls // 4))
+    rate = await _pipelined(mesh, pipelined)
+    await procs.stop()
+
+    bare_p50 = statistics.median(bare)
+    uni_p50 = statistics.median(unicast)
+    return {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "baseline_bare_trio_echo_us": {
+            "p50": round(bare_p50 * 1e6, 1),
+            "p99": round(_percentile(bare, 0.99) * 1e6, 1),
+        },
+        "unicast_us": {
+            "calls": calls,
+            "p50": round(uni_p50 * 1e6, 1),
+            "p99": round(_percentile(unicast, 0.99) * 1e6, 1),
+            "p50_vs_baseline": round(uni_p50 / bare_p50, 2),
+        },
+        "broadcast_4_us": {"p50": round(statistics.median(broadcast) * 1e6, 1)},
+        "pipelined_calls_per_s": {"in_flight": pipelined, "rate": round(rate)},
+        "mesh_4_to_first_reply_s": round(first_reply, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench", description=__doc__)
+    parser.add_argument("--calls", type=int, default=2000, help="sequential calls per figure")
+    parser.add_argument("--pipelined", type=int, default=10_000, help="calls in flight at once")
+    parser.add_argument("--echo-server", metavar="ADDR", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.echo_server:
+        trio.run(_echo_server, args.echo_server)
+        return
+    print("otpmesh bench: measuring (about 20 s)...", file=sys.stderr)
+    result = otpmesh.run(run_benchmarks, args.calls, args.pipelined)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
