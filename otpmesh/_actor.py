@@ -30,6 +30,25 @@ class Actor:
     was declared with ``@endpoint(let_it_crash=False)``.
     """
 
+    async def on_start(self) -> None:
+        """Called in the actor's process after the constructor, before any message. Raise to fail
+        the start; raise ``otpmesh.Ignore`` to return OTP's ``ignore``."""
+
+    async def on_stop(self, reason: object) -> None:
+        """Called once when the actor stops (its supervisor asked, ``self.stop``, or a crash),
+        with the exit reason. Its child spec's ``shutdown`` bounds how long it may take."""
+
+    def stop(self, reason: object = "normal") -> None:
+        """End this actor after the current message, with `reason` ('normal', 'shutdown',
+        ('shutdown', detail), or any other value, which its supervisor treats as a failure)."""
+        try:
+            request = _current_stop.get()
+        except LookupError:
+            raise RuntimeError(
+                "Actor.stop() is only available inside the actor's own code"
+            ) from None
+        request(reason)
+
     @classmethod
     def endpoints(cls) -> dict[str, EndpointInfo]:
         """The endpoints of this class, by name."""
@@ -82,6 +101,9 @@ class ActorContext:
 
 
 _current: contextvars.ContextVar[ActorContext] = contextvars.ContextVar("otpmesh_actor_context")
+_current_stop: contextvars.ContextVar[Callable[[object], None]] = contextvars.ContextVar(
+    "otpmesh_actor_stop"
+)
 
 
 def context() -> ActorContext:
@@ -94,8 +116,11 @@ def context() -> ActorContext:
         ) from None
 
 
-def set_context(ctx: ActorContext) -> contextvars.Token[ActorContext]:
-    return _current.set(ctx)
+def set_context(ctx: ActorContext, stop: Callable[[object], None] | None = None) -> None:
+    """Make `ctx` (and the actor's stop request) visible to code in the current context."""
+    _current.set(ctx)
+    if stop is not None:
+        _current_stop.set(stop)
 
 
 def class_path(cls: type) -> str:

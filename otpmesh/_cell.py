@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._actor import ActorContext, EndpointInfo, set_context
+from ._exits import ActorCrash, describe
 
 if TYPE_CHECKING:
     from ._node import Node, ReplyTo
@@ -19,42 +18,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("otpmesh.actor")
 
 MAILBOX_CAPACITY = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ExitReason:
-    """Why an actor stopped: 'normal', 'shutdown', or a crash with the exception's type and text."""
-
-    kind: str
-    type_name: str = ""
-    message: str = ""
-    traceback: str = ""
-
-    def describe(self) -> str:
-        if self.kind == "crashed":
-            return f"crashed with {self.type_name}: {self.message}"
-        return self.kind
-
-    def to_data(self) -> dict[str, str]:
-        return {
-            "kind": self.kind,
-            "type": self.type_name,
-            "message": self.message,
-            "traceback": self.traceback,
-        }
-
+KILLED = "killed"
 
 # A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast).
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None"]
 
 
 class ActorCell:
-    """Hosts one actor instance inside a node."""
+    """Hosts one started actor instance inside a node, from its first message to its exit."""
 
     def __init__(
         self,
         node: Node,
         ctx: ActorContext,
+        incarnation: int,
         instance: Any,
         endpoints: dict[str, EndpointInfo],
         on_exit: Callable[[ActorCell], None],
@@ -62,59 +39,96 @@ class ActorCell:
     ) -> None:
         self.node = node
         self.ctx = ctx
+        self.incarnation = incarnation
         self.instance = instance
         self.endpoints = endpoints
         self._on_exit = on_exit
         self.send, self._receive = trio.open_memory_channel[Message](capacity)
-        self.exit_reason: ExitReason | None = None
-        self._scope = trio.CancelScope()
+        self.exit_reason: object = None
+        self.exited = False
+        self.finished = trio.Event()
         self.busy = False
+        self._kill_scope = trio.CancelScope()
+        self._idle_scope: trio.CancelScope | None = None
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
         self._pyctx = contextvars.copy_context()
-        self._pyctx.run(set_context, ctx)
+        self._pyctx.run(set_context, ctx, self.request_stop)
 
     @property
     def alive(self) -> bool:
         return self.exit_reason is None
 
-    async def run(self) -> None:
-        set_context(self.ctx)
-        with self._scope:
-            while await self._serve_batch():
-                pass
+    def describe_exit(self) -> str:
+        return "running" if self.exit_reason is None else describe(self.exit_reason)
+
+    # ---------------------------------------------------------------- stopping
+
+    def request_stop(self, reason: object) -> None:
+        """Stop after the current message (run ``on_stop``); queued messages are not handled."""
         if self.exit_reason is None:
-            self.exit_reason = ExitReason("shutdown")
-        self._drain()
-        self._on_exit(self)
+            self.exit_reason = reason
+            if self._idle_scope is not None:
+                self._idle_scope.cancel()
+
+    def kill(self) -> None:
+        """Stop at once: cancel whatever the actor is doing, skip ``on_stop``."""
+        if self.exit_reason is None or not self.exited:
+            self.exit_reason = KILLED
+        self._kill_scope.cancel()
+
+    # ---------------------------------------------------------------- serving
+
+    async def run(self) -> None:
+        set_context(self.ctx, self.request_stop)
+        try:
+            with self._kill_scope:
+                while self.exit_reason is None and await self._serve_batch():
+                    pass
+                if self.exit_reason != KILLED:
+                    await self._call_on_stop()
+        finally:
+            self.exited = True
+            self._drain()
+            self.finished.set()
+            self._on_exit(self)
+
+    async def _call_on_stop(self) -> None:
+        try:
+            await self.instance.on_stop(self.exit_reason)
+        except Exception as exc:
+            log.error("%s: on_stop raised:\n%s", self.ctx.path, ActorCrash.of(exc).traceback)
 
     async def _serve_batch(self) -> bool:
         """Handle what is queued (at least one message); return False when the actor is done."""
         receive = self._receive
-        try:
-            item = await receive.receive()
-        except trio.EndOfChannel:
+        with trio.CancelScope() as idle:
+            self._idle_scope = idle
+            try:
+                item = await receive.receive()
+            except trio.EndOfChannel:
+                return False
+            finally:
+                self._idle_scope = None
+        if idle.cancelled_caught:
             return False
         # Drain without a scheduler round trip per message, but yield now and then.
         for _ in range(64):
-            self.busy = True
-            alive = await self._handle(*item)
-            self.busy = False
-            if not alive:
+            if not await self._handle_one(*item) or self.exit_reason is not None:
                 return False
             try:
                 item = receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 return True
-        self.busy = True
-        alive = await self._handle(*item)
-        self.busy = False
-        return alive
+        return await self._handle_one(*item)
 
-    def stop(self, reason: ExitReason) -> None:
-        """End the actor after its current message; queued messages get an 'actor died' reply."""
-        if self.exit_reason is None:
-            self.exit_reason = reason
-        self._scope.cancel()
+    async def _handle_one(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        self.busy = True
+        try:
+            return await self._handle(method, args, kwargs, reply)
+        finally:
+            self.busy = False
 
     def _drain(self) -> None:
         self.send.close()
@@ -127,9 +141,6 @@ class ActorCell:
             if reply is not None:
                 self.node.reply_dead(reply, reason)
         self._receive.close()
-
-    def describe_exit(self) -> str:
-        return self.exit_reason.describe() if self.exit_reason else "running"
 
     def handle_inline(
         self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
@@ -146,11 +157,13 @@ class ActorCell:
         try:
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
-            if not self._failed(info, method, exc, reply):
-                self._scope.cancel()
+            if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
+                self._idle_scope.cancel()
             return True
         if reply is not None:
             self.node.reply_ok(reply, result)
+        if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
+            self._idle_scope.cancel()
         return True
 
     async def _handle(
@@ -182,14 +195,15 @@ class ActorCell:
         self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
-        tb = "".join(traceback.format_exception(exc))
+        crash = ActorCrash.of(exc)
         # Log before replying, so the log line is on its way before the caller can react.
         if info.let_it_crash:
-            log.error("%s crashed in %s:\n%s", self.ctx.path, method, tb)
+            log.error("%s crashed in %s:\n%s", self.ctx.path, method, crash.traceback)
         elif reply is None:
-            log.error("%s: %s raised (cast, actor lives on):\n%s", self.ctx.path, method, tb)
-        self.node.reply_error(reply, type(exc).__qualname__, str(exc), tb)
+            log.error("%s: %s raised (actor lives on):\n%s", self.ctx.path, method, crash.traceback)
+        self.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
         if not info.let_it_crash:
             return True
-        self.exit_reason = ExitReason("crashed", type(exc).__qualname__, str(exc), tb)
+        if self.exit_reason is None:
+            self.exit_reason = crash
         return False

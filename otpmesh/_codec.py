@@ -7,6 +7,8 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     3  actor mesh msgpack of the mesh's fields
     4  tuple      msgpack array of the items
     5  value mesh msgpack [shape pairs, values]
+    6  actor crash  msgpack [type name, message, traceback] (an exit reason)
+    7  process exit msgpack [pid, how] (an exit reason)
 
 torch is imported only when a tensor is met, so processes that never touch one never pay for it.
 """
@@ -28,6 +30,8 @@ EXT_ACTOR_REF = 2
 EXT_ACTOR_MESH = 3
 EXT_TUPLE = 4
 EXT_VALUE_MESH = 5
+EXT_ACTOR_CRASH = 6
+EXT_PROCESS_EXIT = 7
 
 _U16 = struct.Struct(">H")
 

@@ -30,9 +30,11 @@ class ActorError(OtpmeshError):
 class ActorDiedError(OtpmeshError):
     """Raised by a call to an actor that is dead or died before it replied; says why it died."""
 
-    def __init__(self, actor: str, reason: str) -> None:
+    def __init__(self, actor: str, reason: str, *, delivered: bool = True) -> None:
         self.actor = actor
         self.reason = reason
+        #: False when the call never reached the actor (safe to send again after a restart).
+        self.delivered = delivered
         super().__init__(f"{actor} is dead: {reason}")
 
 

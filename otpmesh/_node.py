@@ -93,6 +93,9 @@ class Node:
         self.addr = new_address(role)
         self.actors: dict[str, ActorCell] = {}
         self.exited: dict[str, str] = {}  # actor id -> why it stopped, for fast failures
+        self.last_exit: dict[str, tuple[int, object]] = {}  # id -> (incarnation, reason)
+        # Node operations run inline by the connection reader (casts whose order matters).
+        self.sys_inline: dict[str, Callable[[Any], None]] = {}
         self.sys_handlers = sys_handlers or {}
         self.on_hello: Callable[[Connection, Any], None] | None = None
         # Returns True when it takes over failing the connection's pending calls.
@@ -125,11 +128,11 @@ class Node:
             log.error("refused an incoming connection: %s", exc)
             sock.close()
             return
-        await self._run_connection(
-            Connection(sock, peer="(incoming)", decode=decode_message, on_message=self._on_message)
+        await self.run_connection(
+            Connection(sock, peer="(incoming)", decode=decode_message, on_message=self.dispatch)
         )
 
-    async def _run_connection(self, conn: Connection) -> None:
+    async def run_connection(self, conn: Connection) -> None:
         try:
             await conn.run()
         finally:
@@ -148,11 +151,11 @@ class Node:
         self._dialing[addr] = done = trio.Event()
         try:
             sock = await dial(addr)
-            conn = Connection(sock, peer=addr, decode=decode_message, on_message=self._on_message)
+            conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
             self._conns[addr] = conn
             if self.nursery is None:
                 raise RuntimeError("node is not serving")
-            self.nursery.start_soon(self._run_connection, conn)
+            self.nursery.start_soon(self.run_connection, conn)
             return conn
         finally:
             del self._dialing[addr]
@@ -177,7 +180,7 @@ class Node:
 
     # ---------------------------------------------------------------- incoming
 
-    def _on_message(self, conn: Connection, msg: list[Any]) -> Awaitable[None] | None:
+    def dispatch(self, conn: Connection, msg: list[Any]) -> Awaitable[None] | None:
         kind = msg[0]
         if kind == OK or kind == ERR:
             entry = conn.pending.pop(msg[1], None)
@@ -194,7 +197,10 @@ class Node:
         if kind == CAST:
             return self.deliver_local(msg[1], msg[2], msg[3], msg[4], None)
         if kind == SYS:
-            if self.nursery is not None:
+            inline = self.sys_inline.get(msg[2])
+            if inline is not None:
+                inline(msg[3])
+            elif self.nursery is not None:
                 self.nursery.start_soon(self._run_sys, conn, msg[1], msg[2], msg[3])
             return None
         if self.on_hello is None:
@@ -295,7 +301,7 @@ class Node:
             inflight[actor_id] = inflight.get(actor_id, 0) + 1
             dead = target.dead_reason()
             if dead is not None:
-                group.deliver(index, False, ActorDiedError(paths[index], dead))
+                group.deliver(index, False, ActorDiedError(paths[index], dead, delivered=False))
                 continue
             if target.addr == self.addr:
                 self._call_local(group, index, actor_id, body)
@@ -304,7 +310,8 @@ class Node:
                 conn = await self.connect(target.addr)
             except OSError as exc:
                 reason = f"its process cannot be reached ({exc})"
-                group.deliver(index, False, ActorDiedError(paths[index], reason))
+                error = ActorDiedError(paths[index], reason, delivered=False)
+                group.deliver(index, False, error)
                 continue
             call_id = conn.next_call_id
             conn.next_call_id += 1
@@ -396,5 +403,5 @@ def remote_error(path: str, msg: list[Any]) -> Exception:
     """The exception a caller sees for an ERR frame from the actor at `path`."""
     _, _, kind, type_name, message, tb = msg
     if kind == "dead":
-        return ActorDiedError(path, str(message))
+        return ActorDiedError(path, str(message), delivered=False)
     return ActorError(path, str(type_name), str(message), str(tb))

@@ -78,13 +78,15 @@ class ProcMesh:
             if proc.conn is None or not proc.alive:
                 errors[proc.rank] = SpawnError(f"{slot.actor_id}: {proc.death()}")
                 return
-            body = dict(payload, id=slot.actor_id, rank=proc.rank, coords=proc.coords)
+            body = dict(
+                payload, id=slot.actor_id, rank=proc.rank, coords=proc.coords, incarnation=1
+            )
             try:
                 await self._rt.node.sys_call(proc.conn, "spawn_actor", body, slot.actor_id)
             except Exception as exc:
                 errors[proc.rank] = exc
             else:
-                proc.actors.append(slot.actor_id)
+                proc.hosted(slot.actor_id, 1)
 
         async with trio.open_nursery() as nursery:
             for proc, slot in zip(self._procs, slots, strict=True):
@@ -105,7 +107,8 @@ class ProcMesh:
     async def _stop_actors(self, slots: list[Slot]) -> None:
         for slot in slots:
             if slot.proc is not None and slot.proc.conn is not None and slot.proc.alive:
-                self._rt.node.sys_cast(slot.proc.conn, "stop_actor", {"id": slot.actor_id})
+                stop = {"id": slot.actor_id, "incarnation": 1, "timeout": STOP_TIMEOUT}
+                self._rt.node.sys_cast(slot.proc.conn, "stop_actor", stop)
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`."""

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ import msgpack
 import trio
 
 from ._errors import SpawnError
+from ._exits import ProcessExit, describe
+from ._reasons import is_normal_exit
 from ._node import Node, set_current_node
 from ._wire import Connection
 
@@ -43,7 +46,8 @@ class Proc:
     addr: str = ""
     conn: Connection | None = None
     exit_reason: str | None = None
-    actors: list[str] = field(default_factory=list)
+    actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
+    names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
 
@@ -52,7 +56,12 @@ class Proc:
         return self.exit_reason is None
 
     def label(self) -> str:
-        return ",".join(self.actors) if self.actors else f"proc/{self.rank}"
+        return ",".join(self.names) if self.names else f"proc/{self.rank}"
+
+    def hosted(self, path: str, incarnation: int) -> None:
+        self.actors[path] = incarnation
+        if path not in self.names:
+            self.names.append(path)
 
     def death(self) -> str:
         return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
@@ -69,7 +78,8 @@ class Runtime:
     """Everything the controller owns for one trio run."""
 
     def __init__(self) -> None:
-        self.node = Node("ctl", sys_handlers={"actor_exited": self._actor_exited})
+        self.node = Node("ctl")
+        self.node.sys_inline["actor_exited"] = self._actor_exited
         self.node.on_hello = self._on_hello
         self.node.on_connection_lost = self._on_connection_lost
         self.procs: dict[str, Proc] = {}
@@ -78,7 +88,9 @@ class Runtime:
         self._fs_raw: socket.socket | None = None
         self._fs_ready = trio.Event()
         self._next_proc = 0
-        self.actor_exits: dict[str, dict[str, Any]] = {}
+        # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
+        self.exit_listeners: dict[str, Callable[[str, int, object], None]] = {}
+        self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------ life cycle
@@ -88,7 +100,6 @@ class Runtime:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 await nursery.start(self.node.serve)
-                await nursery.start(self._run_fork_server)
                 started.set()
         except Exception:
             log.exception("otpmesh runtime failed")
@@ -152,6 +163,10 @@ class Runtime:
         self, shape: dict[str, int], coords: list[dict[str, int]], envs: list[dict[str, str]]
     ) -> list[Proc]:
         """Fork one worker per slot and wait until each has dialed back (or died)."""
+        if not self._fork_server_started and self.nursery is not None:
+            # Started on first use: a tree run with placement="local" never needs one.
+            self._fork_server_started = True
+            await self.nursery.start(self._run_fork_server)
         await self._fs_ready.wait()
         procs = []
         for rank, (point, env) in enumerate(zip(coords, envs, strict=True)):
@@ -271,9 +286,24 @@ class Runtime:
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
         self.node.fail_pending(conn, proc.death())
+        actors, proc.actors = proc.actors, {}
+        for path, incarnation in actors.items():
+            self.actor_exit(path, incarnation, ProcessExit(proc.pid, proc.exit_reason))
 
-    async def _actor_exited(self, conn: Connection | None, payload: dict[str, Any]) -> None:
-        self.actor_exits[payload["id"]] = payload["reason"]
+    def _actor_exited(self, payload: dict[str, Any]) -> None:
+        # Inline in the connection reader: the exit is known before any later "dead" reply.
+        path, incarnation = payload["id"], payload["incarnation"]
+        for proc in self.procs.values():
+            if proc.actors.get(path) == incarnation:
+                del proc.actors[path]
+        self.actor_exit(path, incarnation, payload["reason"])
+
+    def actor_exit(self, path: str, incarnation: int, reason: object) -> None:
+        listener = self.exit_listeners.get(path)
+        if listener is not None:
+            listener(path, incarnation, reason)
+        elif not is_normal_exit(reason):
+            log.warning("%s (unsupervised) exited: %s", path, describe(reason))
 
 
 async def runtime() -> Runtime:
@@ -290,7 +320,7 @@ async def runtime() -> Runtime:
         rt = Runtime()
         trio.lowlevel.spawn_system_task(rt._main, starting, name="otpmesh-runtime")
         await starting.wait()
-        if rt.nursery is None or rt._fs_sock is None:
+        if rt.nursery is None:
             raise SpawnError("the otpmesh runtime failed to start (see the log above)") from None
         _RUNTIME.set(rt)
         set_current_node(rt.node)

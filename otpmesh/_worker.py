@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import os
 import signal
@@ -12,43 +10,17 @@ from typing import Any
 
 import trio
 
-from ._actor import Actor, ActorContext, set_context
-from ._cell import ActorCell, ExitReason
-from ._errors import SpawnError
-from ._node import HELLO, Node, set_current_node
+from . import _codec
+from ._errors import EncodeError
+from ._host import ActorHost
+from ._node import HELLO, Node, decode_message, set_current_node
 from ._wire import Connection, dial
 
 log = logging.getLogger("otpmesh.worker")
 
-_MAIN_ALIAS = "__otpmesh_main__"
-
-
-def import_class(path: str, main_path: str | None) -> type[Actor]:
-    """Import an actor class by 'module:QualName' (the controller's __main__ by file path)."""
-    module_name, _, qualname = path.partition(":")
-    if module_name == "__main__":
-        module = sys.modules.get(_MAIN_ALIAS)
-        if module is None:
-            if not main_path:
-                raise SpawnError(f"{path}: the controller's __main__ has no file to import from")
-            spec = importlib.util.spec_from_file_location(_MAIN_ALIAS, main_path)
-            if spec is None or spec.loader is None:
-                raise SpawnError(f"cannot import the controller's main file {main_path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[_MAIN_ALIAS] = module
-            spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, Actor)):
-        raise SpawnError(f"{path} is not an otpmesh.Actor subclass")
-    return obj
-
 
 class Worker:
-    """The state of one worker process: its node and the controller connection."""
+    """The state of one worker process: its node, its actors and the controller connection."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
@@ -60,6 +32,7 @@ class Worker:
                 "shutdown": self._shutdown,
             },
         )
+        self.host = ActorHost(self.node, self._actor_exited)
         self.controller: Connection | None = None
         self._done = trio.Event()
 
@@ -71,78 +44,58 @@ class Worker:
             conn = Connection(
                 sock,
                 peer=self.cfg["controller"],
-                decode=self._decode,
-                on_message=self.node._on_message,
+                decode=decode_message,
+                on_message=self.node.dispatch,
             )
             self.controller = conn
             self.node.register(self.cfg["controller"], conn)
-            conn.send_nowait(self._hello())
+            hello = {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}
+            conn.send_nowait(_codec.pack([HELLO, hello]))
             nursery.start_soon(self._serve_controller, conn)
             await self._done.wait()
             nursery.cancel_scope.cancel()
 
-    @staticmethod
-    def _decode(frame: bytes) -> Any:
-        from ._node import decode_message
-
-        return decode_message(frame)
-
-    def _hello(self) -> bytes:
-        from . import _codec
-
-        return _codec.pack(
-            [HELLO, {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}]
-        )
-
     async def _serve_controller(self, conn: Connection) -> None:
         # The controller's connection is this process's lifeline: when it goes, so do we.
         try:
-            await self.node._run_connection(conn)
+            await self.node.run_connection(conn)
         finally:
             self._done.set()
 
-    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> None:
-        cls = import_class(p["cls"], p.get("main"))
-        ctx = ActorContext(
-            name=p["name"],
-            path=p["id"],
-            rank=p["rank"],
-            coords=p["coords"],
-            shape=p["shape"],
-            pid=os.getpid(),
+    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str:
+        return await self.host.spawn(p)
+
+    async def _stop_actor(self, conn: Connection | None, p: dict[str, Any]) -> object:
+        return await self.host.stop(
+            p["id"],
+            p["incarnation"],
+            p.get("reason", "shutdown"),
+            p.get("timeout"),
+            p.get("brutal", False),
         )
-        token = set_context(ctx)
-        try:
-            instance = cls(*p["args"], **p["kwargs"])
-        finally:
-            from ._actor import _current
-
-            _current.reset(token)
-        cell = ActorCell(self.node, ctx, instance, cls.endpoints(), self._actor_exited)
-        self.node.actors[ctx.path] = cell
-        self.node.exited.pop(ctx.path, None)
-        assert self.node.nursery is not None
-        self.node.nursery.start_soon(cell.run)
-
-    async def _stop_actor(self, conn: Connection | None, p: dict[str, Any]) -> None:
-        cell = self.node.actors.get(p["id"])
-        if cell is not None:
-            cell.stop(ExitReason(p.get("reason", "shutdown")))
 
     async def _shutdown(self, conn: Connection | None, p: Any) -> None:
-        for cell in list(self.node.actors.values()):
-            cell.stop(ExitReason("shutdown"))
+        with trio.move_on_after(p.get("timeout", 5.0) if isinstance(p, dict) else 5.0):
+            async with trio.open_nursery() as nursery:
+                for cell in list(self.node.actors.values()):
+                    nursery.start_soon(
+                        self.host.stop, cell.ctx.path, cell.incarnation, "shutdown", None, False
+                    )
         self._done.set()
 
-    def _actor_exited(self, cell: ActorCell) -> None:
-        reason = cell.exit_reason or ExitReason("shutdown")
-        if self.node.actors.get(cell.ctx.path) is cell:
-            del self.node.actors[cell.ctx.path]
-        self.node.exited[cell.ctx.path] = reason.describe()
-        if self.controller is not None:
-            self.node.sys_cast(
-                self.controller, "actor_exited", {"id": cell.ctx.path, "reason": reason.to_data()}
-            )
+    def _actor_exited(self, path: str, incarnation: int, reason: object) -> None:
+        if self.controller is None or self.controller.closed:
+            return
+        try:
+            _codec.pack(reason)
+            wire_reason = reason
+        except EncodeError:
+            wire_reason = repr(reason)  # a reason the wire cannot carry travels as its repr
+        self.node.sys_cast(
+            self.controller,
+            "actor_exited",
+            {"id": path, "incarnation": incarnation, "reason": wire_reason},
+        )
 
 
 def main(cfg: dict[str, Any]) -> int:

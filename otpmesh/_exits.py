@@ -1,0 +1,73 @@
+"""How actors end, in OTP's vocabulary, as data that crosses the wire.
+
+An actor's exit reason is one of:
+
+- ``"normal"`` / ``"shutdown"`` / ``("shutdown", detail)``: it stopped (``self.stop(reason)``, or its
+  supervisor stopped it); OTP calls these normal exits;
+- ``"killed"``: it was killed outright (``BRUTAL_KILL``, or its shutdown timeout ran out);
+- an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop``;
+- a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _codec
+from ._reasons import is_normal_exit
+
+
+class Ignore(Exception):  # noqa: N818 - OTP's word, raised to mean "ignore", not an error
+    """Raise from an actor's constructor or ``on_start`` to return OTP's ``ignore``: the child is
+    not started, and its supervisor keeps its spec (a temporary child's spec is dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActorCrash:
+    """An exception escaped the actor: its type name, message and traceback text."""
+
+    type_name: str
+    message: str
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        return f"crashed with {self.type_name}: {self.message}"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ActorCrash:
+        import traceback
+
+        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)))
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    """The actor's worker process died: e.g. 'killed by signal 9 (SIGKILL)'."""
+
+    pid: int
+    how: str
+
+    def __str__(self) -> str:
+        return f"its process (pid {self.pid}) {self.how}"
+
+
+def describe(reason: object) -> str:
+    """A reason in words, for error messages and logs."""
+    if isinstance(reason, ActorCrash | ProcessExit):
+        return str(reason)
+    if reason == "killed":
+        return "killed"
+    if is_normal_exit(reason):
+        return f"stopped ({reason!r})" if not isinstance(reason, str) else f"stopped ({reason})"
+    return f"exited with {reason!r}"
+
+
+_codec.register_ext(
+    ActorCrash,
+    _codec.EXT_ACTOR_CRASH,
+    lambda c: [c.type_name, c.message, c.traceback],
+    lambda d: ActorCrash(*d),
+)
+_codec.register_ext(
+    ProcessExit, _codec.EXT_PROCESS_EXIT, lambda p: [p.pid, p.how], lambda d: ProcessExit(*d)
+)
