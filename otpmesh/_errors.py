@@ -63,3 +63,22 @@ class SpawnError(OtpmeshError):
 
 class MeshError(OtpmeshError, ValueError):
     """Raised on misuse of a mesh: bad shape, bad slice, call_one on many actors."""
+
+
+class SupervisorError(OtpmeshError):
+    """Raised by otpmesh.start when the root supervisor fails to start or gives up."""
+
+    def __init__(self, message: str, reason: object = None) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class ChildError(OtpmeshError):
+    """Raised by the app's dynamic-children calls with OTP's outcome (not_found, running, ...)."""
+
+    def __init__(self, path: str, outcome: object, reason: object = None) -> None:
+        self.path = path
+        self.outcome = outcome
+        self.reason = reason
+        detail = f": {reason}" if reason is not None else ""
+        super().__init__(f"{path}: {outcome}{detail}")

@@ -16,7 +16,7 @@ import trio
 
 from . import _codec
 from ._calls import CallGroup
-from ._errors import CallTimeoutError, MeshError
+from ._errors import ActorDiedError, CallTimeoutError, MeshError
 from ._node import Node, current_node
 from ._shape import Coords, Shape, all_coords, rank_of, select
 
@@ -28,16 +28,54 @@ T = TypeVar("T")
 
 @dataclass(eq=False, slots=True)
 class Slot:
-    """One actor of a mesh: its path, where it lives now, and (on the controller) its process."""
+    """One actor of a mesh: its path, where it lives now, and (on the controller) its process.
+
+    A supervised slot outlives incarnations: while its actor restarts the slot is down and calls
+    wait for it to come back up; once its supervisor will not restart it, it is gone.
+    """
 
     actor_id: str
     addr: str
     proc: Proc | None = None
+    supervised: bool = False
+    up: bool = True
+    gone: str | None = None  # why it will not come back
+    version: int = 0  # bumped on every change, so a waiter can tell "down and up again"
+    _changed: trio.Event | None = None
 
     def dead_reason(self) -> str | None:
+        if self.gone is not None:
+            return self.gone
         if self.proc is not None and not self.proc.alive:
             return self.proc.death()
         return None
+
+    def _bump(self) -> None:
+        self.version += 1
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def mark_down(self) -> None:
+        if self.up:
+            self.up = False
+            self._bump()
+
+    def mark_up(self, addr: str, proc: Proc | None) -> None:
+        self.addr, self.proc, self.up, self.gone = addr, proc, True, None
+        self._bump()
+
+    def mark_gone(self, reason: str) -> None:
+        if self.gone != reason or self.up:
+            self.up, self.gone = False, reason
+            self._bump()
+
+    async def wait_up(self, after: int = -1) -> None:
+        """Wait until the slot is up at a version newer than `after`, or gone."""
+        while self.supervised and self.gone is None and (not self.up or self.version <= after):
+            if self._changed is None:
+                self._changed = trio.Event()
+            await self._changed.wait()
 
 
 class ValueMesh(Generic[T]):
@@ -220,13 +258,8 @@ class Endpoint:
 
     async def call(self, *args: Any, **kwargs: Any) -> ValueMesh[Any]:
         """Call every actor; return their values by coordinates. Raises the first error by rank."""
-        slots = self._owner._slots
-        group = await self._start(slots, args, kwargs)
-        try:
-            await self._wait(group, group.wait_all)
-        finally:
-            self._finish(group, slots)
-        return ValueMesh(self._owner._shape, [group.outcome(i) for i in range(len(slots))])
+        outcomes = await self._outcomes(self._owner._slots, args, kwargs)
+        return ValueMesh(self._owner._shape, [_value(o) for o in outcomes])
 
     async def call_one(self, *args: Any, **kwargs: Any) -> Any:
         """Call the one actor of a single-actor mesh or ref and return its value."""
@@ -236,59 +269,114 @@ class Endpoint:
                 f"call_one on {self._owner._name} of {len(slots)} actors: index one actor "
                 f"(mesh[i].{self._name}.call_one(...)) or use .call(...) for all of them"
             )
-        return await self._call_slot(slots[0], args, kwargs)
+        return _value((await self._outcomes(slots, args, kwargs))[0])
 
     async def choose(self, *args: Any, **kwargs: Any) -> Any:
         """Call exactly one actor, the one with the fewest calls in flight from this process."""
         node = current_node() or await _start_runtime()
         slots = self._owner._slots
-        live = [s for s in slots if s.dead_reason() is None] or slots
+        live = [s for s in slots if s.up and s.dead_reason() is None] or slots
         least = min(node.inflight.get(s.actor_id, 0) for s in live)
         candidates = [s for s in live if node.inflight.get(s.actor_id, 0) == least]
-        return await self._call_slot(candidates[next(_round_robin) % len(candidates)], args, kwargs)
+        chosen = candidates[next(_round_robin) % len(candidates)]
+        return _value((await self._outcomes([chosen], args, kwargs))[0])
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[Coords, Any]]:
         """Call every actor; yield (coordinates, value) as replies arrive. Errors raise in turn."""
         slots = self._owner._slots
         coords = all_coords(self._owner._shape)
-        group = await self._start(slots, args, kwargs)
-        try:
+        send, receive = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
+
+        async def one(index: int) -> None:
+            try:
+                outcome = (await self._outcomes([slots[index]], args, kwargs))[0]
+            except Exception as exc:  # a timeout: delivered in turn like any error
+                outcome = (False, exc)
+            send.send_nowait((index, outcome))
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(slots)):
+                nursery.start_soon(one, index)
             for _ in range(len(slots)):
-                index = await self._wait(group, group.wait_next)
-                yield coords[index], group.outcome(index)
-        finally:
-            self._finish(group, slots)
+                index, outcome = await receive.receive()
+                yield coords[index], _value(outcome)
 
     async def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting for results (FIFO with later calls from here)."""
         node = current_node() or await _start_runtime()
         await node.cast(self._owner._slots, self._name, args, kwargs)
 
-    async def _call_slot(self, slot: Slot, args: Any, kwargs: Any) -> Any:
-        group = await self._start([slot], args, kwargs)
-        try:
-            await self._wait(group, group.wait_all)
-        finally:
-            self._finish(group, [slot])
-        return group.outcome(0)
-
-    async def _start(self, slots: list[Slot], args: Any, kwargs: Any) -> CallGroup:
-        node = current_node() or await _start_runtime()
-        return await node.call(slots, [s.actor_id for s in slots], self._name, args, kwargs)
-
-    async def _wait(self, group: CallGroup, waiter: Any) -> Any:
+    async def _outcomes(self, slots: list[Slot], args: Any, kwargs: Any) -> list[tuple[bool, Any]]:
+        """(ok, value-or-error) per slot, within this endpoint's timeout."""
+        attempt = _Attempt()
         if self._timeout is None:
-            return await waiter()
+            return await self._gather(slots, args, kwargs, attempt)
         with trio.move_on_after(self._timeout):
-            return await waiter()
-        late = [group.paths[i] for i in group.missing()]
-        raise CallTimeoutError(late, self._name, self._timeout)
+            return await self._gather(slots, args, kwargs, attempt)
+        raise CallTimeoutError(attempt.late(), self._name, self._timeout)
 
-    def _finish(self, group: CallGroup, slots: list[Slot]) -> None:
-        group.forget()
-        node = current_node()
-        if node is not None:
-            node.done(slots)
+    async def _gather(
+        self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt
+    ) -> list[tuple[bool, Any]]:
+        # A call that never reached a supervised actor (it was restarting) is sent again to the
+        # next incarnation; a call that reached it and lost it reports the failure.
+        node = current_node() or await _start_runtime()
+        results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
+        todo = list(range(len(slots)))
+        seen = [-1] * len(slots)
+        while todo:
+            attempt.group, attempt.paths = None, [slots[i].actor_id for i in todo]
+            for i in todo:
+                await slots[i].wait_up(seen[i])
+                seen[i] = slots[i].version
+            batch = [slots[i] for i in todo]
+            group = await node.call(batch, attempt.paths, self._name, args, kwargs)
+            attempt.group = group
+            try:
+                await group.wait_all()
+            finally:
+                group.forget()
+                node.done(batch)
+            retry = []
+            for j, i in enumerate(todo):
+                ok, value = group.results[j]
+                if not ok and _resendable(slots[i], value):
+                    retry.append(i)
+                else:
+                    results[i] = (ok, value)
+            todo = retry
+        return results
+
+
+class _Attempt:
+    """The slots a call is still waiting for, to name them if it times out."""
+
+    __slots__ = ("group", "paths")
+
+    def __init__(self) -> None:
+        self.group: CallGroup | None = None
+        self.paths: list[str] = []
+
+    def late(self) -> list[str]:
+        if self.group is None:
+            return self.paths
+        return [self.group.paths[i] for i in self.group.missing()]
+
+
+def _resendable(slot: Slot, error: Any) -> bool:
+    return (
+        isinstance(error, ActorDiedError)
+        and not error.delivered
+        and slot.supervised
+        and slot.gone is None
+    )
+
+
+def _value(outcome: tuple[bool, Any]) -> Any:
+    ok, value = outcome
+    if ok:
+        return value
+    raise value
 
 
 _round_robin = itertools.count()

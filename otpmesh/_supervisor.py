@@ -36,6 +36,7 @@ from ._reasons import KILLED, NORMAL, SHUTDOWN, failed_to_start_child, is_shutdo
 from ._reasons import is_normal_exit as _normal
 from ._spec import (
     AutoShutdown,
+    ChildSpec,
     Restart,
     Shutdown,
     ShutdownSpec,
@@ -87,14 +88,19 @@ class ChildInfo:
     id: str
     status: ChildStatus
     incarnation: int  # the current or last started incarnation; 0 if never started
-    spec: Supervisor | Worker
+    spec: ChildSpec  # as written: a Mesh stays a Mesh
 
 
 @dataclass(slots=True)
 class _Child:
-    spec: Supervisor | Worker
+    source: ChildSpec  # as written; the driver needs a Mesh's shape to place its actors
     status: ChildStatus = ChildStatus.UNDEFINED
     incarnation: int = 0
+
+    @property
+    def spec(self) -> Supervisor | Worker:
+        """What the core runs: a Mesh is its group supervisor (shutdown INFINITY)."""
+        return as_core_spec(self.source)
 
     @property
     def id(self) -> str:
@@ -145,7 +151,7 @@ class SupervisorCore:
             raise TypeError(f"SupervisorCore needs a Supervisor spec, got {spec!r}")
         self.spec = spec
         self.path = path if path is not None else spec.id
-        self._children = [_Child(as_core_spec(c)) for c in spec.children]
+        self._children = [_Child(c) for c in spec.children]
         self._restarts: Restarts = ()
         self._mailbox: deque[Event | _TryAgain] = deque()
         self._incarnations: dict[str, int] = {}
@@ -165,7 +171,7 @@ class SupervisorCore:
 
     @property
     def done(self) -> bool:
-        """True once InitFailed or Exit was emitted; the core accepts only stale exits then."""
+        """True once InitFailed or Exit was emitted; only late exits and stops are accepted then."""
         return self._phase is Phase.DONE
 
     @property
@@ -194,8 +200,8 @@ class SupervisorCore:
         if self._phase is Phase.NEW:
             raise SupervisorProtocolError(f"{self.path}: call start(now) before handle()")
         if self._phase is Phase.DONE:
-            if isinstance(event, ChildExited):
-                return []  # a late exit of an incarnation already accounted for
+            if isinstance(event, ChildExited | Stop):
+                return []  # a late exit, or a stop that crossed the supervisor's own exit
             raise SupervisorProtocolError(f"{self.path}: {event!r} after the supervisor exited")
         if isinstance(event, ChildStarted | StartIgnored | StartFailed | ChildTerminated):
             self._resume(self._check_completion(event))
@@ -212,7 +218,9 @@ class SupervisorCore:
 
     def which_children(self) -> list[ChildInfo]:
         """The children, newest first (reverse start order), as OTP's ``which_children``."""
-        return [ChildInfo(c.id, c.status, c.incarnation, c.spec) for c in reversed(self._children)]
+        return [
+            ChildInfo(c.id, c.status, c.incarnation, c.source) for c in reversed(self._children)
+        ]
 
     @property
     def restarts(self) -> Restarts:
@@ -421,7 +429,7 @@ class SupervisorCore:
         """Start one child and wait for the result; a success makes it RUNNING."""
         incarnation = self._incarnations.get(child.id, 0) + 1
         self._incarnations[child.id] = incarnation
-        event = yield StartChild(child.id, incarnation, child.spec)
+        event = yield StartChild(child.id, incarnation, child.source)
         if isinstance(event, ChildStarted):
             child.status, child.incarnation = ChildStatus.RUNNING, incarnation
             self._record(LogKind.CHILD_STARTED, child)
@@ -478,14 +486,13 @@ class SupervisorCore:
         except SpecError as error:
             self._reply(request.ref, Outcome.INVALID_SPEC, error)
             return None
-        spec = as_core_spec(request.spec)
-        existing = self._find(spec.id)
+        existing = self._find(request.spec.id)
         if existing is not None:
             running = existing.status is ChildStatus.RUNNING
             outcome = Outcome.ALREADY_STARTED if running else Outcome.ALREADY_PRESENT
             self._reply(request.ref, outcome)
             return None
-        child = _Child(spec)
+        child = _Child(request.spec)
         event = yield from self._start(child)
         if isinstance(event, ChildStarted):
             self._children.append(child)

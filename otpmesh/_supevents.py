@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._spec import ChildSpec, ShutdownSpec, Supervisor, Worker
+from ._spec import ChildSpec, ShutdownSpec
 
 # ---- commands: what the driver must do ------------------------------------------------------
 
@@ -21,12 +21,13 @@ class StartChild:
     """Start `spec` as incarnation `incarnation` of child `id`.
 
     The driver answers with exactly one of ChildStarted, StartIgnored or StartFailed. A Supervisor
-    child counts as started once its own core has emitted InitDone (its subtree is up).
+    child counts as started once its own core has emitted InitDone (its subtree is up). A Mesh
+    child arrives as written: run it as ``spec.as_supervisor()``, one actor per slot.
     """
 
     id: str
     incarnation: int
-    spec: Supervisor | Worker
+    spec: ChildSpec
 
 
 @dataclass(frozen=True, slots=True)

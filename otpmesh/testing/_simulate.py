@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from .._reasons import KILLED, SHUTDOWN
-from .._spec import BRUTAL_KILL, ChildSpec, Supervisor, Worker
+from .._spec import BRUTAL_KILL, ChildSpec, Mesh, Supervisor, Worker
 from .._supervisor import SupervisorCore
 from .._supevents import (
     ChildExited,
@@ -243,7 +243,9 @@ class Simulation:
             if outcome == "ignore":
                 return StartIgnored(command.id)
             return StartFailed(command.id, outcome[1])
-        child = _Node(SupervisorCore(spec, path=path), node, command.id, command.incarnation)
+        group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
+        core = SupervisorCore(group, path=path)
+        child = _Node(core, node, command.id, command.incarnation)
         self._nodes[path] = child
         self.trace.append(("sup_start", path))
         result = self._pump(child, self._call(child, lambda: child.core.start(self.now)))

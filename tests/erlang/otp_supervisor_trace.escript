@@ -30,17 +30,23 @@ main(_) ->
     Cases = read_cases(),
     ets:new(otpst, [named_table, public]),
     process_flag(trap_exit, true),
-    %% Raw /dev/stdout, not io: the escript's io server dies once stdin reaches eof.
+    %% Raw /dev/stdout, not io: the escript's io server is gone once stdin reached eof.
     {ok, Out} = file:open("/dev/stdout", [write, raw, binary]),
     lists:foreach(fun(Case) -> ok = file:write(Out, [json(run_case(Case)), $\n]) end, Cases),
     ok = file:close(Out),
     halt(0).
 
 read_cases() ->
-    {ok, Bin} = file:read_file("/dev/stdin"),
-    {ok, Tokens, _} = erl_scan:string(unicode:characters_to_list(Bin)),
+    Text = unicode:characters_to_list(read_all([])),
+    {ok, Tokens, _} = erl_scan:string(Text),
     {ok, Cases} = erl_parse:parse_term(Tokens),
     Cases.
+
+read_all(Acc) ->
+    case io:get_chars(standard_io, '', 65536) of
+        eof -> lists:reverse(Acc);
+        Data -> read_all([Data | Acc])
+    end.
 
 %% ---- one case ---------------------------------------------------------------------------------
 
