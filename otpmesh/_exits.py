@@ -2,8 +2,8 @@
 
 An actor's exit reason is one of:
 
-- ``"normal"`` / ``"shutdown"`` / ``("shutdown", detail)``: it stopped (``self.stop(reason)``, or its
-  supervisor stopped it); OTP calls these normal exits;
+- ``"normal"`` / ``"shutdown"`` / ``("shutdown", detail)``: it stopped (``self.stop(reason)``,
+  or its supervisor stopped it); OTP calls these normal exits;
 - ``"killed"``: it was killed outright (``BRUTAL_KILL``, or its shutdown timeout ran out);
 - an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop``;
 - a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...).
@@ -17,7 +17,7 @@ from . import _codec
 from ._reasons import is_normal_exit
 
 
-class Ignore(Exception):  # noqa: N818 - OTP's word, raised to mean "ignore", not an error
+class Ignore(Exception):
     """Raise from an actor's constructor or ``on_start`` to return OTP's ``ignore``: the child is
     not started, and its supervisor keeps its spec (a temporary child's spec is dropped)."""
 

@@ -22,8 +22,8 @@ import trio
 
 from ._errors import SpawnError
 from ._exits import ProcessExit, describe
-from ._reasons import is_normal_exit
 from ._node import Node, set_current_node
+from ._reasons import is_normal_exit
 from ._wire import Connection
 
 log = logging.getLogger("otpmesh.runtime")
