@@ -20,16 +20,18 @@ from ._reasons import is_normal_exit
 from ._runtime import runtime
 from ._spec import Mesh, Supervisor, Worker, walk
 from ._supevents import (
+    ChildExited,
     DeleteChildRequest,
     LogKind,
     Outcome,
     Reply,
     RestartChildRequest,
     StartChildRequest,
+    Stop,
     TerminateChildRequest,
 )
 
-Placement_ = Literal["procs", "local"]
+PlacementName = Literal["procs", "local"]
 _OK = (Outcome.OK, Outcome.IGNORED)
 
 
@@ -48,9 +50,11 @@ class App:
         self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
         self._refs = itertools.count()
         self._work = 0
+        self._exiting: set[tuple[str, int]] = set()
         self._idle = trio.Event()
         self._idle.set()
         self.root_failure: object = None
+        self.stopping = False  # the app asked the root to stop (its exit is then expected)
         self._root_exited = trio.Event()
         self._body_scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery
@@ -115,6 +119,16 @@ class App:
     def watch(self, path: str, driver: SupervisorDriver) -> None:
         self._watchers[path] = driver
 
+    def actor_exiting(self, path: str, incarnation: int) -> None:
+        """An actor announced its exit (crash, stop): callers wait, settled() waits for it."""
+        if path not in self._watchers or (path, incarnation) in self._exiting:
+            return
+        self._exiting.add((path, incarnation))
+        self.work_started()
+        slot = self._slots.get(path)
+        if slot is not None:
+            slot.mark_down()
+
     def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
         """Every actor exit lands here (inline, before later replies are read)."""
         driver = self._watchers.get(path)
@@ -123,9 +137,10 @@ class App:
         slot = self._slots.get(path)
         if slot is not None:
             slot.mark_down()
-        from ._supevents import ChildExited
-
         driver.post(ChildExited(path.rsplit("/", 1)[1], incarnation, reason))
+        if (path, incarnation) in self._exiting:
+            self._exiting.discard((path, incarnation))
+            self.work_done()
 
     def last_exit(self, sup_path: str, child_id: str) -> object:
         for entry in reversed(self.events._entries):
@@ -221,11 +236,19 @@ class App:
     root: SupervisorDriver
 
     def root_exited(self, reason: object) -> None:
+        """The root stopped by itself: gave up (a failure), or auto-shutdown (a normal end)."""
         self._root_exited.set()
-        if not is_normal_exit(reason):
+        if self.stopping:
+            return
+        gave_up = any(
+            e.path == self.root.path
+            and e.kind in (LogKind.RESTART_INTENSITY_REACHED, LogKind.ESCALATED)
+            for e in self.events
+        )
+        if gave_up or not is_normal_exit(reason):
             self.root_failure = reason
-            if self._body_scope is not None:
-                self._body_scope.cancel()
+        if self._body_scope is not None:
+            self._body_scope.cancel()
 
     def failure(self) -> SupervisorError:
         """The error that says why the root gave up: which supervisor, and the last exits."""
@@ -252,7 +275,7 @@ def _endpoints(actor: type | str) -> frozenset[str]:
 async def start(
     tree: Supervisor | Mesh,
     *,
-    placement: Placement_ = "procs",
+    placement: PlacementName = "procs",
     events_file: IO[str] | None = None,
 ) -> AsyncIterator[App]:
     """Start a supervision tree; stop it (children in reverse start order) when the block ends.
@@ -267,41 +290,56 @@ async def start(
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     rt = await runtime()
     app = App(tree, EventLog(events_file))
-    app.placement = (
-        ProcsPlacement(rt) if placement == "procs" else LocalPlacement(rt, app.actor_exited)
-    )
-    root_spec = tree.as_supervisor() if isinstance(tree, Mesh) else tree
     for path in app._specs:
-        rt.exit_listeners[path] = app.actor_exited
-    async with trio.open_nursery() as nursery:
-        app.nursery = nursery
-        app.root = SupervisorDriver(app, root_spec, tree.id, None)
-        nursery.start_soon(app.root.run)
-        await app.root.started.wait()
-        try:
-            if app.root.init_failure is not None:
-                raise SupervisorError(
-                    f"supervisor {tree.id} failed to start: {describe(app.root.init_failure)}",
-                    app.root.init_failure,
-                )
-            with trio.CancelScope() as scope:
-                app._body_scope = scope
-                yield app
-        finally:
-            with trio.CancelScope(shield=True):
-                if not app.root.exited.is_set():
-                    app.root.post(_stop())
-                    await app.root.exited.wait()
-                await app.placement.close()
-                for path in app._specs:
-                    rt.exit_listeners.pop(path, None)
-                app.events.close()
-            nursery.cancel_scope.cancel()
+        rt.exit_listeners[path] = app
+    try:
+        async with _collapse(), trio.open_nursery() as nursery:
+            app.nursery = nursery
+            app.placement = (
+                ProcsPlacement(rt) if placement == "procs" else LocalPlacement(rt, app, nursery)
+            )
+            app.root = SupervisorDriver(app, _as_supervisor(tree), tree.id, None)
+            nursery.start_soon(app.root.run)
+            await app.root.started.wait()
+            try:
+                if app.root.init_failure is None:
+                    with trio.CancelScope() as scope:
+                        app._body_scope = scope
+                        yield app
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_tree(app)
+                nursery.cancel_scope.cancel()
+    finally:
+        for path in app._specs:
+            rt.exit_listeners.pop(path, None)
+    if app.root.init_failure is not None:
+        reason = app.root.init_failure
+        raise SupervisorError(f"supervisor {tree.id} failed to start: {describe(reason)}", reason)
     if app.root_failure is not None:
         raise app.failure()
 
 
-def _stop() -> Any:
-    from ._supevents import Stop
+@asynccontextmanager
+async def _collapse() -> AsyncIterator[None]:
+    """Let the body's own exception through as itself, not wrapped in a nursery's group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
-    return Stop("shutdown")
+
+def _as_supervisor(tree: Supervisor | Mesh) -> Supervisor:
+    return tree.as_supervisor() if isinstance(tree, Mesh) else tree
+
+
+async def _stop_tree(app: App) -> None:
+    """Stop the root (children in reverse start order), then the processes, then the log."""
+    app.stopping = True
+    if not app.root.exited.is_set():
+        app.root.post(Stop("shutdown"))
+        await app.root.exited.wait()
+    await app.placement.close()
+    app.events.close()

@@ -35,6 +35,7 @@ class ActorCell:
         instance: Any,
         endpoints: dict[str, EndpointInfo],
         on_exit: Callable[[ActorCell], None],
+        on_exiting: Callable[[ActorCell], None] | None = None,
         capacity: int = MAILBOX_CAPACITY,
     ) -> None:
         self.node = node
@@ -43,6 +44,7 @@ class ActorCell:
         self.instance = instance
         self.endpoints = endpoints
         self._on_exit = on_exit
+        self._on_exiting = on_exiting
         self.send, self._receive = trio.open_memory_channel[Message](capacity)
         self.exit_reason: object = None
         self.exited = False
@@ -66,15 +68,24 @@ class ActorCell:
     def request_stop(self, reason: object) -> None:
         """Stop after the current message (run ``on_stop``); queued messages are not handled."""
         if self.exit_reason is None:
-            self.exit_reason = reason
+            self._set_exit(reason)
             if self._idle_scope is not None:
                 self._idle_scope.cancel()
 
     def kill(self) -> None:
         """Stop at once: cancel whatever the actor is doing, skip ``on_stop``."""
-        if self.exit_reason is None or not self.exited:
+        if self.exit_reason is None:
+            self._set_exit(KILLED)
+        elif not self.exited:
             self.exit_reason = KILLED
         self._kill_scope.cancel()
+
+    def _set_exit(self, reason: object) -> None:
+        # Announced at once (before any reply to the message that caused it), so the supervisor
+        # knows an exit is coming while on_stop still runs.
+        self.exit_reason = reason
+        if self._on_exiting is not None:
+            self._on_exiting(self)
 
     # ---------------------------------------------------------------- serving
 
@@ -196,14 +207,13 @@ class ActorCell:
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
         crash = ActorCrash.of(exc)
-        # Log before replying, so the log line is on its way before the caller can react.
+        # Log and announce the exit before replying: the caller must not see the error before
+        # the supervisor can know of the crash.
         if info.let_it_crash:
             log.error("%s crashed in %s:\n%s", self.ctx.path, method, crash.traceback)
+            if self.exit_reason is None:
+                self._set_exit(crash)
         elif reply is None:
             log.error("%s: %s raised (actor lives on):\n%s", self.ctx.path, method, crash.traceback)
         self.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
-        if not info.let_it_crash:
-            return True
-        if self.exit_reason is None:
-            self.exit_reason = crash
-        return False
+        return not info.let_it_crash

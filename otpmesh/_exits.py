@@ -55,6 +55,15 @@ def describe(reason: object) -> str:
     """A reason in words, for error messages and logs."""
     if isinstance(reason, ActorCrash | ProcessExit):
         return str(reason)
+    if (
+        isinstance(reason, tuple)
+        and len(reason) == 2
+        and isinstance(reason[1], tuple)
+        and len(reason[1]) == 3
+        and reason[1][0] == "failed_to_start_child"
+    ):
+        _, (_, child, why) = reason
+        return f"child {child} failed to start ({describe(why)})"
     if reason == "killed":
         return "killed"
     if is_normal_exit(reason):

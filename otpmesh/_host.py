@@ -23,6 +23,7 @@ STARTED = "started"
 IGNORED = "ignored"
 
 ExitCallback = Callable[[str, int, object], None]
+ExitingCallback = Callable[[str, int], None]
 
 
 def import_class(path: str, main_path: str | None) -> type[Actor]:
@@ -52,9 +53,17 @@ def import_class(path: str, main_path: str | None) -> type[Actor]:
 class ActorHost:
     """The actors of one node. ``on_exit(path, incarnation, reason)`` hears every exit."""
 
-    def __init__(self, node: Node, on_exit: ExitCallback) -> None:
+    def __init__(
+        self,
+        node: Node,
+        on_exit: ExitCallback,
+        on_exiting: ExitingCallback | None = None,
+        nursery: trio.Nursery | None = None,
+    ) -> None:
         self.node = node
         self._on_exit = on_exit
+        self._on_exiting = on_exiting
+        self._nursery = nursery  # where actor tasks run (default: the node's)
 
     async def spawn(self, p: dict[str, Any]) -> str:
         """Construct and start an actor; return 'started' or 'ignored'; raise if it failed."""
@@ -79,13 +88,20 @@ class ActorHost:
         except Ignore:
             return IGNORED
         cell = ActorCell(
-            self.node, ctx, p.get("incarnation", 1), instance, cls.endpoints(), self._exited
+            self.node,
+            ctx,
+            p.get("incarnation", 1),
+            instance,
+            cls.endpoints(),
+            self._exited,
+            self._exiting,
         )
+        nursery = self._nursery or self.node.nursery
+        if nursery is None:
+            raise SpawnError("the node is not serving")
         self.node.actors[ctx.path] = cell
         self.node.exited.pop(ctx.path, None)
-        if self.node.nursery is None:
-            raise SpawnError("the node is not serving")
-        self.node.nursery.start_soon(cell.run)
+        nursery.start_soon(cell.run)
         return STARTED
 
     async def stop(
@@ -112,6 +128,10 @@ class ActorHost:
     def kill_all(self) -> None:
         for cell in list(self.node.actors.values()):
             cell.kill()
+
+    def _exiting(self, cell: ActorCell) -> None:
+        if self._on_exiting is not None:
+            self._on_exiting(cell.ctx.path, cell.incarnation)
 
     def _exited(self, cell: ActorCell) -> None:
         path = cell.ctx.path

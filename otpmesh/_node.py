@@ -108,9 +108,12 @@ class Node:
     # ---------------------------------------------------------------- serving
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        await sock.bind(self.addr)
-        sock.listen(128)
+        # An abstract address never touches the filesystem, so bind at once (trio would use a
+        # thread for a Unix bind, which also confuses MockClock's autojump in tests).
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.bind(self.addr)
+        raw.listen(128)
+        sock = trio.socket.from_stdlib_socket(raw)
         listener = trio.SocketListener(sock)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery

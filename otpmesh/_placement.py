@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,7 +21,7 @@ from ._exits import ActorCrash, ProcessExit
 from ._host import STARTED, ActorHost
 from ._mesh import Slot
 from ._procmesh import _slot_env, visible_gpus
-from ._runtime import Proc, Runtime
+from ._runtime import ExitListener, Proc, Runtime
 from ._spec import Shutdown, ShutdownSpec
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
@@ -191,9 +190,10 @@ class ProcsPlacement:
 class LocalPlacement:
     """Every actor inside the controller process: the same supervision, no processes."""
 
-    def __init__(self, rt: Runtime, on_exit: Callable[[str, int, object], None]) -> None:
+    def __init__(self, rt: Runtime, listener: ExitListener, nursery: trio.Nursery) -> None:
         self._node = rt.node
-        self._host = ActorHost(rt.node, on_exit)
+        # Actor tasks run in the application's nursery: their fate is the app's, not the node's.
+        self._host = ActorHost(rt.node, listener.actor_exited, listener.actor_exiting, nursery)
 
     async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
         return None

@@ -13,9 +13,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import trio
@@ -27,6 +26,14 @@ from ._reasons import is_normal_exit
 from ._wire import Connection
 
 log = logging.getLogger("otpmesh.runtime")
+
+
+class ExitListener(Protocol):
+    """Hears of actor exits: first that one is coming, then the exit itself with its reason."""
+
+    def actor_exiting(self, path: str, incarnation: int) -> None: ...
+    def actor_exited(self, path: str, incarnation: int, reason: object) -> None: ...
+
 
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
 _STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
@@ -80,6 +87,7 @@ class Runtime:
     def __init__(self) -> None:
         self.node = Node("ctl")
         self.node.sys_inline["actor_exited"] = self._actor_exited
+        self.node.sys_inline["actor_exiting"] = self._actor_exiting
         self.node.on_hello = self._on_hello
         self.node.on_connection_lost = self._on_connection_lost
         self.procs: dict[str, Proc] = {}
@@ -89,7 +97,7 @@ class Runtime:
         self._fs_ready = trio.Event()
         self._next_proc = 0
         # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
-        self.exit_listeners: dict[str, Callable[[str, int, object], None]] = {}
+        self.exit_listeners: dict[str, ExitListener] = {}
         self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
 
@@ -290,6 +298,11 @@ class Runtime:
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, ProcessExit(proc.pid, proc.exit_reason))
 
+    def _actor_exiting(self, payload: dict[str, Any]) -> None:
+        listener = self.exit_listeners.get(payload["id"])
+        if listener is not None:
+            listener.actor_exiting(payload["id"], payload["incarnation"])
+
     def _actor_exited(self, payload: dict[str, Any]) -> None:
         # Inline in the connection reader: the exit is known before any later "dead" reply.
         path, incarnation = payload["id"], payload["incarnation"]
@@ -301,7 +314,7 @@ class Runtime:
     def actor_exit(self, path: str, incarnation: int, reason: object) -> None:
         listener = self.exit_listeners.get(path)
         if listener is not None:
-            listener(path, incarnation, reason)
+            listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
             log.warning("%s (unsupervised) exited: %s", path, describe(reason))
 

@@ -32,7 +32,7 @@ class Worker:
                 "shutdown": self._shutdown,
             },
         )
-        self.host = ActorHost(self.node, self._actor_exited)
+        self.host = ActorHost(self.node, self._actor_exited, self._actor_exiting)
         self.controller: Connection | None = None
         self._done = trio.Event()
 
@@ -82,6 +82,12 @@ class Worker:
                         self.host.stop, cell.ctx.path, cell.incarnation, "shutdown", None, False
                     )
         self._done.set()
+
+    def _actor_exiting(self, path: str, incarnation: int) -> None:
+        if self.controller is not None and not self.controller.closed:
+            self.node.sys_cast(
+                self.controller, "actor_exiting", {"id": path, "incarnation": incarnation}
+            )
 
     def _actor_exited(self, path: str, incarnation: int, reason: object) -> None:
         if self.controller is None or self.controller.closed:

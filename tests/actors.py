@@ -85,3 +85,75 @@ class Echo(otpmesh.Actor):
 class BadInit(otpmesh.Actor):
     def __init__(self) -> None:
         raise RuntimeError("constructor refused")
+
+
+# ---- actors for the supervision tests ------------------------------------------------------
+
+#: In-process record of hook calls (placement="local" tests read it directly).
+JOURNAL: list[tuple[str, str, Any]] = []
+
+
+class Member(otpmesh.Actor):
+    """A supervised actor that records its life in JOURNAL (or a file, across processes)."""
+
+    def __init__(self, journal_file: str | None = None, stop_delay: float = 0.0) -> None:
+        self.journal_file = journal_file
+        self.stop_delay = stop_delay
+        self.calls = 0
+        self._note("init", None)
+
+    def _note(self, what: str, detail: Any) -> None:
+        path = otpmesh.context().path
+        JOURNAL.append((path, what, detail))
+        if self.journal_file:
+            with open(self.journal_file, "a") as f:
+                f.write(f"{path} {what} {detail!r}\n")
+
+    async def on_stop(self, reason: object) -> None:
+        self._note("on_stop", reason)
+        if self.stop_delay:
+            await trio.sleep(self.stop_delay)
+
+    @otpmesh.endpoint
+    def ping(self) -> str:
+        self.calls += 1
+        return otpmesh.context().path
+
+    @otpmesh.endpoint
+    def count(self) -> int:
+        self.calls += 1
+        return self.calls
+
+    @otpmesh.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @otpmesh.endpoint
+    def crash(self, why: str = "on purpose") -> None:
+        raise RuntimeError(why)
+
+    @otpmesh.endpoint
+    def quit(self, reason: Any = "normal") -> str:
+        self.stop(reason)
+        return "bye"
+
+    @otpmesh.endpoint
+    async def nap(self, seconds: float) -> float:
+        await trio.sleep(seconds)
+        return seconds
+
+    @otpmesh.endpoint
+    def block(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)  # stuck outside trio: only killing the process ends it
+
+
+class FailsToStart(otpmesh.Actor):
+    def __init__(self) -> None:
+        raise RuntimeError("cannot start")
+
+
+class Ignores(otpmesh.Actor):
+    async def on_start(self) -> None:
+        raise otpmesh.Ignore()
