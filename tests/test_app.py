@@ -259,7 +259,8 @@ def test_initial_start_failure_stops_started_siblings_and_fails_the_start() -> N
     async def body() -> None:
         with pytest.raises(
             otpmesh.SupervisorError,
-            match=r"root failed to start: child bad failed to start \(crashed with RuntimeError: cannot start",
+            match=r"root failed to start: child bad failed to start "
+            r"\(crashed with RuntimeError: cannot start",
         ):
             async with start(tree):
                 pass
@@ -353,7 +354,7 @@ def test_dynamic_children_follow_otp_outcomes() -> None:
             with pytest.raises(otpmesh.ChildError, match="not_found"):
                 await app.terminate_child("root/b")
             significant = Worker("s", Member, significant=True, restart=TRANSIENT)
-            with pytest.raises(otpmesh.ChildError, match="invalid_spec.*auto_shutdown"):
+            with pytest.raises(otpmesh.ChildError, match=r"invalid_spec.*auto_shutdown"):
                 await app.start_child("root", significant)
 
     run_local(body)
