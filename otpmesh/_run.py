@@ -22,7 +22,8 @@ def _only_interrupts(exc: BaseException) -> bool:
 
 def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run `main(*args)` under trio. Workers never outlive it; Ctrl-C stops everything with one
-    short message and exit status 130."""
+    short message and exit status 130; a supervision tree that gives up exits with status 1 and
+    a message naming the supervisor and the last exit reasons."""
     if IN_WORKER:
         from ._errors import SpawnError
 
@@ -31,8 +32,14 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
             'an actor class; guard the entry point with:\n    if __name__ == "__main__":\n'
             "        otpmesh.run(main)"
         )
+    from ._errors import SupervisorError
+
     try:
         return trio.run(main, *args)
+    except SupervisorError as exc:
+        # The tree gave up: its error already says where and why; no traceback pile.
+        print(f"otpmesh: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) or (
             isinstance(exc, BaseExceptionGroup) and _only_interrupts(exc)
