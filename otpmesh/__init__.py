@@ -23,6 +23,7 @@ from ._events import EventLog as EventLog
 from ._exits import ActorCrash as ActorCrash
 from ._exits import Ignore as Ignore
 from ._exits import ProcessExit as ProcessExit
+from ._exits import describe as describe
 from ._mesh import ActorMesh as ActorMesh
 from ._mesh import ActorRef as ActorRef
 from ._mesh import Endpoint as Endpoint

@@ -34,10 +34,16 @@ class ActorCrash:
         return f"crashed with {self.type_name}: {self.message}"
 
     @classmethod
-    def of(cls, exc: BaseException) -> ActorCrash:
+    def of(cls, exc: BaseException, *, skip_frames: int = 0) -> ActorCrash:
+        """Describe `exc`; `skip_frames` drops otpmesh's own calling frames from the traceback."""
         import traceback
 
-        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)))
+        tb = exc.__traceback__
+        for _ in range(skip_frames):
+            if tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        return cls(type(exc).__qualname__, str(exc), text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,3 +38,15 @@ def test_broadcast_vs_unicast_shows_results_and_costs() -> None:
     counts = out.split("messages per actor: ")[1].splitlines()[0]
     assert sum(ast.literal_eval(counts)) == 14
     assert "broadcast to 4 actors" in out
+
+
+def test_kill_an_actor_shows_the_restarts_while_the_others_keep_answering() -> None:
+    out = _run("kill_an_actor.py")
+    assert "rank 1 raised: RuntimeError: simulated rollout bug" in out
+    assert "others:       r2:" in out
+    after = out.split("after:")[1].splitlines()[0]
+    assert "r1:" in after and "steps1" in after.split("r1:")[1].split()[0]  # a fresh incarnation
+    assert "child_exited         rl/rollouts/1 #1  (crashed with RuntimeError" in out
+    assert "child_started        rl/rollouts/1 #2" in out
+    assert "(its process (pid" in out and "killed by signal 9 (SIGKILL))" in out
+    assert "child_started        rl/rollouts/3 #2" in out

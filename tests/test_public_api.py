@@ -14,7 +14,7 @@ EXPECTED = {
     "PERMANENT", "TRANSIENT", "TEMPORARY", "BRUTAL_KILL", "INFINITY",
     "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT",
     # exits
-    "ActorCrash", "ProcessExit", "Ignore",
+    "ActorCrash", "ProcessExit", "Ignore", "describe",
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError", "SupervisorError",
