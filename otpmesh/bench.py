@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
 import socket
 import statistics
 import struct
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,9 +33,85 @@ _LEN = struct.Struct(">I")
 class BenchActor(otpmesh.Actor):
     """The actor every benchmark calls."""
 
+    def __init__(self) -> None:
+        self.token = uuid.uuid4().hex  # tells incarnations apart
+
     @otpmesh.endpoint
     async def echo(self, x: Any) -> Any:
         return x
+
+    @otpmesh.endpoint
+    def ident(self) -> list[Any]:
+        return [os.getpid(), self.token]
+
+    @otpmesh.endpoint
+    def fail(self) -> None:
+        raise RuntimeError("benchmark crash")
+
+
+# ---------------------------------------------------------------- restarts
+
+
+async def _until_answers(call: Callable[[], Awaitable[Any]]) -> Any:
+    """Call until it succeeds (a SIGKILL is noticed asynchronously, a pending call may fail)."""
+    while True:
+        try:
+            return await call()
+        except otpmesh.ActorDiedError:
+            await trio.sleep(0)
+
+
+async def _restart_after_exception(n: int) -> list[float]:
+    tree = otpmesh.Supervisor("b", intensity=n + 1, children=[otpmesh.Worker("w", BenchActor)])
+    samples = []
+    async with otpmesh.start(tree) as app:
+        ref = app.actor("b/w")
+        await ref.echo(0)
+        for _ in range(n):
+            start = time.perf_counter()
+            try:
+                await ref.fail()
+            except otpmesh.ActorError:
+                pass
+            await ref.echo(1)  # waits for the new incarnation
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _restart_after_sigkill(n: int) -> list[float]:
+    tree = otpmesh.Supervisor("b", intensity=n + 1, children=[otpmesh.Worker("w", BenchActor)])
+    samples = []
+    async with otpmesh.start(tree) as app:
+        ref = app.actor("b/w")
+        for _ in range(n):
+            pid, _token = await ref.ident()
+            start = time.perf_counter()
+            os.kill(pid, signal.SIGKILL)
+            while (await _until_answers(ref.ident))[0] == pid:
+                await trio.sleep(0)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _one_for_all_after_sigkill(n: int) -> list[float]:
+    mesh = otpmesh.Mesh(
+        "dp", BenchActor, shape={"procs": 4}, strategy=otpmesh.ONE_FOR_ALL, intensity=n + 1
+    )
+    tree = otpmesh.Supervisor("b", intensity=n + 1, children=[mesh])
+    samples = []
+    async with otpmesh.start(tree) as app:
+        dp = app.mesh("b/dp")
+        for _ in range(n):
+            before = (await dp.ident()).values()
+            start = time.perf_counter()
+            os.kill(before[0][0], signal.SIGKILL)
+            while True:
+                now = (await _until_answers(dp.ident)).values()
+                if all(a[1] != b[1] for a, b in zip(now, before, strict=True)):
+                    break
+                await trio.sleep(0)
+            samples.append(time.perf_counter() - start)
+    return samples
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -130,6 +209,12 @@ async def run_benchmarks(calls: int, pipelined: int) -> dict[str, Any]:
     rate = await _pipelined(mesh, pipelined)
     await procs.stop()
 
+    # The restart benchmarks crash actors on purpose: keep their crash reports out of the output.
+    logging.getLogger("otpmesh").setLevel(logging.CRITICAL)
+    after_exception = await _restart_after_exception(100)
+    after_sigkill = await _restart_after_sigkill(20)
+    group_after_sigkill = await _one_for_all_after_sigkill(10)
+
     bare_p50 = statistics.median(bare)
     uni_p50 = statistics.median(unicast)
     return {
@@ -147,7 +232,19 @@ async def run_benchmarks(calls: int, pipelined: int) -> dict[str, Any]:
         "broadcast_4_us": {"p50": round(statistics.median(broadcast) * 1e6, 1)},
         "pipelined_calls_per_s": {"in_flight": pipelined, "rate": round(rate)},
         "mesh_4_to_first_reply_s": round(first_reply, 3),
+        "restart_ms": {
+            "after_exception_to_next_reply_p50": _ms(after_exception),
+            "after_sigkill_to_next_reply_p50": _ms(after_sigkill),
+            "one_for_all_4_after_sigkill_p50": _ms(group_after_sigkill),
+            "after_exception_vs_baseline_round_trips": round(
+                statistics.median(after_exception) / bare_p50, 1
+            ),
+        },
     }
+
+
+def _ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e3, 2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.echo_server:
         trio.run(_echo_server, args.echo_server)
         return
-    print("otpmesh bench: measuring (about 20 s)...", file=sys.stderr)
+    print("otpmesh bench: measuring (about 30 s)...", file=sys.stderr)
     result = otpmesh.run(run_benchmarks, args.calls, args.pipelined)
     print(json.dumps(result, indent=2))
 
