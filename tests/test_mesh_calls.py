@@ -118,9 +118,9 @@ def test_every_call_takes_a_timeout_that_names_the_actor() -> None:
             with pytest.raises(
                 otpmesh.CallTimeoutError, match=r"'sleep' on w/1 timed out after 0.2 s"
             ):
-                await mesh[1].sleep.with_timeout(0.2)(5)
+                await mesh[1].sleep.with_timeout(0.2)(1.5)
             with pytest.raises(TimeoutError, match=r"w/0, w/1"):
-                await mesh.with_timeout(0.2).sleep(5)
+                await mesh.with_timeout(0.2).sleep(1.5)
             # the actor is still alive and answers later calls
             assert await mesh[0].echo(3) == 3
 

@@ -17,32 +17,30 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otpmesh._spec import (
-    ALL_SIGNIFICANT,
-    ANY_SIGNIFICANT,
-    BRUTAL_KILL,
-    INFINITY,
-    NEVER,
-    ONE_FOR_ALL,
-    ONE_FOR_ONE,
-    PERMANENT,
-    REST_FOR_ONE,
-    TEMPORARY,
     TRANSIENT,
-    AutoShutdown,
-    Restart,
     Shutdown,
     Supervisor,
     Worker,
-    walk,
 )
-from otpmesh.testing import Advance, Call, Crash, StartOutcome, Step, StopSupervisor, simulate
+from otpmesh.testing import (
+    Advance,
+    Call,
+    Crash,
+    StartOutcome,
+    Step,
+    StopSupervisor,
+    fault_schedules,
+    simulate,
+    supervision_trees,
+    tree_paths,
+)
 
 ESCRIPT = Path(__file__).parent / "erlang" / "otp_supervisor_trace.escript"
 BATCHES = int(os.environ.get("OTPMESH_ERLANG_BATCHES", "8"))
@@ -160,83 +158,16 @@ def assert_same(cases: list[Case]) -> None:
 
 # ---- generated cases --------------------------------------------------------------------------
 
-REASONS = ["normal", "shutdown", ("shutdown", "detail"), "boom", "killed"]
-STOP_REASONS = ["shutdown", "normal", "boom"]
 OUTCOMES: list[StartOutcome] = ["ok", "ok", "ok", "ok", "ignore", ("error", "nope")]
 
 
 @st.composite
-def child_flags(draw: st.DrawFn, parent_auto: AutoShutdown) -> tuple[Restart, bool]:
-    restart = draw(st.sampled_from([PERMANENT, PERMANENT, TRANSIENT, TEMPORARY]))
-    significant = parent_auto is not NEVER and restart is not PERMANENT and draw(st.booleans())
-    return restart, significant
-
-
-@st.composite
-def supervisors(
-    draw: st.DrawFn, sup_id: str, depth: int = 0, flags: tuple[Restart, bool] = (PERMANENT, False)
-) -> Supervisor:
-    auto = draw(st.sampled_from([NEVER, NEVER, ANY_SIGNIFICANT, ALL_SIGNIFICANT]))
-    children: list[Supervisor | Worker] = []
-    for i in range(draw(st.integers(1, 4))):
-        restart, significant = draw(child_flags(auto))
-        if depth < 2 and draw(st.integers(0, 3)) == 0:
-            children.append(draw(supervisors(f"s{i}", depth + 1, (restart, significant))))
-        else:
-            shutdown = cast(Shutdown | float, draw(st.sampled_from([BRUTAL_KILL, 1.0, INFINITY])))
-            children.append(
-                Worker(f"w{i}", Actor, restart=restart, shutdown=shutdown, significant=significant)
-            )
-    return Supervisor(
-        sup_id,
-        strategy=draw(st.sampled_from([ONE_FOR_ONE, ONE_FOR_ALL, REST_FOR_ONE])),
-        intensity=draw(st.integers(0, 3)),
-        period=3600.0,
-        auto_shutdown=auto,
-        children=children,
-        restart=flags[0],
-        significant=flags[1],
-    )
-
-
-def paths(tree: Supervisor) -> tuple[list[str], list[tuple[str, Supervisor]]]:
-    """The worker paths and the (path, spec) of every supervisor of `tree`."""
-    workers, sups = [], []
-    for path, spec in walk(tree):
-        if isinstance(spec, Worker):
-            workers.append(path)
-        elif isinstance(spec, Supervisor):
-            sups.append((path, spec))
-    return workers, sups
-
-
-@st.composite
-def steps(draw: st.DrawFn, tree: Supervisor) -> Step:
-    workers, sups = paths(tree)
-    kind = draw(st.sampled_from(["crash"] * 5 + ["stop"] + ["call"] * 3))
-    if kind == "crash":
-        dynamic = [f"{path}/dyn" for path, _ in sups]
-        return Crash(draw(st.sampled_from(workers + dynamic)), draw(st.sampled_from(REASONS)))
-    path, spec = draw(st.sampled_from(sups))
-    if kind == "stop":
-        return StopSupervisor(path, draw(st.sampled_from(STOP_REASONS)))
-    op: CallOp = draw(
-        st.sampled_from(["start_child", "terminate_child", "restart_child", "delete_child"])
-    )
-    child_id = draw(st.sampled_from([c.id for c in spec.children] + ["dyn"]))
-    if op == "start_child":
-        restart = draw(st.sampled_from([PERMANENT, TRANSIENT, TEMPORARY]))
-        return Call(path, op, spec=Worker(child_id, Actor, restart=restart, shutdown=1.0))
-    return Call(path, op, id=child_id)
-
-
-@st.composite
 def cases(draw: st.DrawFn) -> Case:
-    tree = draw(supervisors("root"))
-    workers, sups = paths(tree)
+    tree = draw(supervision_trees(Actor))
+    workers, sups = tree_paths(tree)
     planned = draw(st.lists(st.sampled_from(workers + [f"{p}/dyn" for p, _ in sups]), max_size=3))
     plans = {p: draw(st.lists(st.sampled_from(OUTCOMES), min_size=1, max_size=3)) for p in planned}
-    return tree, plans, draw(st.lists(steps(tree), min_size=1, max_size=8))
+    return tree, plans, draw(fault_schedules(tree, Actor))
 
 
 @settings(

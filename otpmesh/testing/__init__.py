@@ -1,4 +1,5 @@
-"""Test helpers for otpmesh users: a pure simulator of supervision trees.
+"""Test helpers for otpmesh users: a pure simulator of supervision trees (the reference model)
+and hypothesis strategies for trees and fault schedules.
 
 ``simulate(tree, steps)`` runs a tree of supervisor cores with idealised children and a scripted
 fault schedule, and returns its trace and event log; no processes, no clock, microseconds a run.
@@ -13,3 +14,6 @@ from ._simulate import Step as Step
 from ._simulate import StopSupervisor as StopSupervisor
 from ._simulate import TraceEntry as TraceEntry
 from ._simulate import simulate as simulate
+from ._strategies import fault_schedules as fault_schedules
+from ._strategies import supervision_trees as supervision_trees
+from ._strategies import tree_paths as tree_paths
