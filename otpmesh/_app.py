@@ -51,6 +51,7 @@ class App:
         self._refs = itertools.count()
         self._work = 0
         self._exiting: set[tuple[str, int]] = set()
+        self._incarnation_counters: dict[str, dict[str, int]] = {}
         self._idle = trio.Event()
         self._idle.set()
         self.root_failure: object = None
@@ -116,6 +117,10 @@ class App:
             if p.startswith(prefix) and "/" not in p[len(prefix) :]
         ]
 
+    def incarnations(self, sup_path: str) -> dict[str, int]:
+        """The incarnation counters of a supervisor's children, kept across its restarts."""
+        return self._incarnation_counters.setdefault(sup_path, {})
+
     def watch(self, path: str, driver: SupervisorDriver) -> None:
         self._watchers[path] = driver
 
@@ -178,7 +183,9 @@ class App:
         driver = self._driver(sup_path)
         if spec.id and f"{sup_path}/{spec.id}" not in self._specs:
             self._learn(spec, sup_path)
-        return await self._request(driver, lambda ref: StartChildRequest(ref, spec), sup_path)
+        return await self._request(
+            driver, lambda ref: StartChildRequest(ref, spec), f"{sup_path}/{spec.id}"
+        )
 
     async def terminate_child(self, path: str) -> Outcome:
         """OTP's terminate_child: stop the child at `path`, keep its spec (unless temporary)."""

@@ -55,7 +55,7 @@ class SupervisorDriver:
         self.path = path
         self.parent = parent
         self.incarnation = incarnation
-        self.core = SupervisorCore(spec, path=path)
+        self.core = SupervisorCore(spec, path=path, incarnations=app.incarnations(path))
         self._send, self._receive = trio.open_memory_channel[Event](math.inf)
         self.children: dict[str, SupervisorDriver] = {}
         self.started = trio.Event()
@@ -222,4 +222,4 @@ class SupervisorDriver:
         last = self.app.last_exit(self.path, child_id)
         if last is None:
             return "it is not running (not started)"
-        return f"it is not running: it {describe(last)} and was not restarted"
+        return f"it is not running and will not be restarted (last exit: {describe(last)})"

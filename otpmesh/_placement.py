@@ -132,6 +132,7 @@ class ProcsPlacement:
         proc = self._procs[path]
         if proc.conn is None:
             raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
+        proc.named(path)
         try:
             result = await self._rt.node.sys_call(
                 proc.conn,

@@ -81,6 +81,7 @@ class ProcMesh:
             body = dict(
                 payload, id=slot.actor_id, rank=proc.rank, coords=proc.coords, incarnation=1
             )
+            proc.named(slot.actor_id)
             try:
                 await self._rt.node.sys_call(proc.conn, "spawn_actor", body, slot.actor_id)
             except Exception as exc:

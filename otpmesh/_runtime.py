@@ -67,6 +67,10 @@ class Proc:
 
     def hosted(self, path: str, incarnation: int) -> None:
         self.actors[path] = incarnation
+        self.named(path)
+
+    def named(self, path: str) -> None:
+        """Prefix this process's output with `path` (from its constructor's first print on)."""
         if path not in self.names:
             self.names.append(path)
 

@@ -146,7 +146,13 @@ class Phase(enum.StrEnum):
 class SupervisorCore:
     """One supervisor's state machine. Pure: no I/O, no clock, no randomness."""
 
-    def __init__(self, spec: Supervisor, *, path: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: Supervisor,
+        *,
+        path: str | None = None,
+        incarnations: dict[str, int] | None = None,
+    ) -> None:
         if not isinstance(spec, Supervisor):
             raise TypeError(f"SupervisorCore needs a Supervisor spec, got {spec!r}")
         self.spec = spec
@@ -154,7 +160,9 @@ class SupervisorCore:
         self._children = [_Child(c) for c in spec.children]
         self._restarts: Restarts = ()
         self._mailbox: deque[Event | _TryAgain] = deque()
-        self._incarnations: dict[str, int] = {}
+        # Per child id, the last incarnation number given. A driver that re-creates a core (its
+        # supervisor restarted) passes the same dict, so (path, incarnation) stays unique.
+        self._incarnations: dict[str, int] = incarnations if incarnations is not None else {}
         self._log: list[LogEntry] = []
         self._out: list[Command] = []
         self._op: _Op | None = None
