@@ -147,6 +147,12 @@ class App:
             self._exiting.discard((path, incarnation))
             self.work_done()
 
+    async def resolve(self, path: str) -> dict[str, Any]:
+        """Where the actor at `path` lives once it is up (for refs held by other actors)."""
+        slot = self.slot(path)
+        await slot.wait_up()
+        return {"gone": slot.gone} if slot.gone is not None else {"addr": slot.addr}
+
     def last_exit(self, sup_path: str, child_id: str) -> object:
         for entry in reversed(self.events._entries):
             if (

@@ -38,6 +38,7 @@ class Slot:
     addr: str
     proc: Proc | None = None
     supervised: bool = False
+    remote: bool = False  # a copy received in a message (see Node.resolve)
     up: bool = True
     gone: str | None = None  # why it will not come back
     version: int = 0  # bumped on every change, so a waiter can tell "down and up again"
@@ -327,7 +328,10 @@ class Endpoint:
         while todo:
             attempt.group, attempt.paths = None, [slots[i].actor_id for i in todo]
             for i in todo:
-                await slots[i].wait_up(seen[i])
+                if slots[i].remote and seen[i] >= 0:
+                    await node.resolve(slots[i])
+                else:
+                    await slots[i].wait_up(seen[i])
                 seen[i] = slots[i].version
             batch = [slots[i] for i in todo]
             group = await node.call(batch, attempt.paths, self._name, args, kwargs)
@@ -382,31 +386,36 @@ def _value(outcome: tuple[bool, Any]) -> Any:
 _round_robin = itertools.count()
 
 
+def _slot_to_data(slot: Slot) -> list[Any]:
+    return [slot.actor_id, slot.addr, slot.supervised]
+
+
+def _slot_from_data(data: list[Any]) -> Slot:
+    actor_id, addr, supervised = data
+    # Received in a message: this process has no supervisor's view of it, so a supervised
+    # slot that moved is looked up again through the controller (Node.resolve).
+    return Slot(actor_id, addr, supervised=supervised, remote=True)
+
+
 def _mesh_to_data(mesh: ActorMesh) -> list[Any]:
-    return [
-        mesh._name,
-        sorted(mesh._endpoints),
-        list(mesh._shape.items()),
-        [[s.actor_id, s.addr] for s in mesh._slots],
-        mesh._timeout,
-    ]
+    slots = [_slot_to_data(s) for s in mesh._slots]
+    return [mesh._name, sorted(mesh._endpoints), list(mesh._shape.items()), slots, mesh._timeout]
 
 
 def _mesh_from_data(data: list[Any]) -> ActorMesh:
     name, endpoints, shape, slots, timeout = data
     return ActorMesh(
-        name, frozenset(endpoints), dict(shape), [Slot(a, b) for a, b in slots], timeout
+        name, frozenset(endpoints), dict(shape), [_slot_from_data(s) for s in slots], timeout
     )
 
 
 def _ref_to_data(ref: ActorRef) -> list[Any]:
-    slot = ref._slots[0]
-    return [ref._name, sorted(ref._endpoints), slot.actor_id, slot.addr, ref._timeout]
+    return [ref._name, sorted(ref._endpoints), _slot_to_data(ref._slots[0]), ref._timeout]
 
 
 def _ref_from_data(data: list[Any]) -> ActorRef:
-    name, endpoints, actor_id, addr, timeout = data
-    return ActorRef(name, frozenset(endpoints), Slot(actor_id, addr), timeout)
+    name, endpoints, slot, timeout = data
+    return ActorRef(name, frozenset(endpoints), _slot_from_data(slot), timeout)
 
 
 _codec.register_ext(

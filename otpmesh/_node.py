@@ -103,6 +103,7 @@ class Node:
         self._conns: dict[str, Connection] = {}
         self._dialing: dict[str, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
+        self.parent: Connection | None = None  # a worker's controller connection
         self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
 
     # ---------------------------------------------------------------- serving
@@ -374,6 +375,18 @@ class Node:
         finally:
             group.forget()
         return group.outcome(0)
+
+    async def resolve(self, slot: Any) -> None:
+        """Ask the controller where a supervised actor lives now (a ref that came in a message
+        and found its old address dead); waits while the actor restarts."""
+        if self.parent is None:
+            slot.mark_gone("its supervisor cannot be asked (no controller connection)")
+            return
+        found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
+        if found.get("gone") is not None:
+            slot.mark_gone(found["gone"])
+        else:
+            slot.mark_up(found["addr"], None)
 
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
         if not conn.closed:

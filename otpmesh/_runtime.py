@@ -33,6 +33,7 @@ class ExitListener(Protocol):
 
     def actor_exiting(self, path: str, incarnation: int) -> None: ...
     def actor_exited(self, path: str, incarnation: int, reason: object) -> None: ...
+    async def resolve(self, path: str) -> dict[str, Any]: ...
 
 
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
@@ -89,7 +90,7 @@ class Runtime:
     """Everything the controller owns for one trio run."""
 
     def __init__(self) -> None:
-        self.node = Node("ctl")
+        self.node = Node("ctl", sys_handlers={"resolve_actor": self._resolve_actor})
         self.node.sys_inline["actor_exited"] = self._actor_exited
         self.node.sys_inline["actor_exiting"] = self._actor_exiting
         self.node.on_hello = self._on_hello
@@ -301,6 +302,12 @@ class Runtime:
         actors, proc.actors = proc.actors, {}
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, ProcessExit(proc.pid, proc.exit_reason))
+
+    async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
+        listener = self.exit_listeners.get(path)
+        if listener is None:
+            return {"gone": f"{path} is not supervised by a running application"}
+        return await listener.resolve(path)
 
     def _actor_exiting(self, payload: dict[str, Any]) -> None:
         listener = self.exit_listeners.get(payload["id"])

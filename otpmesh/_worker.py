@@ -48,6 +48,7 @@ class Worker:
                 on_message=self.node.dispatch,
             )
             self.controller = conn
+            self.node.parent = conn
             self.node.register(self.cfg["controller"], conn)
             hello = {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}
             conn.send_nowait(_codec.pack([HELLO, hello]))

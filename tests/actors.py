@@ -143,6 +143,20 @@ class Member(otpmesh.Actor):
         return seconds
 
     @otpmesh.endpoint
+    def keep(self, peer: Any) -> None:
+        self.kept = peer
+
+    @otpmesh.endpoint
+    async def call_kept(self, method: str) -> Any:
+        """Call the ref stored by keep(): it must still reach its actor after restarts."""
+        return await self.kept.endpoint(method)()
+
+    @otpmesh.endpoint
+    async def relay(self, peer: Any, method: str) -> Any:
+        """Call `peer` (a ref that came in this message) from inside this actor."""
+        return await peer.endpoint(method)()
+
+    @otpmesh.endpoint
     def block(self, seconds: float) -> None:
         import time
 

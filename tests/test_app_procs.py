@@ -190,3 +190,23 @@ def test_a_root_that_gives_up_ends_the_program_with_a_clear_message(tmp_path) ->
         "otpmesh: supervisor app reached its restart intensity (0 restarts in 5.0 s); "
         "last exits: app/w crashed with RuntimeError: fatal"
     )
+
+
+def test_a_ref_held_by_another_actor_follows_its_target_to_a_new_process() -> None:
+    tree = Supervisor("s", intensity=5, children=[Worker("t", Member), Worker("c", Member)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            target, caller = app.actor("s/t"), app.actor("s/c")
+            await caller.keep(target)
+            first = await caller.call_kept("pid")
+            assert first == await target.pid() != await caller.pid()
+            os.kill(first, signal.SIGKILL)
+            await _wait_for(app, LogKind.CHILD_EXITED, "s/t")
+            second = await caller.call_kept("pid")  # the stale address is resolved again
+            assert second != first and second == await target.pid()
+            with pytest.raises(otpmesh.ActorError):
+                await target.crash()
+            assert await caller.call_kept("count") == 1  # the in-process restart, too
+
+    run_trio(body)
