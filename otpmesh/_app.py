@@ -288,7 +288,7 @@ def _endpoints(actor: type | str) -> frozenset[str]:
 async def start(
     tree: Supervisor | Mesh,
     *,
-    placement: PlacementName = "procs",
+    placement: PlacementName | ProcsPlacement = "procs",
     events_file: IO[str] | None = None,
 ) -> AsyncIterator[App]:
     """Start a supervision tree; stop it (children in reverse start order) when the block ends.
@@ -299,7 +299,7 @@ async def start(
     """
     if not isinstance(tree, Supervisor | Mesh):
         raise TypeError(f"otpmesh.start needs a Supervisor or Mesh spec, not {tree!r}")
-    if placement not in ("procs", "local"):
+    if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     rt = await runtime()
     app = App(tree, EventLog(events_file))
@@ -308,9 +308,12 @@ async def start(
     try:
         async with _collapse(), trio.open_nursery() as nursery:
             app.nursery = nursery
-            app.placement = (
-                ProcsPlacement(rt) if placement == "procs" else LocalPlacement(rt, app, nursery)
-            )
+            if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
+                app.placement = placement
+            elif placement == "procs":
+                app.placement = ProcsPlacement(rt)
+            else:
+                app.placement = LocalPlacement(rt, app, nursery)
             app.root = SupervisorDriver(app, _as_supervisor(tree), tree.id, None)
             nursery.start_soon(app.root.run)
             await app.root.started.wait()

@@ -92,9 +92,9 @@ def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
 class ProcsPlacement:
     """Every slot in a worker process of its own."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, procs: dict[str, Proc] | None = None) -> None:
         self._rt = rt
-        self._procs: dict[str, Proc] = {}
+        self._procs: dict[str, Proc] = dict(procs or {})  # by actor path: its slot's process
         self._infos: dict[str, SlotInfo] = {}
         self._gpus = visible_gpus()
 

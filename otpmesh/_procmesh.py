@@ -2,19 +2,52 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._actor import Actor, class_path
 from ._errors import MeshError, SpawnError
+from ._events import EventLog
+from ._exits import describe
 from ._mesh import ActorMesh, Slot
+from ._reasons import is_normal_exit
 from ._runtime import Proc, Runtime, runtime
 from ._shape import Shape, all_coords, check_shape
+from ._spec import Mesh, Restart, Strategy
+from ._supevents import LogEntry, LogKind
+
+if TYPE_CHECKING:
+    from ._app import App
+
+log = logging.getLogger("otpmesh.procmesh")
 
 STOP_TIMEOUT = 5.0
+
+
+class _Unsupervised:
+    """Hears the exits of a proc mesh's unsupervised actors: they go to its event log."""
+
+    def __init__(self, events: EventLog) -> None:
+        self._events = events
+
+    def actor_exiting(self, path: str, incarnation: int) -> None:
+        return None
+
+    def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
+        name, _, rank = path.rpartition("/")
+        entry = LogEntry(trio.current_time(), LogKind.CHILD_EXITED, name, rank, incarnation, reason)
+        self._events.append(entry)
+        if not is_normal_exit(reason):
+            log.warning(
+                "%s (unsupervised) exited: %s; it will not be restarted", path, describe(reason)
+            )
+
+    async def resolve(self, path: str) -> dict[str, Any]:
+        return {"gone": f"{path} is not supervised and its process is gone"}
 
 
 def visible_gpus() -> list[str]:
@@ -43,6 +76,12 @@ class ProcMesh:
         self._shape = shape
         self._procs = procs
         self._meshes: dict[str, ActorMesh] = {}
+        self._apps: dict[str, App] = {}
+        self._stopping = trio.Event()
+        self._groups_running = 0
+        self._groups_done = trio.Event()
+        #: Exits of this proc mesh's unsupervised actors (supervised ones: ``supervision(name)``).
+        self.events = EventLog()
 
     @property
     def shape(self) -> Shape:
@@ -55,14 +94,34 @@ class ProcMesh:
     def __len__(self) -> int:
         return len(self._procs)
 
-    async def spawn(self, name: str, actor: type[Actor], *args: Any, **kwargs: Any) -> ActorMesh:
-        """Start one `actor` per process (its constructor runs there); return the actor mesh."""
+    async def spawn(
+        self,
+        name: str,
+        actor: type[Actor],
+        *args: Any,
+        strategy: Strategy | None = None,
+        restart: Restart | None = None,
+        intensity: int | None = None,
+        period: float | None = None,
+        **kwargs: Any,
+    ) -> ActorMesh:
+        """Start one `actor` per process (its constructor runs there); return the actor mesh.
+
+        With any of `strategy`, `restart`, `intensity` or `period` the mesh is a supervisor
+        group (an OTP supervisor over its actors, one per process, see ``supervision(name)``);
+        without them a failed actor stays dead: its calls fail and ``events`` records the exit.
+        Those four names are therefore not passed on to the actor's constructor.
+        """
         if not isinstance(name, str) or not name or "/" in name:
             raise MeshError(f"mesh name must be a non-empty string without '/', not {name!r}")
         if name in self._meshes:
             raise MeshError(f"this proc mesh already has an actor mesh named {name!r}")
         if not (isinstance(actor, type) and issubclass(actor, Actor)):
             raise TypeError(f"spawn needs an otpmesh.Actor subclass, not {actor!r}")
+        group = {"strategy": strategy, "restart": restart, "intensity": intensity, "period": period}
+        supervision = {k: v for k, v in group.items() if v is not None}
+        if supervision:
+            return await self._spawn_supervised(name, actor, args, kwargs, supervision)
         payload = {
             "cls": class_path(actor),
             "main": getattr(sys.modules.get("__main__"), "__file__", None),
@@ -103,7 +162,60 @@ class ProcMesh:
             ) from first
         mesh = ActorMesh(name, frozenset(actor.endpoints()), dict(self._shape), slots, None)
         self._meshes[name] = mesh
+        for slot in slots:
+            self._rt.exit_listeners[slot.actor_id] = _Unsupervised(self.events)
         return mesh
+
+    async def _spawn_supervised(
+        self, name: str, actor: type[Actor], args: Any, kwargs: Any, supervision: dict[str, Any]
+    ) -> ActorMesh:
+        from ._app import start
+        from ._placement import ProcsPlacement
+
+        spec = Mesh(name, actor, shape=self._shape, args=args, kwargs=kwargs, **supervision)
+        placement = ProcsPlacement(self._rt, {f"{name}/{p.rank}": p for p in self._procs})
+        ready = trio.Event()
+        outcome: dict[str, Any] = {}
+
+        async def run_group() -> None:
+            # Lives in the runtime's nursery until procs.stop(); a group that gives up only
+            # marks its actors gone (their calls fail) and says so in the log.
+            self._groups_running += 1
+            try:
+                async with start(spec, placement=placement) as app:
+                    outcome["app"] = app
+                    ready.set()
+                    await self._stopping.wait()
+            except Exception as exc:
+                outcome["error"] = exc
+                if "app" in outcome:
+                    log.error("supervised mesh %s stopped: %s", name, exc)
+            finally:
+                ready.set()
+                self._groups_running -= 1
+                if not self._groups_running:
+                    self._groups_done.set()
+
+        if self._rt.nursery is None:
+            raise SpawnError("the otpmesh runtime is not running")
+        self._rt.nursery.start_soon(run_group)
+        await ready.wait()
+        if "app" not in outcome:
+            raise SpawnError(f"spawning supervised mesh {name!r} failed: {outcome.get('error')}")
+        app: App = outcome["app"]
+        self._apps[name] = app
+        mesh = app.mesh(name)
+        self._meshes[name] = mesh
+        return mesh
+
+    def supervision(self, name: str) -> App:
+        """The supervisor group of a mesh spawned with a strategy: its events, dynamic children."""
+        try:
+            return self._apps[name]
+        except KeyError:
+            raise MeshError(
+                f"{name!r} was not spawned as a supervised mesh on this proc mesh"
+            ) from None
 
     async def _stop_actors(self, slots: list[Slot]) -> None:
         for slot in slots:
@@ -113,6 +225,10 @@ class ProcMesh:
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`."""
+        self._stopping.set()  # supervised groups stop their actors first, in OTP order
+        if self._groups_running:
+            with trio.move_on_after(timeout):
+                await self._groups_done.wait()
         for proc in self._procs:
             if proc.alive and proc.conn is not None:
                 self._rt.node.sys_cast(proc.conn, "shutdown", None)

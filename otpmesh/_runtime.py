@@ -327,7 +327,7 @@ class Runtime:
         if listener is not None:
             listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
-            log.warning("%s (unsupervised) exited: %s", path, describe(reason))
+            log.warning("%s exited: %s", path, describe(reason))
 
 
 async def runtime() -> Runtime:
