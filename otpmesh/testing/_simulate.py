@@ -119,6 +119,7 @@ class Simulation:
     _workers: dict[str, _Running] = field(default_factory=dict)
     _plans: dict[str, deque[StartOutcome]] = field(default_factory=dict)
     _calls: dict[object, tuple[str, str]] = field(default_factory=dict)
+    _counters: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._plans = {path: deque(plan) for path, plan in self.start_plans.items()}
@@ -244,7 +245,8 @@ class Simulation:
                 return StartIgnored(command.id)
             return StartFailed(command.id, outcome[1])
         group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
-        core = SupervisorCore(group, path=path)
+        # Incarnation counters outlive a restarted supervisor, as the trio driver's do.
+        core = SupervisorCore(group, path=path, incarnations=self._counters.setdefault(path, {}))
         child = _Node(core, node, command.id, command.incarnation)
         self._nodes[path] = child
         self.trace.append(("sup_start", path))
