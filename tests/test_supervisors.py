@@ -234,7 +234,13 @@ def test_reference_blocks_are_programs_or_marked_fragments_that_compile() -> Non
     assert blocks
     for index, block in enumerate(blocks):
         if block.startswith("# fragment"):
-            compile(block, f"{REFERENCE.name} block {index}", "exec")
+            # a fragment may use await at top level, as it would inside an async function
+            compile(
+                block,
+                f"{REFERENCE.name} block {index}",
+                "exec",
+                flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+            )
         else:
             assert "otpmesh.run(main)" in block, f"block {index} is neither:\n{block}"
 
