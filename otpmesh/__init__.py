@@ -1,5 +1,8 @@
 """otpmesh: Erlang/OTP-style supervision for single-controller PyTorch programs.
 
+Submodules: ``otpmesh.chaos`` (fault injection), ``otpmesh.testing`` (the reference model and
+hypothesis strategies), ``otpmesh.bench`` (benchmarks).
+
 The public API, curated: everything else lives in private modules.
 """
 
@@ -51,5 +54,7 @@ from ._spec_errors import SpecError as SpecError
 from ._supevents import LogEntry as LogEntry
 from ._supevents import LogKind as LogKind
 from ._supevents import Outcome as Outcome
+
+from . import chaos as chaos  # noqa: E402 - it builds on the names above
 
 __version__ = "0.1.0"

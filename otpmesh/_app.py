@@ -13,8 +13,9 @@ from ._actor import Actor
 from ._driver import SupervisorDriver
 from ._errors import ChildError, SupervisorError
 from ._events import EventLog
-from ._exits import describe
+from ._exits import ActorCrash, describe
 from ._mesh import ActorMesh, ActorRef, Slot
+from ._node import Node
 from ._placement import LocalPlacement, Placement, ProcsPlacement
 from ._reasons import is_normal_exit
 from ._runtime import runtime
@@ -52,6 +53,8 @@ class App:
         self._work = 0
         self._exiting: set[tuple[str, int]] = set()
         self._incarnation_counters: dict[str, dict[str, int]] = {}
+        self._failing_starts: dict[str, int] = {}
+        self.runtime_node: Node
         self._idle = trio.Event()
         self._idle.set()
         self.root_failure: object = None
@@ -116,6 +119,18 @@ class App:
             for p, s in self._slots.items()
             if p.startswith(prefix) and "/" not in p[len(prefix) :]
         ]
+
+    def fail_next_starts(self, path: str, count: int) -> None:
+        """otpmesh.chaos: the next `count` starts of the actor at `path` fail."""
+        self._failing_starts[path] = self._failing_starts.get(path, 0) + count
+
+    def injected_start_failure(self, path: str) -> object:
+        """The failure reason for this start of `path`, if chaos asked for one."""
+        left = self._failing_starts.get(path, 0)
+        if not left:
+            return None
+        self._failing_starts[path] = left - 1
+        return ActorCrash("ChaosStartFailure", "start failed on purpose (otpmesh.chaos)")
 
     def incarnations(self, sup_path: str) -> dict[str, int]:
         """The incarnation counters of a supervisor's children, kept across its restarts."""
@@ -303,6 +318,7 @@ async def start(
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     rt = await runtime()
     app = App(tree, EventLog(events_file))
+    app.runtime_node = rt.node
     for path in app._specs:
         rt.exit_listeners[path] = app
     try:

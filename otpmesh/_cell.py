@@ -51,6 +51,7 @@ class ActorCell:
         self.finished = trio.Event()
         self.busy = False
         self._kill_scope = trio.CancelScope()
+        self._serve_scope = trio.CancelScope()
         self._idle_scope: trio.CancelScope | None = None
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
         self._pyctx = contextvars.copy_context()
@@ -71,6 +72,12 @@ class ActorCell:
             self._set_exit(reason)
             if self._idle_scope is not None:
                 self._idle_scope.cancel()
+
+    def crash(self, reason: object) -> None:
+        """Exit now with `reason`, interrupting the current message; ``on_stop`` still runs."""
+        if self.exit_reason is None:
+            self._set_exit(reason)
+        self._serve_scope.cancel()
 
     def kill(self) -> None:
         """Stop at once: cancel whatever the actor is doing, skip ``on_stop``."""
@@ -93,8 +100,9 @@ class ActorCell:
         set_context(self.ctx, self.request_stop)
         try:
             with self._kill_scope:
-                while self.exit_reason is None and await self._serve_batch():
-                    pass
+                with self._serve_scope:
+                    while self.exit_reason is None and await self._serve_batch():
+                        pass
                 if self.exit_reason != KILLED:
                     await self._call_on_stop()
         finally:
@@ -138,6 +146,11 @@ class ActorCell:
         self.busy = True
         try:
             return await self._handle(method, args, kwargs, reply)
+        except trio.Cancelled:
+            # Killed or crashed from outside mid-message: its caller still gets an answer.
+            if reply is not None:
+                self.node.reply_dead(reply, self.describe_exit())
+            raise
         finally:
             self.busy = False
 

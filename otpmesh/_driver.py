@@ -147,6 +147,9 @@ class SupervisorDriver:
                 return StartFailed(command.id, child.init_failure)
             return ChildStarted(command.id)
         slot = self.app.slot(path)
+        injected = self.app.injected_start_failure(path)
+        if injected is not None:
+            return StartFailed(command.id, injected)
         try:
             result = await self.app.placement.start(
                 slot,

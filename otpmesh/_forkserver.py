@@ -68,11 +68,12 @@ def _child(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.close(wake_r)
         os.close(wake_w)
-        out, err = fds
+        out, err, heartbeat = fds
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.close(out)
         os.close(err)
+        req["cfg"]["heartbeat_fd"] = heartbeat
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
@@ -114,7 +115,7 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
         while True:
             for key, _ in sel.select():
                 if key.fileobj is sock:
-                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 2)
+                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 3)
                     if not data:
                         return
                     req = msgpack.unpackb(data)

@@ -125,6 +125,22 @@ class ActorHost:
         await cell.finished.wait()
         return cell.exit_reason
 
+    def inject(self, actor_id: str, kind: str, reason: object) -> bool:
+        """otpmesh.chaos: make a running actor crash (at once) or exit (after its current
+        message) with `reason`, or kill it. False when no such actor is running."""
+        cell = self.node.actors.get(actor_id)
+        if cell is None or not cell.alive:
+            return False
+        if kind == "crash":
+            cell.crash(reason)
+        elif kind == "exit":
+            cell.request_stop(reason)
+        elif kind == "kill":
+            cell.kill()
+        else:
+            raise ValueError(f"unknown fault {kind!r}")
+        return True
+
     def kill_all(self) -> None:
         for cell in list(self.node.actors.values()):
             cell.kill()

@@ -16,6 +16,7 @@ Frames (msgpack arrays, see docs/wire.md):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import struct
@@ -104,6 +105,9 @@ class Node:
         self._dialing: dict[str, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self.parent: Connection | None = None  # a worker's controller connection
+        # otpmesh.chaos: per peer address, (extra latency, until); an infinite latency drops.
+        self._link_faults: dict[str, tuple[float, float]] = {}
+        self._cut_off_until = -math.inf  # a partitioned node loses everything in and out
         self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
 
     # ---------------------------------------------------------------- serving
@@ -186,6 +190,8 @@ class Node:
 
     def dispatch(self, conn: Connection, msg: list[Any]) -> Awaitable[None] | None:
         kind = msg[0]
+        if kind != SYS and kind != HELLO and self._partitioned():
+            return None  # cut off: calls and replies are lost (supervision messages still flow)
         if kind == OK or kind == ERR:
             entry = conn.pending.pop(msg[1], None)
             if entry is None:
@@ -273,7 +279,7 @@ class Node:
             return
         if isinstance(target, CallGroup):
             target.deliver(call_id, True, _codec.unpack(payload)[2])
-        elif not target.closed:
+        elif not target.closed and not self._partitioned():
             target.send_nowait(payload)
 
     def reply_error(
@@ -285,7 +291,7 @@ class Node:
         msg = [ERR, call_id, kind, type_name, message, tb]
         if isinstance(target, CallGroup):
             target.deliver(call_id, False, remote_error(target.paths[call_id], msg))
-        elif not target.closed:
+        elif not target.closed and not self._partitioned():
             target.send_nowait(_codec.pack(msg))
 
     def reply_dead(self, reply: ReplyTo, reason: str) -> None:
@@ -321,7 +327,7 @@ class Node:
             conn.next_call_id += 1
             conn.pending[call_id] = (group, index)
             group.cancels[index] = _forgetter(conn, call_id)
-            conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+            self._send(conn, _ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
         for target in targets:
             used = self._conns.get(target.addr)
             if used is not None:
@@ -360,7 +366,7 @@ class Node:
             except OSError:
                 log.warning("cast to %s dropped: its process cannot be reached", target.actor_id)
                 continue
-            conn.send_nowait(_ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
+            self._send(conn, _ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
 
     async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
         """Run node operation `op` on the peer behind `conn` and return its result."""
@@ -375,6 +381,39 @@ class Node:
         finally:
             group.forget()
         return group.outcome(0)
+
+    # ---------------------------------------------------------------- faults (otpmesh.chaos)
+
+    def add_link_fault(self, addr: str, delay: float, seconds: float) -> None:
+        """Delay (or, with an infinite delay, drop) calls and casts to `addr` for `seconds`."""
+        self._link_faults[addr] = (delay, trio.current_time() + seconds)
+
+    def cut_off(self, seconds: float) -> None:
+        """Partition this node for `seconds`: every call, cast and reply it sends or receives is
+        lost. Node operations (supervision's own messages) still flow, so exits are not lost."""
+        self._cut_off_until = trio.current_time() + seconds
+
+    def _partitioned(self) -> bool:
+        return self._cut_off_until > -math.inf and trio.current_time() < self._cut_off_until
+
+    def _link_delay(self, addr: str) -> float:
+        fault = self._link_faults.get(addr)
+        if fault is None:
+            return 0.0
+        if trio.current_time() >= fault[1]:
+            del self._link_faults[addr]
+            return 0.0
+        return fault[0]
+
+    def _send(self, conn: Connection, *parts: bytes) -> None:
+        """Send a call or cast frame, unless chaos delays or drops it."""
+        if self._partitioned():
+            return
+        delay = self._link_delay(conn.peer) if self._link_faults else 0.0
+        if delay == 0.0:
+            conn.send_nowait(*parts)
+        elif delay != math.inf and self.nursery is not None:
+            self.nursery.start_soon(_send_later, conn, delay, parts)
 
     async def resolve(self, slot: Any) -> None:
         """Ask the controller where a supervised actor lives now (a ref that came in a message
@@ -409,6 +448,12 @@ def _pack_uint(n: int) -> bytes:
 
 def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:
     return lambda: conn.pending.pop(call_id, None) and None
+
+
+async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:
+    await trio.sleep(delay)
+    if not conn.closed:
+        conn.send_nowait(*parts)
 
 
 async def _await(waiting: Awaitable[None]) -> None:

@@ -61,6 +61,8 @@ class Placement(Protocol):
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object: ...
     def kill(self, slot: Slot) -> None: ...
     async def close(self) -> None: ...
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool: ...
+    def process(self, slot: Slot) -> Proc | None: ...
 
 
 def _payload(
@@ -177,6 +179,20 @@ class ProcsPlacement:
         if proc is not None:
             self._rt.kill(proc)
 
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
+        proc = self._procs.get(slot.actor_id)
+        if proc is None or proc.conn is None or not proc.alive:
+            return False
+        request = {"id": slot.actor_id, "kind": kind, "reason": reason}
+        try:
+            return bool(await self._rt.node.sys_call(proc.conn, "inject", request, slot.actor_id))
+        except ActorDiedError:
+            return False
+
+    def process(self, slot: Slot) -> Proc | None:
+        proc = self._procs.get(slot.actor_id)
+        return proc if proc is not None and proc.alive else None
+
     async def close(self) -> None:
         for proc in self._procs.values():
             if proc.alive and proc.conn is not None:
@@ -230,3 +246,9 @@ class LocalPlacement:
 
     async def close(self) -> None:
         return None
+
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
+        return self._host.inject(slot.actor_id, kind, reason)
+
+    def process(self, slot: Slot) -> Proc | None:
+        return None  # in-process: there is no process of its own to signal

@@ -39,6 +39,9 @@ class ExitListener(Protocol):
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
 _STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
 SPAWN_TIMEOUT = 60.0
+#: Workers beat this often; one silent for HEARTBEAT_TIMEOUT is hung (SIGSTOP, wedged) and killed.
+HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HEARTBEAT_INTERVAL", "0.2"))
+HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
 # How long a lost connection waits for the fork server's exit status before reporting.
 _EXIT_STATUS_WAIT = 1.0
 
@@ -56,6 +59,7 @@ class Proc:
     exit_reason: str | None = None
     actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
     names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
+    hang_reason: str | None = None  # set when the heartbeat watchdog killed it
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
 
@@ -166,7 +170,7 @@ class Runtime:
 
     def _mark_exited(self, proc: Proc, reason: str) -> None:
         if proc.exit_reason is None:
-            proc.exit_reason = reason
+            proc.exit_reason = proc.hang_reason or reason
         proc.exited.set()
         proc.ready.set()
 
@@ -212,18 +216,43 @@ class Runtime:
             "cwd": os.getcwd(),
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
             "main": getattr(main, "__file__", None),
+            "heartbeat_interval": HEARTBEAT_INTERVAL,
         }
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        beat_r, beat_w = os.pipe()
         request = msgpack.packb({"op": "spawn", "id": proc.proc_id, "env": env, "cfg": cfg})
-        fds = array.array("i", [out_w, err_w])
+        fds = array.array("i", [out_w, err_w, beat_w])
         try:
             await self._fs_sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         finally:
             os.close(out_w)
             os.close(err_w)
+            os.close(beat_w)
         self.nursery.start_soon(self._forward_output, proc, out_r, sys.stdout)
         self.nursery.start_soon(self._forward_output, proc, err_r, sys.stderr)
+        self.nursery.start_soon(self._watch_heartbeat, proc, beat_r)
+
+    async def _watch_heartbeat(self, proc: Proc, fd: int) -> None:
+        """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
+        stream = trio.lowlevel.FdStream(fd)
+        try:
+            await proc.ready.wait()
+            while proc.alive:
+                with trio.move_on_after(HEARTBEAT_TIMEOUT) as silent:
+                    if not await stream.receive_some(4096):
+                        return  # the process exited: its exit is reported elsewhere
+                if silent.cancelled_caught and proc.alive:
+                    how = f"hung (no heartbeat for {HEARTBEAT_TIMEOUT:g} s) and was killed"
+                    log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
+                    proc.hang_reason = how
+                    self.kill(proc)
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _forward_output(self, proc: Proc, fd: int, sink: Any) -> None:
         """Copy a worker's output to ours, each line prefixed with its actors' paths."""

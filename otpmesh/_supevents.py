@@ -195,6 +195,7 @@ class LogKind(enum.StrEnum):
     ESCALATED = "escalated"
     AUTO_SHUTDOWN = "auto_shutdown"
     SUPERVISOR_EXITED = "supervisor_exited"
+    FAULT_INJECTED = "fault_injected"  # otpmesh.chaos: what was done, beside what it caused
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 import trio
@@ -30,6 +32,8 @@ class Worker:
                 "spawn_actor": self._spawn_actor,
                 "stop_actor": self._stop_actor,
                 "shutdown": self._shutdown,
+                "inject": self._inject,
+                "partition": self._partition,
             },
         )
         self.host = ActorHost(self.node, self._actor_exited, self._actor_exiting)
@@ -75,6 +79,12 @@ class Worker:
             p.get("brutal", False),
         )
 
+    async def _inject(self, conn: Connection | None, p: dict[str, Any]) -> bool:
+        return self.host.inject(p["id"], p["kind"], p["reason"])
+
+    async def _partition(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        self.node.cut_off(float(p["seconds"]))
+
     async def _shutdown(self, conn: Connection | None, p: Any) -> None:
         with trio.move_on_after(p.get("timeout", 5.0) if isinstance(p, dict) else 5.0):
             async with trio.open_nursery() as nursery:
@@ -105,8 +115,23 @@ class Worker:
         )
 
 
+def _beat(fd: int, interval: float) -> None:
+    """Heartbeats from a thread of their own: a busy event loop (a long plain-def endpoint) still
+    beats; a stopped or wedged process does not, and its controller replaces it."""
+    try:
+        while True:
+            os.write(fd, b".")
+            time.sleep(interval)
+    except OSError:
+        return  # the controller is gone
+
+
 def main(cfg: dict[str, Any]) -> int:
     """Run a worker until its controller goes away. Called in the forked child."""
+    if cfg.get("heartbeat_fd") is not None:
+        threading.Thread(
+            target=_beat, args=(cfg["heartbeat_fd"], cfg["heartbeat_interval"]), daemon=True
+        ).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from . import _run
 

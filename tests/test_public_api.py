@@ -21,7 +21,7 @@ EXPECTED = {
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.
-SUBMODULES = {"bench", "testing"}
+SUBMODULES = {"bench", "testing", "chaos"}
 
 
 def test_public_names_are_pinned() -> None:

@@ -1,0 +1,249 @@
+"""Fault injection for running applications: kill actors on purpose and watch the tree recover.
+
+Every function takes the running ``App`` and the path of an actor in it. Each injected fault is
+recorded in ``app.events`` (kind ``fault_injected``) right beside the supervision steps it causes.
+
+    await chaos.crash(app, "rl/rollouts/2")           # an exception inside the actor, now
+    await chaos.stop(app, "rl/reward", "shutdown")    # it exits 'normal' / 'shutdown' / (...)
+    await chaos.kill(app, "rl/learner")               # SIGKILL its process
+    await chaos.hang(app, "rl/rollouts/0")            # SIGSTOP it: heartbeats stop, it is replaced
+    await chaos.partition(app, "rl/rollouts/1", 2.0)  # its messages are lost for 2 s
+    await chaos.delay(app, "rl/learner", 0.05, 5.0)   # messages to it arrive 50 ms late for 5 s
+    chaos.fail_starts(app, "rl/reward", 2)            # its next 2 starts fail
+
+``ChaosMonkey`` does this at random, reproducibly from a seed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import os
+import random
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from ._app import App
+from ._exits import ActorCrash
+from ._spec import Worker
+from ._supevents import LogEntry, LogKind
+
+log = logging.getLogger("otpmesh.chaos")
+
+__all__ = [
+    "FAULTS",
+    "ChaosMonkey",
+    "Fault",
+    "crash",
+    "delay",
+    "drop",
+    "fail_starts",
+    "hang",
+    "kill",
+    "partition",
+    "stop",
+]
+
+#: The faults a ChaosMonkey can throw, by name.
+FAULTS = ("crash", "stop", "kill", "hang", "partition", "delay", "drop", "fail_start")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One injected fault: when (trio time), what, where, and whether it hit a running actor."""
+
+    time: float
+    kind: str
+    path: str
+    detail: str = ""
+    hit: bool = True
+
+    def __str__(self) -> str:
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.kind} {self.path}{detail}" + ("" if self.hit else " [missed: not running]")
+
+
+def _record(app: App, kind: str, path: str, detail: str = "", hit: bool = True) -> Fault:
+    fault = Fault(trio.current_time(), kind, path, detail, hit)
+    sup, _, child = path.rpartition("/")
+    app.events.append(LogEntry(fault.time, LogKind.FAULT_INJECTED, sup, child, None, str(fault)))
+    return fault
+
+
+def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
+    app.actor(path)  # validates: a worker path of this tree
+    return app.slot(path)
+
+
+async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
+    """Crash the actor at once, as if an exception (``ChaosCrash``) were raised inside it."""
+    slot = _slot(app, path)
+    hit = await app.placement.inject(slot, "crash", ActorCrash("ChaosCrash", reason))
+    return _record(app, "crash", path, reason, hit)
+
+
+async def stop(app: App, path: str, reason: object = "normal") -> Fault:
+    """Make the actor exit with `reason` ('normal', 'shutdown', ('shutdown', detail), ...) after
+    its current message, as if it had called ``self.stop(reason)``."""
+    slot = _slot(app, path)
+    hit = await app.placement.inject(slot, "exit", reason)
+    return _record(app, "stop", path, repr(reason), hit)
+
+
+async def kill(app: App, path: str) -> Fault:
+    """SIGKILL the actor's worker process (in-process placement: kill the actor itself)."""
+    slot = _slot(app, path)
+    proc = app.placement.process(slot)
+    if proc is None:
+        hit = await app.placement.inject(slot, "kill", "killed")
+        return _record(app, "kill", path, "in-process", hit)
+    os.kill(proc.pid, signal.SIGKILL)
+    return _record(app, "kill", path, f"SIGKILL pid {proc.pid}")
+
+
+async def hang(app: App, path: str) -> Fault:
+    """SIGSTOP the actor's process: calls to it time out, its heartbeats stop, and the runtime
+    kills and replaces it (``OTPMESH_HEARTBEAT_TIMEOUT``, 2 s by default)."""
+    slot = _slot(app, path)
+    proc = app.placement.process(slot)
+    if proc is None:
+        return _record(app, "hang", path, "needs placement='procs'", hit=False)
+    os.kill(proc.pid, signal.SIGSTOP)
+    return _record(app, "hang", path, f"SIGSTOP pid {proc.pid}")
+
+
+async def partition(app: App, path: str, seconds: float) -> Fault:
+    """Cut the actor's process off for `seconds`: every call, cast and reply it sends or receives
+    is lost (calls to it time out: give them a timeout). Supervision's own messages and the
+    heartbeats still flow, so the process is not replaced and its exits are not lost."""
+    return await _link_fault(app, path, "partition", seconds, delay=0.0)
+
+
+async def delay(app: App, path: str, latency: float, seconds: float) -> Fault:
+    """For `seconds`, messages from the controller to the actor arrive `latency` s late."""
+    return await _link_fault(app, path, "delay", seconds, delay=latency)
+
+
+async def drop(app: App, path: str, seconds: float) -> Fault:
+    """For `seconds`, messages from the controller to the actor are lost."""
+    return await _link_fault(app, path, "drop", seconds, delay=math.inf)
+
+
+async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: float) -> Fault:
+    slot = _slot(app, path)
+    node = app.runtime_node
+    if kind == "partition":
+        proc = app.placement.process(slot)
+        if proc is None or proc.conn is None:
+            return _record(app, kind, path, "needs placement='procs'", hit=False)
+        node.sys_cast(proc.conn, "partition", {"seconds": seconds})
+        return _record(app, kind, path, f"{seconds:g} s")
+    if not slot.addr:
+        return _record(app, kind, path, "not running", hit=False)
+    node.add_link_fault(slot.addr, delay, seconds)
+    detail = f"{seconds:g} s" if kind == "drop" else f"+{delay * 1e3:g} ms for {seconds:g} s"
+    return _record(app, kind, path, detail)
+
+
+def fail_starts(app: App, path: str, count: int = 1) -> Fault:
+    """Make the next `count` starts of the actor at `path` fail (a ``ChaosStartFailure``)."""
+    app.actor(path)
+    app.fail_next_starts(path, count)
+    return _record(app, "fail_start", path, f"next {count}")
+
+
+# ---------------------------------------------------------------- the monkey
+
+
+@dataclass
+class ChaosMonkey:
+    """Throws random faults at the actors matching `targets` (globs over paths), `rate` faults
+    per second on average, kinds drawn with the weights in `faults`. The same `seed` gives the
+    same schedule (times, kinds, target positions) against the same tree."""
+
+    app: App
+    seed: int = 0
+    rate: float = 1.0
+    targets: Sequence[str] = ("*",)
+    faults: Mapping[str, float] = field(default_factory=lambda: {"crash": 1.0, "kill": 1.0})
+    max_faults: int | None = None
+    partition_seconds: float = 1.0
+    injected: list[Fault] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        if not self.rate > 0:
+            raise ValueError(
+                f"rate must be a positive number of faults per second, not {self.rate}"
+            )
+        if not self.paths():
+            raise ValueError(f"no actor of this tree matches targets {list(self.targets)}")
+
+    def paths(self) -> list[str]:
+        """The actor paths the monkey aims at, in a fixed order."""
+        workers = [p for p, spec in sorted(self.app._specs.items()) if isinstance(spec, Worker)]
+        return [p for p in workers if any(fnmatch.fnmatchcase(p, g) for g in self.targets)]
+
+    def schedule(self, count: int) -> list[tuple[float, str, str]]:
+        """The first `count` faults this seed throws: (seconds after the previous, kind, path)."""
+        rng = random.Random(self.seed)
+        kinds, weights = zip(*sorted(self.faults.items()), strict=True)
+        paths = self.paths()
+        return [
+            (
+                rng.expovariate(self.rate),
+                rng.choices(kinds, weights)[0],
+                paths[rng.randrange(len(paths))],
+            )
+            for _ in range(count)
+        ]
+
+    async def run(self) -> None:
+        """Throw faults until cancelled (or `max_faults` were thrown)."""
+        count = self.max_faults if self.max_faults is not None else 1 << 62
+        rng = random.Random(self.seed)
+        kinds, weights = zip(*sorted(self.faults.items()), strict=True)
+        paths = self.paths()
+        for _ in range(count):
+            wait = rng.expovariate(self.rate)
+            kind = rng.choices(kinds, weights)[0]
+            path = paths[rng.randrange(len(paths))]
+            await trio.sleep(wait)
+            self.injected.append(await self._throw(kind, path))
+
+    async def _throw(self, kind: str, path: str) -> Fault:
+        try:
+            if kind == "crash":
+                return await crash(self.app, path, "chaos monkey")
+            if kind == "stop":
+                return await stop(self.app, path, "shutdown")
+            if kind == "kill":
+                return await kill(self.app, path)
+            if kind == "hang":
+                return await hang(self.app, path)
+            if kind == "partition":
+                return await partition(self.app, path, self.partition_seconds)
+            if kind == "delay":
+                return await delay(self.app, path, 0.05, self.partition_seconds)
+            if kind == "drop":
+                return await drop(self.app, path, self.partition_seconds)
+            return fail_starts(self.app, path, 1)
+        except (ProcessLookupError, KeyError) as exc:
+            return _record(self.app, kind, path, f"missed: {exc}", hit=False)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[ChaosMonkey]:
+        """``async with monkey.running():`` throws faults for as long as the block runs."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.run)
+            try:
+                yield self
+            finally:
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,179 @@
+"""otpmesh.chaos against real worker processes and in-process trees: each fault does what it
+says, is recorded in the event log, and the tree recovers."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import otpmesh
+from otpmesh import ONE_FOR_ONE, TRANSIENT, LogKind, Mesh, Supervisor, Worker, chaos
+from tests.actors import Member
+from tests.conftest import run_trio
+
+TREE = Supervisor(
+    "s",
+    intensity=20,
+    period=10.0,
+    children=[
+        Mesh("m", Member, shape={"procs": 3}, strategy=ONE_FOR_ONE, intensity=20, period=10.0),
+        Worker("t", Member, restart=TRANSIENT),
+    ],
+)
+
+
+def _faults(app: otpmesh.App) -> list[str]:
+    return [str(e.reason) for e in app.events.of_kind(LogKind.FAULT_INJECTED)]
+
+
+async def _until(app: otpmesh.App, kind: str, path: str) -> otpmesh.LogEntry:
+    with trio.fail_after(10):
+        while True:
+            for e in app.events:
+                if e.kind == kind and e.child_path == path:
+                    return e
+            await trio.sleep(0.01)
+
+
+def test_crash_kill_and_stop_are_recorded_beside_the_restarts_they_cause() -> None:
+    async def body() -> None:
+        async with otpmesh.start(TREE) as app:
+            mesh = app.mesh("s/m")
+            pids = (await mesh.pid()).values()
+            await chaos.crash(app, "s/m/0", "injected")
+            exited = await _until(app, LogKind.CHILD_EXITED, "s/m/0")
+            assert otpmesh.describe(exited.reason) == "crashed with ChaosCrash: injected"
+            await chaos.kill(app, "s/m/1")
+            exited = await _until(app, LogKind.CHILD_EXITED, "s/m/1")
+            assert "killed by signal 9" in otpmesh.describe(exited.reason)
+            await chaos.stop(app, "s/t", "normal")  # transient + normal: not restarted
+            await _until(app, LogKind.CHILD_EXITED, "s/t")
+            await app.settled()
+            assert (await mesh.count()).values() == [1, 1, 1]
+            new_pids = (await mesh.pid()).values()
+            assert new_pids[0] == pids[0] and new_pids[1] != pids[1]
+            with pytest.raises(otpmesh.ActorDiedError, match="will not be restarted"):
+                await app.actor("s/t").ping()
+            assert _faults(app) == [
+                "crash s/m/0 (injected)",
+                f"kill s/m/1 (SIGKILL pid {pids[1]})",
+                "stop s/t ('normal')",
+            ]
+            kinds = [str(e.kind) for e in app.events]
+            assert kinds.index("fault_injected") < kinds.index("child_exited")
+
+    run_trio(body)
+
+
+def test_a_hung_process_is_detected_by_heartbeat_and_replaced() -> None:
+    async def body() -> None:
+        async with otpmesh.start(TREE) as app:
+            mesh = app.mesh("s/m")
+            pid = await mesh[2].pid()
+            await chaos.hang(app, "s/m/2")
+            with pytest.raises(otpmesh.CallTimeoutError, match="s/m/2"):
+                await mesh[2].ping.with_timeout(0.5)()
+            exited = await _until(app, LogKind.CHILD_EXITED, "s/m/2")
+            assert "hung (no heartbeat for 2 s) and was killed" in otpmesh.describe(exited.reason)
+            assert await mesh[2].pid() != pid
+
+    run_trio(body)
+
+
+def test_partition_loses_calls_for_a_while_then_heals() -> None:
+    async def body() -> None:
+        async with otpmesh.start(TREE) as app:
+            mesh = app.mesh("s/m")
+            await chaos.partition(app, "s/m/1", 1.0)
+            await trio.sleep(0.1)
+            with pytest.raises(otpmesh.CallTimeoutError, match="s/m/1"):
+                await mesh[1].ping.with_timeout(0.3)()
+            assert await mesh[0].ping() == "s/m/0"  # the others are unaffected
+            await trio.sleep(1.0)
+            assert await mesh[1].ping() == "s/m/1"  # healed, and never restarted
+            assert not app.events.of_kind(LogKind.CHILD_EXITED)
+
+    run_trio(body)
+
+
+def test_delay_and_drop_affect_messages_to_one_actor_for_a_while() -> None:
+    async def body() -> None:
+        async with otpmesh.start(TREE) as app:
+            mesh = app.mesh("s/m")
+            await chaos.delay(app, "s/m/0", 0.3, 5.0)
+            start = trio.current_time()
+            assert await mesh[0].ping() == "s/m/0"
+            assert trio.current_time() - start >= 0.3
+            await chaos.drop(app, "s/m/2", 0.5)
+            with pytest.raises(otpmesh.CallTimeoutError):
+                await mesh[2].ping.with_timeout(0.2)()
+            await trio.sleep(0.5)
+            assert await mesh[2].ping() == "s/m/2"
+
+    run_trio(body)
+
+
+def test_fail_starts_makes_the_next_starts_fail_and_counts_against_intensity() -> None:
+    tree = Supervisor("s", intensity=5, children=[Worker("w", Member)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree, placement="local") as app:
+            chaos.fail_starts(app, "s/w", 2)
+            await chaos.crash(app, "s/w")
+            await app.settled()
+            failed = app.events.of_kind(LogKind.START_FAILED)
+            assert len(failed) == 2
+            assert otpmesh.describe(failed[0].reason).startswith("crashed with ChaosStartFailure")
+            assert await app.actor("s/w").ping() == "s/w"
+
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_chaos_monkey_schedule_is_reproducible_from_its_seed() -> None:
+    tree = Supervisor(
+        "s",
+        intensity=1000,
+        period=1.0,
+        children=[
+            Mesh("m", Member, shape={"procs": 4}, intensity=1000, period=1.0),
+            Worker("x", Member),
+        ],
+    )
+
+    async def body() -> list[str]:
+        async with otpmesh.start(tree, placement="local") as app:
+            monkey = chaos.ChaosMonkey(
+                app,
+                seed=7,
+                rate=20.0,
+                targets=["s/m/*"],
+                faults={"crash": 2, "stop": 1, "kill": 1},
+                max_faults=30,
+            )
+            planned = monkey.schedule(30)
+            await monkey.run()
+            await app.settled()
+            assert [(f.kind, f.path) for f in monkey.injected] == [(k, p) for _, k, p in planned]
+            assert {f.path for f in monkey.injected} <= {f"s/m/{r}" for r in range(4)}
+            assert (await app.mesh("s/m").ping()).values() == [f"s/m/{r}" for r in range(4)]
+            return [str(f) for f in monkey.injected]
+
+    first = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    again = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert first == again and len(first) == 30
+
+
+def test_chaos_monkey_rejects_targets_that_match_nothing() -> None:
+    async def body() -> None:
+        async with otpmesh.start(
+            Supervisor("s", children=[Worker("w", Member)]), placement="local"
+        ) as app:
+            with pytest.raises(
+                ValueError, match=r"no actor of this tree matches targets \['x/\*'\]"
+            ):
+                chaos.ChaosMonkey(app, targets=["x/*"])
+            with pytest.raises(ValueError, match="unknown faults"):
+                chaos.ChaosMonkey(app, faults={"meteor": 1})
+
+    trio.run(body)
