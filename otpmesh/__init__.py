@@ -6,6 +6,7 @@ hypothesis strategies), ``otpmesh.bench`` (benchmarks).
 The public API, curated: everything else lives in private modules.
 """
 
+from . import chaos as chaos
 from ._actor import Actor as Actor
 from ._actor import ActorContext as ActorContext
 from ._actor import context as context
@@ -54,7 +55,5 @@ from ._spec_errors import SpecError as SpecError
 from ._supevents import LogEntry as LogEntry
 from ._supevents import LogKind as LogKind
 from ._supevents import Outcome as Outcome
-
-from . import chaos as chaos  # noqa: E402 - it builds on the names above
 
 __version__ = "0.1.0"
