@@ -34,6 +34,7 @@ from ._mesh import Endpoint as Endpoint
 from ._mesh import ValueMesh as ValueMesh
 from ._procmesh import ProcMesh as ProcMesh
 from ._procmesh import proc_mesh as proc_mesh
+from ._retry import retry as retry
 from ._run import run as run
 from ._spec import ALL_FOR_ONE as ALL_FOR_ONE
 from ._spec import ALL_SIGNIFICANT as ALL_SIGNIFICANT

@@ -177,3 +177,48 @@ def test_chaos_monkey_rejects_targets_that_match_nothing() -> None:
                 chaos.ChaosMonkey(app, faults={"meteor": 1})
 
     trio.run(body)
+
+
+def test_nothing_is_lost_under_a_monkey_killing_processes() -> None:
+    """Every call the controller makes ends — a result or a clear error — and retried
+    idempotent calls all get results."""
+    tree = Supervisor(
+        "s",
+        intensity=100,
+        period=10.0,
+        children=[
+            Mesh("m", Member, shape={"procs": 4}, strategy=ONE_FOR_ONE, intensity=100, period=10.0)
+        ],
+    )
+    clear = (otpmesh.ActorError, otpmesh.ActorDiedError, otpmesh.CallTimeoutError)
+
+    async def body() -> None:
+        outcomes: dict[str, int] = {"result": 0, "error": 0, "retried_result": 0}
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("s/m").with_timeout(5.0)
+            monkey = chaos.ChaosMonkey(
+                app, seed=11, rate=6.0, targets=["s/m/*"], faults={"kill": 2, "crash": 1}
+            )
+
+            async def caller(rank: int) -> None:
+                deadline = trio.current_time() + 3.0
+                while trio.current_time() < deadline:
+                    try:
+                        await mesh[rank].nap(0.01)
+                        outcomes["result"] += 1
+                    except clear:
+                        outcomes["error"] += 1
+                        await otpmesh.retry(mesh[rank].nap, 0.01, attempts=20)
+                        outcomes["retried_result"] += 1
+
+            with trio.fail_after(30):  # nothing hangs
+                async with monkey.running(), trio.open_nursery() as nursery:
+                    for rank in range(4):
+                        nursery.start_soon(caller, rank)
+            await app.settled()
+            assert len(monkey.injected) >= 8
+            assert outcomes["error"] >= 1  # the monkey did hit calls in flight
+            assert outcomes["retried_result"] == outcomes["error"]
+            assert (await mesh.ping()).values() == [f"s/m/{r}" for r in range(4)]
+
+    run_trio(body)

@@ -7,7 +7,7 @@ import otpmesh
 EXPECTED = {
     # actors and meshes
     "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "ProcMesh", "ValueMesh",
-    "context", "endpoint", "proc_mesh", "run",
+    "context", "endpoint", "proc_mesh", "run", "retry",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
     "ONE_FOR_ONE", "ONE_FOR_ALL", "ALL_FOR_ONE", "REST_FOR_ONE", "ESCALATE",
