@@ -92,22 +92,6 @@ def test_sigkill_during_a_call_fails_it_fast_with_the_signal() -> None:
     run_trio(body)
 
 
-def _worker_pids_of(controller_pid: int) -> list[int]:
-    """Processes whose environment says they are otpmesh workers of `controller_pid`'s tree."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if f"OTPMESH_TEST_CONTROLLER={controller_pid}".encode() in env and b"OTPMESH_RANK=0" in env:
-            found.append(int(entry))
-    return found
-
-
 _CONTROLLER = textwrap.dedent(
     """
     import os, sys, trio, otpmesh
