@@ -213,3 +213,11 @@ class LogEntry:
     def child_path(self) -> str:
         """The path of the child concerned, or the supervisor's own path."""
         return f"{self.path}/{self.child}" if self.child is not None else self.path
+
+    def __str__(self) -> str:
+        """One readable line: kind, path, #incarnation, (reason in words)."""
+        from ._exits import describe  # formatting only; the core itself never needs it
+
+        incarnation = "" if self.incarnation is None else f" #{self.incarnation}"
+        reason = "" if self.reason is None else f"  ({describe(self.reason)})"
+        return f"{self.kind:<26}{self.child_path}{incarnation}{reason}"

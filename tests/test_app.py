@@ -389,3 +389,12 @@ def test_event_log_is_a_list_a_subscription_and_a_jsonl_file() -> None:
         assert exited["incarnation"] == 1
 
     run_local(body)
+
+
+def test_an_event_reads_as_one_line() -> None:
+    entry = otpmesh.LogEntry(
+        1.0, LogKind.CHILD_EXITED, "rl/rollouts", "2", 3, otpmesh.ActorCrash("ValueError", "bad")
+    )
+    assert str(entry) == (
+        "child_exited              rl/rollouts/2 #3  (crashed with ValueError: bad)"
+    )
