@@ -9,6 +9,7 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     5  value mesh msgpack [shape pairs, values]
     6  actor crash  msgpack [type name, message, traceback] (an exit reason)
     7  process exit msgpack [pid, how] (an exit reason)
+    8  rdma buffer  msgpack map: the buffer's handle (owner, size, dtype, one entry per backend)
 
 torch is imported only when a tensor is met, so processes that never touch one never pay for it.
 """
@@ -16,6 +17,7 @@ torch is imported only when a tensor is met, so processes that never touch one n
 from __future__ import annotations
 
 import ctypes
+import importlib
 import struct
 import sys
 from collections.abc import Callable
@@ -32,12 +34,22 @@ EXT_TUPLE = 4
 EXT_VALUE_MESH = 5
 EXT_ACTOR_CRASH = 6
 EXT_PROCESS_EXIT = 7
+EXT_RDMA_BUFFER = 8
 
 _U16 = struct.Struct(">H")
 
 # Types that travel as extensions besides tensors: type -> (code, to_data); code -> from_data.
 # Filled by the modules that define those types (refs and meshes) when they are imported.
 _ENCODERS: dict[type, tuple[int, Callable[[Any], Any]]] = {}
+# Where each extension's type lives, so a process that never imported it can still decode it.
+_DEFINED_IN = {
+    EXT_ACTOR_REF: "otpmesh._mesh",
+    EXT_ACTOR_MESH: "otpmesh._mesh",
+    EXT_VALUE_MESH: "otpmesh._mesh",
+    EXT_ACTOR_CRASH: "otpmesh._exits",
+    EXT_PROCESS_EXIT: "otpmesh._exits",
+    EXT_RDMA_BUFFER: "otpmesh.rdma._buffer",
+}
 _DECODERS: dict[int, Callable[[Any], Any]] = {}
 
 
@@ -117,6 +129,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == EXT_TENSOR:
         return _decode_tensor(data)
     from_data = _DECODERS.get(code)
+    if from_data is None and code in _DEFINED_IN:
+        importlib.import_module(_DEFINED_IN[code])  # registers its types (e.g. otpmesh.rdma)
+        from_data = _DECODERS.get(code)
     if from_data is None:
         raise ProtocolError(f"unknown extension type {code}")
     return from_data(_unpack(data))

@@ -62,7 +62,7 @@ def current_node() -> Node | None:
     """The node of this trio run (a worker's, or the controller's once started), if any."""
     try:
         return _CURRENT.get()
-    except LookupError:
+    except (LookupError, RuntimeError):  # RuntimeError: not inside a trio run at all
         return None
 
 
@@ -105,6 +105,8 @@ class Node:
         self._dialing: dict[str, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self.parent: Connection | None = None  # a worker's controller connection
+        self.close_hooks: list[Callable[[Connection], None]] = []  # e.g. release RDMA pins
+        self.rdma: Any = None  # this node's tensor-channel registry, made on first use
         # otpmesh.chaos: per peer address, (extra latency, until); an infinite latency drops.
         self._link_faults: dict[str, tuple[float, float]] = {}
         self._cut_off_until = -math.inf  # a partitioned node loses everything in and out
@@ -177,6 +179,8 @@ class Node:
     def _connection_closed(self, conn: Connection) -> None:
         if self._conns.get(conn.peer) is conn:
             del self._conns[conn.peer]
+        for hook in self.close_hooks:
+            hook(conn)
         if self.on_connection_lost is None or not self.on_connection_lost(conn):
             self.fail_pending(conn, conn.close_reason or "connection lost")
 

@@ -171,3 +171,67 @@ class FailsToStart(otpmesh.Actor):
 class Ignores(otpmesh.Actor):
     async def on_start(self) -> None:
         raise otpmesh.Ignore()
+
+
+# ---- actors for the tensor-channel tests --------------------------------------------------
+
+
+class TensorOwner(otpmesh.Actor):
+    """Owns tensors and registers them on the tensor channel."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[int, Any] = {}
+        self.buffers: dict[int, Any] = {}
+
+    @otpmesh.endpoint
+    def register(self, key: int, numel: int, dtype: str = "float32") -> Any:
+        import torch
+
+        from otpmesh.rdma import RDMABuffer
+
+        t = torch.arange(numel, dtype=getattr(torch, dtype))
+        self.tensors[key] = t
+        self.buffers[key] = RDMABuffer(t)
+        return self.buffers[key]
+
+    @otpmesh.endpoint
+    def value(self, key: int) -> Any:
+        return self.tensors[key]
+
+    @otpmesh.endpoint
+    def drop(self, key: int) -> None:
+        self.buffers[key].drop()
+
+    @otpmesh.endpoint
+    def pins(self) -> int:
+        node = otpmesh._node.current_node()
+        assert node is not None and node.rdma is not None
+        return sum(sum(r.pins.values()) for r in node.rdma.buffers.values())
+
+    @otpmesh.endpoint
+    def registered(self) -> int:
+        node = otpmesh._node.current_node()
+        return 0 if node is None or node.rdma is None else len(node.rdma.buffers)
+
+
+class TensorReader(otpmesh.Actor):
+    @otpmesh.endpoint
+    async def read(
+        self, buf: Any, numel: int, dtype: str = "float32", timeout: float | None = None
+    ) -> Any:
+        import torch
+
+        dst = torch.zeros(numel, dtype=getattr(torch, dtype))
+        await buf.read_into(dst, timeout=timeout)
+        return {"tensor": dst, "backend": buf.backend}
+
+    @otpmesh.endpoint
+    async def write(self, buf: Any, value: Any) -> str:
+        await buf.write_from(value)
+        return str(buf.backend)
+
+    @otpmesh.endpoint(let_it_crash=False)
+    async def read_wrong(self, buf: Any, shape: list[int], dtype: str) -> None:
+        import torch
+
+        await buf.read_into(torch.zeros(shape, dtype=getattr(torch, dtype)))

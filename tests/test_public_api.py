@@ -21,7 +21,7 @@ EXPECTED = {
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.
-SUBMODULES = {"bench", "testing", "chaos"}
+SUBMODULES = {"bench", "testing", "chaos", "rdma"}
 
 
 def test_public_names_are_pinned() -> None:
