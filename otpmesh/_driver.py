@@ -74,6 +74,14 @@ class SupervisorDriver:
         self._send.send_nowait(event)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if not self.exited.is_set():  # cancelled from outside: nobody else will say so
+                self.exit_reason = "killed"
+                self.exited.set()
+
+    async def _run(self) -> None:
         if self.mesh_shape is not None:
             await self._prepare_mesh()
         self._apply(self.core.start(trio.current_time()))

@@ -100,7 +100,9 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
             importlib.import_module(name)
         except Exception as exc:  # a missing optional module must not stop the server
             print(f"otpmesh fork server: cannot preload {name}: {exc}", file=sys.stderr)
-    set_parent_death_signal()
+    # No parent-death signal here: Linux sends it when the parent *thread* exits, and the
+    # controller starts this process from one of trio's worker threads, which retire when idle.
+    # The controller's socket closing (below) is what ends this server, SIGKILL included.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

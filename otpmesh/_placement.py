@@ -186,8 +186,8 @@ class ProcsPlacement:
         request = {"id": slot.actor_id, "kind": kind, "reason": reason}
         try:
             return bool(await self._rt.node.sys_call(proc.conn, "inject", request, slot.actor_id))
-        except ActorDiedError:
-            return False
+        except (ActorDiedError, trio.ClosedResourceError):
+            return False  # its process is going: the exit is on its way
 
     def process(self, slot: Slot) -> Proc | None:
         proc = self._procs.get(slot.actor_id)

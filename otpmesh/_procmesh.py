@@ -62,7 +62,9 @@ def visible_gpus() -> list[str]:
 
 
 def _slot_env(coords: dict[str, int], rank: int, gpus: list[str]) -> dict[str, str]:
-    env = {"OTPMESH_RANK": str(rank)}
+    # otpmesh's own settings as they are now (the fork server's copy is from its start).
+    env = {k: v for k, v in os.environ.items() if k.startswith("OTPMESH_")}
+    env["OTPMESH_RANK"] = str(rank)
     if "gpus" in coords and gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[coords["gpus"] % len(gpus)]
     return env

@@ -104,6 +104,7 @@ class Runtime:
         self._fs_sock: trio.socket.SocketType | None = None
         self._fs_raw: socket.socket | None = None
         self._fs_ready = trio.Event()
+        self._fs_gone = False
         self._next_proc = 0
         # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
         self.exit_listeners: dict[str, ExitListener] = {}
@@ -148,6 +149,8 @@ class Runtime:
                     break
                 self._fork_server_report(msgpack.unpackb(data))
         finally:
+            self._fs_gone = True
+            self._fs_ready.set()
             sock.close()
             with trio.CancelScope(shield=True):
                 await process.wait()
@@ -185,6 +188,8 @@ class Runtime:
             self._fork_server_started = True
             await self.nursery.start(self._run_fork_server)
         await self._fs_ready.wait()
+        if self._fs_gone:
+            raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
         procs = []
         for rank, (point, env) in enumerate(zip(coords, envs, strict=True)):
             self._next_proc += 1

@@ -102,8 +102,11 @@ async def kill(app: App, path: str) -> Fault:
     if proc is None:
         hit = await app.placement.inject(slot, "kill", "killed")
         return _record(app, "kill", path, "in-process", hit)
+    incarnation = proc.actors.get(path)
+    if incarnation is not None:
+        app.actor_exiting(path, incarnation)  # settled() now waits for this exit and its restart
     os.kill(proc.pid, signal.SIGKILL)
-    return _record(app, "kill", path, f"SIGKILL pid {proc.pid}")
+    return _record(app, "kill", path, f"SIGKILL pid {proc.pid}", hit=incarnation is not None)
 
 
 async def hang(app: App, path: str) -> Fault:

@@ -372,7 +372,7 @@ class RDMABuffer:
             backend = usable.get(name)
             entry = h["entries"].get(name)
             if backend is not None and entry is not None and backend.reaches(entry, peer):
-                self._note_fallback(allowed, name)
+                self._note_fallback([n for n in allowed if n in usable], name)
                 return name, backend
         raise RDMAError(
             f"no backend reaches the owner of buffer {h['id']}: it offers "

@@ -14,7 +14,6 @@ import torch
 import trio
 
 import otpmesh
-from otpmesh.rdma import RDMAError
 from tests.actors import TensorOwner, TensorReader
 from tests.conftest import run_trio
 

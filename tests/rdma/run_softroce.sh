@@ -1,0 +1,25 @@
+#!/bin/bash
+# Run the ibverbs tests on a real (software) RDMA device: soft-RoCE rxe0 inside a QEMU guest
+# (../shared/tools/softroce, see its README). Boot 20-40 s; the whole default run takes minutes
+# because the guest's CPUs are emulated.
+#
+#   tests/rdma/run_softroce.sh                      # -m ibverbs tests/rdma/test_ibverbs.py
+#   tests/rdma/run_softroce.sh -m ibverbs tests/rdma  # any pytest arguments instead
+#
+# PYTHON (default .venv/bin/python) must be a CPython 3.11, the version Debian's python3-pyverbs
+# is built for. Only the pyverbs package is put on its path: the whole of
+# /usr/lib/python3/dist-packages would shadow the venv's own packages (setuptools, pip, ...).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SOFTROCE=${SOFTROCE:-$ROOT/../shared/tools/softroce/run}
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+[ $# -gt 0 ] || set -- -v -m ibverbs tests/rdma/test_ibverbs.py
+cd "$ROOT"
+start=$(date +%s)
+status=0
+"$SOFTROCE" --timeout "${SOFTROCE_TIMEOUT:-900}" -- bash -c '
+  d=$(mktemp -d) && ln -s /usr/lib/python3/dist-packages/pyverbs "$d/pyverbs"
+  export PYTHONPATH="$d${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$0" -m pytest -p no:cacheprovider "$@"' "$PY" "$@" || status=$?
+echo "run_softroce: exit $status after $(($(date +%s) - start)) s (guest boot included)"
+exit "$status"
