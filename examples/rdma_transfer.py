@@ -52,9 +52,8 @@ async def main(sizes: list[int], backends: list[str], as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    print(
-        f"\n{'size':>8} {'backend':>8} {'GB/s':>7} {'copy_ GB/s':>11} {'ratio':>6} {'gloo GB/s':>10}"
-    )
+    header = ("size", "backend", "GB/s", "copy_ GB/s", "ratio", "gloo GB/s")
+    print("\n{:>8} {:>8} {:>7} {:>11} {:>6} {:>10}".format(*header))
     for r in rows:
         gloo = r.get("gloo_broadcast_gb_per_s")
         print(

@@ -21,6 +21,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # Big copies run in a thread, so the node keeps serving while the kernel copies.
 _THREAD_ABOVE = 1 << 20
 _CHUNK = 1 << 30  # process_vm_readv moves at most about this much per call anyway
+_THREADS = os.cpu_count() or 1
 
 
 class _IoVec(ctypes.Structure):
@@ -88,8 +89,17 @@ class ShmBackend:
 
     @staticmethod
     async def _run(pid: int, local: Region, remote_address: int, write: bool) -> None:
-        if local.nbytes > _THREAD_ABOVE:
-            await trio.to_thread.run_sync(_copy, pid, local, remote_address, write)
-        else:
+        if local.nbytes <= _THREAD_ABOVE:
             _copy(pid, local, remote_address, write)
             await trio.lowlevel.checkpoint()
+            return
+        # Big copies: one thread per core, each moving its own slice (one core cannot saturate
+        # memory bandwidth with a single copy).
+        parts = max(1, min(_THREADS, local.nbytes // _THREAD_ABOVE))
+        step = -(-local.nbytes // parts) // 4096 * 4096 or local.nbytes
+        async with trio.open_nursery() as nursery:
+            for start in range(0, local.nbytes, step):
+                piece = Region(local.address + start, min(step, local.nbytes - start))
+                nursery.start_soon(
+                    trio.to_thread.run_sync, _copy, pid, piece, remote_address + start, write
+                )
