@@ -10,14 +10,18 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     6  actor crash  msgpack [type name, message, traceback] (an exit reason)
     7  process exit msgpack [pid, how] (an exit reason)
     8  rdma buffer  msgpack map: the buffer's handle (owner, size, dtype, one entry per backend)
+    9  channel tensor  a large tensor left in its sender's memory: the handle of a temporary
+                    buffer; the receiver reads it over the tensor channel before delivery
 
 torch is imported only when a tensor is met, so processes that never touch one never pay for it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import importlib
+import os
 import struct
 import sys
 from collections.abc import Callable
@@ -35,6 +39,7 @@ EXT_VALUE_MESH = 5
 EXT_ACTOR_CRASH = 6
 EXT_PROCESS_EXIT = 7
 EXT_RDMA_BUFFER = 8
+EXT_CHANNEL_TENSOR = 9
 
 _U16 = struct.Struct(">H")
 
@@ -61,6 +66,34 @@ def register_ext(
     _DECODERS[code] = from_data
 
 
+#: Tensors at least this big travel over the tensor channel (otpmesh.rdma), not inline.
+CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)))
+# Set by otpmesh.rdma: registers a large tensor and returns its handle data (or None: inline).
+large_tensor_hook: Callable[[Any], Any] | None = None
+#: False while packing for a receiver in this same process (nothing to gain from the channel).
+channel_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "otpmesh_channel_allowed", default=True
+)
+# Placeholders for channel tensors met by the last unpack (see take_pending).
+_pending: list[Any] = []
+
+
+def take_pending() -> list[Any]:
+    """The channel-tensor placeholders created by the last unpack(s), and forget them."""
+    found = _pending[:]
+    _pending.clear()
+    return found
+
+
+class PendingTensor:
+    """A tensor still in its sender's memory: ``handle`` says where (otpmesh.rdma resolves it)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+
 def _encode_tensor(t: Any) -> msgpack.ExtType:
     if t.layout is not sys.modules["torch"].strided:
         raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
@@ -69,6 +102,10 @@ def _encode_tensor(t: Any) -> msgpack.ExtType:
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
     nbytes = t.numel() * t.element_size()
+    if nbytes >= CHANNEL_THRESHOLD and large_tensor_hook is not None and channel_allowed.get():
+        handle = large_tensor_hook(t)
+        if handle is not None:
+            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle))
     header = _pack([str(t.dtype).removeprefix("torch."), list(t.shape)])
     raw: bytes | memoryview = b""
     if nbytes:
@@ -128,6 +165,10 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return tuple(_unpack(data))
     if code == EXT_TENSOR:
         return _decode_tensor(data)
+    if code == EXT_CHANNEL_TENSOR:
+        placeholder = PendingTensor(_unpack(data))
+        _pending.append(placeholder)
+        return placeholder
     from_data = _DECODERS.get(code)
     if from_data is None and code in _DEFINED_IN:
         importlib.import_module(_DEFINED_IN[code])  # registers its types (e.g. otpmesh.rdma)

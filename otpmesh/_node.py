@@ -193,6 +193,10 @@ class Node:
     # ---------------------------------------------------------------- incoming
 
     def dispatch(self, conn: Connection, msg: list[Any]) -> Awaitable[None] | None:
+        if _codec._pending:  # large tensors to fetch over the tensor channel first
+            from .rdma._auto import deliver_later
+
+            return deliver_later(self, conn, msg, _codec.take_pending())
         kind = msg[0]
         if kind != SYS and kind != HELLO and self._partitioned():
             return None  # cut off: calls and replies are lost (supervision messages still flow)
@@ -276,11 +280,15 @@ class Node:
 
     def reply_ok(self, reply: ReplyTo, value: Any) -> None:
         target, call_id = reply
+        local = isinstance(target, CallGroup)
+        token = _codec.channel_allowed.set(not local)  # same process: no channel needed
         try:
             payload = _codec.pack([OK, call_id, value])
         except Exception as exc:
             self.reply_error(reply, type(exc).__qualname__, f"cannot send the result: {exc}", "")
             return
+        finally:
+            _codec.channel_allowed.reset(token)
         if isinstance(target, CallGroup):
             target.deliver(call_id, True, _codec.unpack(payload)[2])
         elif not target.closed and not self._partitioned():
@@ -350,7 +358,12 @@ class Node:
 
     def _call_local(self, group: CallGroup, index: int, actor_id: str, body: bytes) -> None:
         # Same process: still encode and decode, so arguments are copies as they would be remotely.
-        method, args, kwargs = _codec.unpack(b"\x93" + body)
+        unpacked = _codec.unpack(b"\x93" + body)
+        if _codec._pending:  # a large tensor this process registered: copy it back locally
+            from .rdma._auto import fetch_local
+
+            unpacked = fetch_local(self, unpacked, _codec.take_pending())
+        method, args, kwargs = unpacked
         waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index))
         if waiting is not None and self.nursery is not None:
             self.nursery.start_soon(_await, waiting)

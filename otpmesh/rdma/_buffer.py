@@ -86,6 +86,7 @@ class Registry:
         self.usable = {n: b for n, b in self.backends.items() if b.unavailable() is None}
         self.buffers: dict[int, _Registered] = {}
         self._ids = itertools.count(1)
+        self._expiring: dict[int, float] = {}
         node.sys_handlers["rdma"] = self._serve
         node.close_hooks.append(self._release_pins)
 
@@ -99,7 +100,17 @@ class Registry:
         }
         return buffer_id, entries
 
+    def expire(self, buffer_id: int, deadline: float) -> None:
+        """Drop a temporary buffer at `deadline` if nobody fetched it (its reader died)."""
+        self._expiring[buffer_id] = deadline
+        now = trio.current_time()
+        for old, when in list(self._expiring.items()):
+            if when <= now:
+                del self._expiring[old]
+                self.drop(old)
+
     def drop(self, buffer_id: int) -> None:
+        self._expiring.pop(buffer_id, None)
         reg = self.buffers.get(buffer_id)
         if reg is None or reg.dropped:
             return

@@ -1,0 +1,121 @@
+"""Large tensors in ordinary calls travel over the tensor channel, transparently.
+
+When a message holds a tensor of at least ``OTPMESH_CHANNEL_THRESHOLD`` bytes (1 MiB by default),
+the sender registers it as a temporary buffer and sends its handle instead of its bytes; the
+receiving node reads it (shm on one host: the kernel copies straight from the sender's memory)
+before the message is delivered, then lets the sender drop it. Messages from one connection are
+still delivered in order. A temporary buffer nobody fetched is dropped after ``TEMP_TTL`` s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import trio
+
+from .. import _codec
+from .._calls import CallGroup
+from .._node import ERR, OK, Node, current_node, remote_error
+from .._wire import Connection
+from ._buffer import RDMABuffer, RDMAError, registry
+
+TEMP_TTL = 300.0
+
+
+def _offer(tensor: Any) -> Any:
+    node = current_node()
+    if node is None:
+        return None  # no node to serve it from: send inline
+    buf = RDMABuffer(tensor)
+    registry(node).expire(buf._handle["id"], trio.current_time() + TEMP_TTL)
+    return buf._handle
+
+
+def _substitute(value: Any, found: dict[int, Any]) -> Any:
+    if isinstance(value, _codec.PendingTensor):
+        return found[id(value)]
+    if isinstance(value, list):
+        return [_substitute(v, found) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_substitute(v, found) for v in value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, found) for k, v in value.items()}
+    values = getattr(value, "_values", None)  # a ValueMesh
+    if isinstance(values, list):
+        value._values = _substitute(values, found)
+    return value
+
+
+def _empty_like(handle: dict[str, Any]) -> Any:
+    import torch
+
+    return torch.empty(handle["shape"], dtype=getattr(torch, handle["dtype"]))
+
+
+async def fetch(node: Node, msg: Any, pending: list[Any]) -> Any:
+    """Read every channel tensor of `msg` into a local tensor; return the message with them."""
+    found: dict[int, Any] = {}
+    for placeholder in pending:
+        buf = RDMABuffer._from_handle(placeholder.handle)
+        found[id(placeholder)] = await buf.read_into(_empty_like(placeholder.handle))
+        buf.drop()
+    return _substitute(msg, found)
+
+
+def fetch_local(node: Node, msg: Any, pending: list[Any]) -> Any:
+    """The same for a message between two actors of this process: copy from our own registry."""
+    import ctypes
+
+    reg = registry(node)
+    found: dict[int, Any] = {}
+    for placeholder in pending:
+        handle = placeholder.handle
+        entry = reg.buffers.get(handle["id"])
+        if entry is None:
+            raise RDMAError(f"temporary buffer {handle['id']} is gone")
+        tensor = _empty_like(handle)
+        ctypes.memmove(tensor.data_ptr(), entry.region.address, handle["nbytes"])
+        reg.drop(handle["id"])
+        found[id(placeholder)] = tensor
+    return _substitute(msg, found)
+
+
+def deliver_later(
+    node: Node, conn: Connection, msg: list[Any], pending: list[Any]
+) -> Awaitable[None]:
+    """The read loop awaits this: later frames of the connection wait, so order is kept."""
+
+    async def resolve() -> None:
+        try:
+            resolved = await fetch(node, msg, pending)
+        except Exception as exc:
+            _fail(node, conn, msg, exc)
+            return
+        waiting = node.dispatch(conn, resolved)
+        if waiting is not None:
+            await waiting
+
+    return resolve()
+
+
+def _fail(node: Node, conn: Connection, msg: list[Any], exc: Exception) -> None:
+    kind = msg[0]
+    text = f"a large tensor of this message could not be fetched: {exc}"
+    if kind == OK or kind == ERR:
+        entry = conn.pending.pop(msg[1], None)
+        if entry is not None:
+            group, index = entry
+            failure = remote_error(
+                group.paths[index], [ERR, msg[1], "raised", "RDMAError", text, ""]
+            )
+            group.deliver(index, False, failure)
+    elif kind == 0:  # a call: its caller hears why
+        node.reply_error((conn, msg[1]), "RDMAError", text, "")
+
+
+def install() -> None:
+    _codec.large_tensor_hook = _offer
+
+
+__all__ = ["CallGroup", "deliver_later", "fetch_local", "install"]
