@@ -60,3 +60,12 @@ def test_chaos_rollouts_answers_every_call_while_actors_are_killed() -> None:
     answered, calls = summary.split("; ")[1].split(" calls")[0].split(" of ")
     assert answered == calls and int(calls) > 50
     assert summary.endswith("0 failed)")
+
+
+def test_rdma_transfer_syncs_weights_and_prints_the_table() -> None:
+    out = _run("rdma_transfer.py", "--sizes", "1", "4", "--backends", "shm", "tcp")
+    assert "read and wrote 4096 bytes over shm" in out
+    assert "learner's weights now sum to 1047552 (was 523776)" in out
+    rows = [line.split() for line in out.splitlines() if "MiB" in line]
+    assert [(r[0], r[2]) for r in rows] == [("1", "shm"), ("4", "shm"), ("1", "tcp"), ("4", "tcp")]
+    assert all(float(r[3]) > 0 for r in rows)
