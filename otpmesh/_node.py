@@ -3,14 +3,7 @@
 It listens on an abstract Unix socket, dials peers directly (actor-to-actor calls never relay
 through the controller), routes incoming calls to local actor cells and replies to callers.
 
-Frames (msgpack arrays, see docs/wire.md):
-
-    [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
-    [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
-    [2, call_id, value]                            OK    reply
-    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised' or 'dead')
-    [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
-    [5, payload]                                   HELLO a worker introduces itself
+Frames are described in _frames.py and docs/wire.md.
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ import logging
 import math
 import os
 import socket
-import struct
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -29,17 +21,28 @@ import trio
 from . import _codec
 from ._calls import CallGroup
 from ._cell import ActorCell
-from ._errors import ActorDiedError, ActorError, ProtocolError
+from ._errors import ActorDiedError, ProtocolError
+from ._faults import LinkFaults
+from ._frames import (
+    _ARRAY5,
+    _ARRAY6,
+    _P_CALL,
+    _P_CAST,
+    CALL,
+    CAST,
+    ERR,
+    HELLO,
+    OK,
+    SYS,
+    _call_body,
+    _pack_uint,
+    decode_message,
+    remote_error,
+)
 from ._wire import Connection, detach, dial, handshake
 
 log = logging.getLogger("otpmesh.node")
 
-CALL, CAST, OK, ERR, SYS, HELLO = range(6)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2}
-_P_CALL = _codec.pack(CALL)
-_P_CAST = _codec.pack(CAST)
-_ARRAY6 = b"\x96"
-_ARRAY5 = b"\x95"
 
 ReplyTo = tuple[Connection | CallGroup, int]
 SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
@@ -75,18 +78,6 @@ def new_address(role: str) -> str:
     return f"\0otpmesh/{os.getpid()}/{role}/{uuid.uuid4().hex[:12]}"
 
 
-def decode_message(frame: bytes) -> list[Any]:
-    msg = _codec.unpack(frame)
-    if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
-        raise ProtocolError(f"frame is not a message array: {str(msg)[:80]!r}")
-    arity = _ARITY.get(msg[0])
-    if arity is None:
-        raise ProtocolError(f"unknown frame kind {msg[0]!r}")
-    if len(msg) != arity:
-        raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
-    return msg
-
-
 class Node:
     """The wire endpoint of one process. Create it, then ``await nursery.start(node.serve)``."""
 
@@ -107,9 +98,7 @@ class Node:
         self.parent: Connection | None = None  # a worker's controller connection
         self.close_hooks: list[Callable[[Connection], None]] = []  # e.g. release RDMA pins
         self.rdma: Any = None  # this node's tensor-channel registry, made on first use
-        # otpmesh.chaos: per peer address, (extra latency, until); an infinite latency drops.
-        self._link_faults: dict[str, tuple[float, float]] = {}
-        self._cut_off_until = -math.inf  # a partitioned node loses everything in and out
+        self.faults = LinkFaults()  # what otpmesh.chaos did to this node's links
         self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
 
     # ---------------------------------------------------------------- serving
@@ -198,7 +187,7 @@ class Node:
 
             return deliver_later(self, conn, msg, _codec.take_pending())
         kind = msg[0]
-        if kind != SYS and kind != HELLO and self._partitioned():
+        if kind != SYS and kind != HELLO and self.faults.partitioned():
             return None  # cut off: calls and replies are lost (supervision messages still flow)
         if kind == OK or kind == ERR:
             entry = conn.pending.pop(msg[1], None)
@@ -291,7 +280,7 @@ class Node:
             _codec.channel_allowed.reset(token)
         if isinstance(target, CallGroup):
             target.deliver(call_id, True, _codec.unpack(payload)[2])
-        elif not target.closed and not self._partitioned():
+        elif not target.closed and not self.faults.partitioned():
             target.send_nowait(payload)
 
     def reply_error(
@@ -303,7 +292,7 @@ class Node:
         msg = [ERR, call_id, kind, type_name, message, tb]
         if isinstance(target, CallGroup):
             target.deliver(call_id, False, remote_error(target.paths[call_id], msg))
-        elif not target.closed and not self._partitioned():
+        elif not target.closed and not self.faults.partitioned():
             target.send_nowait(_codec.pack(msg))
 
     def reply_dead(self, reply: ReplyTo, reason: str) -> None:
@@ -399,34 +388,12 @@ class Node:
             group.forget()
         return group.outcome(0)
 
-    # ---------------------------------------------------------------- faults (otpmesh.chaos)
-
-    def add_link_fault(self, addr: str, delay: float, seconds: float) -> None:
-        """Delay (or, with an infinite delay, drop) calls and casts to `addr` for `seconds`."""
-        self._link_faults[addr] = (delay, trio.current_time() + seconds)
-
-    def cut_off(self, seconds: float) -> None:
-        """Partition this node for `seconds`: every call, cast and reply it sends or receives is
-        lost. Node operations (supervision's own messages) still flow, so exits are not lost."""
-        self._cut_off_until = trio.current_time() + seconds
-
-    def _partitioned(self) -> bool:
-        return self._cut_off_until > -math.inf and trio.current_time() < self._cut_off_until
-
-    def _link_delay(self, addr: str) -> float:
-        fault = self._link_faults.get(addr)
-        if fault is None:
-            return 0.0
-        if trio.current_time() >= fault[1]:
-            del self._link_faults[addr]
-            return 0.0
-        return fault[0]
-
     def _send(self, conn: Connection, *parts: bytes) -> None:
         """Send a call or cast frame, unless chaos delays or drops it."""
-        if self._partitioned():
+        faults = self.faults
+        if faults.partitioned():
             return
-        delay = self._link_delay(conn.peer) if self._link_faults else 0.0
+        delay = faults.delay_to(conn.peer) if faults.links else 0.0
         if delay == 0.0:
             conn.send_nowait(*parts)
         elif delay != math.inf and self.nursery is not None:
@@ -449,20 +416,6 @@ class Node:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload]))
 
 
-def _call_body(method: str, args: Any, kwargs: Any) -> bytes:
-    """The packed [method, args, kwargs] tail shared by every frame of one call."""
-    packed = _codec.pack([method, list(args), kwargs])
-    return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
-
-
-_UINT32 = struct.Struct(">BI")
-
-
-def _pack_uint(n: int) -> bytes:
-    """msgpack's uint32 encoding of a call id, without a trip through the packer."""
-    return _UINT32.pack(0xCE, n) if n < 1 << 32 else _codec.pack(n)
-
-
 def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:
     return lambda: conn.pending.pop(call_id, None) and None
 
@@ -475,11 +428,3 @@ async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) 
 
 async def _await(waiting: Awaitable[None]) -> None:
     await waiting
-
-
-def remote_error(path: str, msg: list[Any]) -> Exception:
-    """The exception a caller sees for an ERR frame from the actor at `path`."""
-    _, _, kind, type_name, message, tb = msg
-    if kind == "dead":
-        return ActorDiedError(path, str(message), delivered=False)
-    return ActorError(path, str(type_name), str(message), str(tb))

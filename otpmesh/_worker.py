@@ -14,8 +14,9 @@ import trio
 
 from . import _codec
 from ._errors import EncodeError
+from ._frames import HELLO, decode_message
 from ._host import ActorHost
-from ._node import HELLO, Node, decode_message, set_current_node
+from ._node import Node, set_current_node
 from ._wire import Connection, dial
 
 log = logging.getLogger("otpmesh.worker")
@@ -83,7 +84,7 @@ class Worker:
         return self.host.inject(p["id"], p["kind"], p["reason"])
 
     async def _partition(self, conn: Connection | None, p: dict[str, Any]) -> None:
-        self.node.cut_off(float(p["seconds"]))
+        self.node.faults.cut_off(float(p["seconds"]))
 
     async def _shutdown(self, conn: Connection | None, p: Any) -> None:
         with trio.move_on_after(p.get("timeout", 5.0) if isinstance(p, dict) else 5.0):

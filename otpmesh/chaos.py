@@ -148,7 +148,7 @@ async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: flo
         return _record(app, kind, path, f"{seconds:g} s")
     if not slot.addr:
         return _record(app, kind, path, "not running", hit=False)
-    node.add_link_fault(slot.addr, delay, seconds)
+    node.faults.add(slot.addr, delay, seconds)
     detail = f"{seconds:g} s" if kind == "drop" else f"+{delay * 1e3:g} ms for {seconds:g} s"
     return _record(app, kind, path, detail)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import otpmesh
 from otpmesh._codec import pack
-from otpmesh._node import decode_message
+from otpmesh._frames import decode_message
 from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE, FrameDecoder, check_handshake, frame_header
 from tests.actors import Echo
 from tests.conftest import run_trio

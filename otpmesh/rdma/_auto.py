@@ -16,7 +16,8 @@ import trio
 
 from .. import _codec
 from .._calls import CallGroup
-from .._node import ERR, OK, Node, current_node, remote_error
+from .._frames import ERR, OK, remote_error
+from .._node import Node, current_node
 from .._wire import Connection
 from ._buffer import RDMABuffer, RDMAError, registry
 

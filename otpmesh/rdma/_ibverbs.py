@@ -56,6 +56,9 @@ _MIN_RNR_TIMER = 12
 _MAX_SEND_WR = 64
 # Outstanding RDMA READs per QP; clipped to the device's limits and the peer's.
 _RD_ATOMIC = 16
+# The deadline when no timeout is set: _BACKSTOP_S plus the size at _BACKSTOP_RATE bytes/s.
+_BACKSTOP_S = 30.0
+_BACKSTOP_RATE = 10e6
 # One work request moves at most this much (RC messages may be up to 2 GiB; stay well below).
 _MAX_CHUNK = 1 << 30
 
@@ -176,8 +179,9 @@ class IbverbsBackend:
     name: ClassVar[str] = "ibverbs"
 
     def __init__(self, timeout: float | None = None) -> None:
-        # None: no deadline of our own. The RC transport bounds a silent peer (retries), and the
-        # caller's trio cancel scope bounds the rest; both paths tear the QP down safely.
+        # None: a backstop deadline that grows with the size (see _deadline); the RC transport
+        # bounds a silent peer by its retries and the caller's trio cancel scope is the real
+        # limit; every path tears the QP down safely.
         self.timeout = timeout
         self._unavailable: str | None = None
         self._probed = False
@@ -432,12 +436,17 @@ class IbverbsBackend:
             )
         if local.nbytes == 0:
             return
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        limit = self.timeout
+        if limit is None:
+            # Only so that a transport that never completes (a device or driver bug) cannot hang
+            # the caller forever: generous, 30 s plus 10 MB/s, far below any real link's speed.
+            limit = _BACKSTOP_S + local.nbytes / _BACKSTOP_RATE
+        deadline = time.monotonic() + limit
         dev = self._device()
         conn = await self._connection(dev, entry, peer)
         mr = self._local_mr(dev, local, writable=op == "read")
         try:
-            await self._run(dev, conn, op, entry, local, offset, mr, deadline, what)
+            await self._run(dev, conn, op, entry, local, offset, mr, deadline, limit, what)
         except BaseException as exc:
             # Error, timeout or cancellation with work possibly in flight: destroying the QP
             # stops the device from touching `local` before its MR goes away below.
@@ -467,7 +476,8 @@ class IbverbsBackend:
         local: Region,
         offset: int,
         mr: Any,
-        deadline: float | None,
+        deadline: float,
+        limit: float,
         what: str,
     ) -> None:
         pv, e = _pyverbs(), _enums()
@@ -510,10 +520,10 @@ class IbverbsBackend:
                 raise self._completion_error(failure, what, entry)
             if not outstanding and not chunks:
                 return
-            if deadline is not None and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise IbverbsTimeout(
-                    f"{what} timed out after {self.timeout:g} s "
-                    f"({local.nbytes} bytes; ibverbs backend deadline)"
+                    f"{what} timed out after {limit:g} s ({local.nbytes} bytes; the ibverbs "
+                    f"backend's {'timeout' if self.timeout is not None else 'backstop'})"
                 )
             # Spin a little (small transfers finish in microseconds on hardware), then back
             # off to at most 1 ms between polls so a long transfer does not burn the loop.

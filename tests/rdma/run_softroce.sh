@@ -20,6 +20,7 @@ status=0
 "$SOFTROCE" --timeout "${SOFTROCE_TIMEOUT:-900}" -- bash -c '
   d=$(mktemp -d) && ln -s /usr/lib/python3/dist-packages/pyverbs "$d/pyverbs"
   export PYTHONPATH="$d${PYTHONPATH:+:$PYTHONPATH}"
-  exec "$0" -m pytest -p no:cacheprovider "$@"' "$PY" "$@" || status=$?
+  "$0" -m pytest -p no:cacheprovider "$@" && exit 0
+  status=$?; echo "--- guest dmesg (rxe / rdma / hung):"; dmesg | grep -iE "rxe|rdma|ib_|hung|blocked" | tail -40; exit $status' "$PY" "$@" || status=$?
 echo "run_softroce: exit $status after $(($(date +%s) - start)) s (guest boot included)"
 exit "$status"

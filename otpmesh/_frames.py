@@ -1,0 +1,60 @@
+"""The frames nodes exchange: kinds, layouts, and the pieces of encoding on the hot path.
+
+Frames (msgpack arrays, see docs/wire.md):
+
+    [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
+    [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
+    [2, call_id, value]                            OK    reply
+    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised' or 'dead')
+    [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
+    [5, payload]                                   HELLO a worker introduces itself
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from . import _codec
+from ._errors import ActorDiedError, ActorError, ProtocolError
+
+CALL, CAST, OK, ERR, SYS, HELLO = range(6)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2}
+_P_CALL = _codec.pack(CALL)
+_P_CAST = _codec.pack(CAST)
+_ARRAY6 = b"\x96"
+_ARRAY5 = b"\x95"
+
+
+def decode_message(frame: bytes) -> list[Any]:
+    msg = _codec.unpack(frame)
+    if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
+        raise ProtocolError(f"frame is not a message array: {str(msg)[:80]!r}")
+    arity = _ARITY.get(msg[0])
+    if arity is None:
+        raise ProtocolError(f"unknown frame kind {msg[0]!r}")
+    if len(msg) != arity:
+        raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
+    return msg
+
+
+def _call_body(method: str, args: Any, kwargs: Any) -> bytes:
+    """The packed [method, args, kwargs] tail shared by every frame of one call."""
+    packed = _codec.pack([method, list(args), kwargs])
+    return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
+
+
+_UINT32 = struct.Struct(">BI")
+
+
+def _pack_uint(n: int) -> bytes:
+    """msgpack's uint32 encoding of a call id, without a trip through the packer."""
+    return _UINT32.pack(0xCE, n) if n < 1 << 32 else _codec.pack(n)
+
+
+def remote_error(path: str, msg: list[Any]) -> Exception:
+    """The exception a caller sees for an ERR frame from the actor at `path`."""
+    _, _, kind, type_name, message, tb = msg
+    if kind == "dead":
+        return ActorDiedError(path, str(message), delivered=False)
+    return ActorError(path, str(type_name), str(message), str(tb))
