@@ -75,6 +75,14 @@ def _record(app: App, kind: str, path: str, detail: str = "", hit: bool = True) 
     return fault
 
 
+async def _inject(app: App, kind: str, path: str, detail: str, fault: str, reason: object) -> Fault:
+    """Log the fault, then cause it: its entry comes before the exit it causes."""
+    recorded = _record(app, kind, path, detail)
+    if await app.placement.inject(app.slot(path), fault, reason):
+        return recorded
+    return _record(app, kind, path, f"{detail}; missed: not running", hit=False)
+
+
 def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
     app.actor(path)  # validates: a worker path of this tree
     return app.slot(path)
@@ -82,17 +90,15 @@ def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
 
 async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
     """Crash the actor at once, as if an exception (``ChaosCrash``) were raised inside it."""
-    slot = _slot(app, path)
-    hit = await app.placement.inject(slot, "crash", ActorCrash("ChaosCrash", reason))
-    return _record(app, "crash", path, reason, hit)
+    _slot(app, path)
+    return await _inject(app, "crash", path, reason, "crash", ActorCrash("ChaosCrash", reason))
 
 
 async def stop(app: App, path: str, reason: object = "normal") -> Fault:
     """Make the actor exit with `reason` ('normal', 'shutdown', ('shutdown', detail), ...) after
     its current message, as if it had called ``self.stop(reason)``."""
-    slot = _slot(app, path)
-    hit = await app.placement.inject(slot, "exit", reason)
-    return _record(app, "stop", path, repr(reason), hit)
+    _slot(app, path)
+    return await _inject(app, "stop", path, repr(reason), "exit", reason)
 
 
 async def kill(app: App, path: str) -> Fault:
@@ -100,13 +106,13 @@ async def kill(app: App, path: str) -> Fault:
     slot = _slot(app, path)
     proc = app.placement.process(slot)
     if proc is None:
-        hit = await app.placement.inject(slot, "kill", "killed")
-        return _record(app, "kill", path, "in-process", hit)
+        return await _inject(app, "kill", path, "in-process", "kill", "killed")
     incarnation = proc.actors.get(path)
+    fault = _record(app, "kill", path, f"SIGKILL pid {proc.pid}", hit=incarnation is not None)
     if incarnation is not None:
         app.actor_exiting(path, incarnation)  # settled() now waits for this exit and its restart
     os.kill(proc.pid, signal.SIGKILL)
-    return _record(app, "kill", path, f"SIGKILL pid {proc.pid}", hit=incarnation is not None)
+    return fault
 
 
 async def hang(app: App, path: str) -> Fault:
