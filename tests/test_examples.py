@@ -16,7 +16,7 @@ def _run(name: str, *args: str) -> str:
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         env=dict(os.environ),
     )
     assert done.returncode == 0, done.stderr

@@ -50,7 +50,7 @@ _ENV_GID_INDEX = "OTPMESH_IBVERBS_GID_INDEX"
 # 7 retries, so a peer that vanished is reported within about half a second of silence.
 _ACK_TIMEOUT = 14
 _RETRY_CNT = 7
-_RNR_RETRY = 7
+_RNR_RETRY = 6  # 7 would mean "retry forever" on receiver-not-ready; never hang
 _MIN_RNR_TIMER = 12
 # Outstanding work requests per queue pair (and so CQ entries per connection).
 _MAX_SEND_WR = 64

@@ -37,7 +37,7 @@ def test_large_arguments_and_results_round_trip_through_the_channel() -> None:
             assert _registered_here() == 0  # temporary buffers were dropped after the reads
             assert (await owners.registered()).values() == [0, 0]
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_small_tensors_stay_inline() -> None:
@@ -49,4 +49,4 @@ def test_small_tensors_stay_inline() -> None:
             node = current_node()
             assert node is not None and node.rdma is None  # the channel was never needed
 
-    run_trio(body)
+    run_trio(body, timeout=150)

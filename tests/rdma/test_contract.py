@@ -60,7 +60,7 @@ def test_read_and_write_move_exact_bytes(backend: str) -> None:
             odd = await owner.register(99, 3, "uint8")  # sizes that are not word multiples
             assert (await reader.read(odd, 3, "uint8"))["tensor"].tolist() == [0, 1, 2]
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_mismatched_size_dtype_or_shape_is_a_clear_error(backend: str) -> None:
@@ -80,7 +80,7 @@ def test_mismatched_size_dtype_or_shape_is_a_clear_error(backend: str) -> None:
             with pytest.raises(otpmesh.ActorError, match=r"float32\[17\]"):
                 await reader.read_wrong(buf, [17], "float32")
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_a_dropped_buffer_cannot_be_read(backend: str) -> None:
@@ -95,7 +95,7 @@ def test_a_dropped_buffer_cannot_be_read(backend: str) -> None:
                 await reader.read(buf, 16)
             assert await owner.registered() == 0
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_a_dead_owner_is_a_clear_error(backend: str) -> None:
@@ -110,7 +110,7 @@ def test_a_dead_owner_is_a_clear_error(backend: str) -> None:
             ):
                 await reader.read(buf, 16)
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_a_stuck_owner_times_out_with_a_clear_error(backend: str) -> None:
@@ -127,7 +127,7 @@ def test_a_stuck_owner_times_out_with_a_clear_error(backend: str) -> None:
             finally:
                 os.kill(procs.pids[0], signal.SIGCONT)
 
-    run_trio(body)
+    run_trio(body, timeout=150)
 
 
 def test_a_sigkilled_reader_leaves_no_pin_and_nothing_on_disk(backend: str) -> None:
@@ -154,7 +154,7 @@ def test_a_sigkilled_reader_leaves_no_pin_and_nothing_on_disk(backend: str) -> N
             await owner.drop(1)
             assert await owner.registered() == 0
 
-    run_trio(body)
+    run_trio(body, timeout=150)
     assert set(os.listdir("/dev/shm")) == before
 
 
