@@ -17,7 +17,7 @@ _MISSING: Any = object()
 class CallGroup:
     """The outstanding replies of one call to `n` actors, delivered by index."""
 
-    __slots__ = ("_task", "arrived", "cancels", "paths", "remaining", "results")
+    __slots__ = ("_task", "arrived", "cancels", "offered", "paths", "remaining", "results")
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
@@ -27,6 +27,8 @@ class CallGroup:
         # Per index: how to forget the outstanding request if the caller gives up.
         self.cancels: list[Any] = [None] * len(paths)
         self._task: trio.lowlevel.Task | None = None
+        #: Temporary tensor-channel buffers holding this call's large arguments.
+        self.offered: list[int] = []
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         """Record the reply (value, or exception when not ok) of actor `index`; first one wins."""

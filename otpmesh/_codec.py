@@ -74,6 +74,10 @@ large_tensor_hook: Callable[[Any], Any] | None = None
 channel_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "otpmesh_channel_allowed", default=True
 )
+#: While set, the buffer ids the hook registers are appended here (their sender drops them).
+offered: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "otpmesh_offered", default=None
+)
 # Placeholders for channel tensors met by the last unpack (see take_pending).
 _pending: list[Any] = []
 

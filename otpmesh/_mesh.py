@@ -341,6 +341,10 @@ class Endpoint:
             finally:
                 group.forget()
                 node.done(batch)
+                if group.offered:
+                    from .rdma._auto import drop_offered
+
+                    drop_offered(node, group.offered)
             retry = []
             for j, i in enumerate(todo):
                 ok, value = group.results[j]

@@ -93,6 +93,7 @@ class Node:
         # Returns True when it takes over failing the connection's pending calls.
         self.on_connection_lost: Callable[[Connection], bool] | None = None
         self._conns: dict[str, Connection] = {}
+        self._side: dict[str, Connection] = {}
         self._dialing: dict[str, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self.parent: Connection | None = None  # a worker's controller connection
@@ -160,6 +161,20 @@ class Node:
             del self._dialing[addr]
             done.set()
 
+    async def connect_side(self, addr: str) -> Connection:
+        """A second connection to `addr`, for the tensor channel's own requests. It must not share
+        the call connection: that one's reader may be waiting for a transfer these requests make."""
+        conn = self._side.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        sock = await dial(addr)
+        conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
+        self._side[addr] = conn
+        if self.nursery is None:
+            raise RuntimeError("node is not serving")
+        self.nursery.start_soon(self.run_connection, conn)
+        return conn
+
     def register(self, addr: str, conn: Connection) -> None:
         """Use the (already served) incoming `conn` for calls to the node at `addr`."""
         conn.peer = addr
@@ -168,6 +183,8 @@ class Node:
     def _connection_closed(self, conn: Connection) -> None:
         if self._conns.get(conn.peer) is conn:
             del self._conns[conn.peer]
+        if self._side.get(conn.peer) is conn:
+            del self._side[conn.peer]
         for hook in self.close_hooks:
             hook(conn)
         if self.on_connection_lost is None or not self.on_connection_lost(conn):
@@ -305,7 +322,13 @@ class Node:
     ) -> CallGroup:
         """Send one call to every target; the returned group collects the replies."""
         group = CallGroup(paths)
-        body = _call_body(method, args, kwargs)
+        offered: list[int] = []
+        token = _codec.offered.set(offered)  # large tensors: dropped when this call ends
+        try:
+            body = _call_body(method, args, kwargs)
+        finally:
+            _codec.offered.reset(token)
+        group.offered = offered
         inflight = self.inflight
         for index, target in enumerate(targets):
             actor_id = target.actor_id

@@ -30,6 +30,9 @@ def _offer(tensor: Any) -> Any:
         return None  # no node to serve it from: send inline
     buf = RDMABuffer(tensor)
     registry(node).expire(buf._handle["id"], trio.current_time() + TEMP_TTL)
+    collecting = _codec.offered.get()
+    if collecting is not None:
+        collecting.append(buf._handle["id"])  # a call's arguments: dropped when the call ends
     return buf._handle
 
 
@@ -54,14 +57,24 @@ def _empty_like(handle: dict[str, Any]) -> Any:
     return torch.empty(handle["shape"], dtype=getattr(torch, handle["dtype"]))
 
 
-async def fetch(node: Node, msg: Any, pending: list[Any]) -> Any:
-    """Read every channel tensor of `msg` into a local tensor; return the message with them."""
+async def fetch(node: Node, msg: Any, pending: list[Any], drop: bool) -> Any:
+    """Read every channel tensor of `msg` into a local tensor; return the message with them.
+    `drop`: this is the only reader (a reply), so release the sender's buffers at once; a call's
+    arguments may go to many actors, and its caller drops them when the call ends."""
     found: dict[int, Any] = {}
     for placeholder in pending:
         buf = RDMABuffer._from_handle(placeholder.handle)
         found[id(placeholder)] = await buf.read_into(_empty_like(placeholder.handle))
-        buf.drop()
+        if drop:
+            buf.drop()
     return _substitute(msg, found)
+
+
+def drop_offered(node: Node, buffer_ids: list[int]) -> None:
+    """A call ended: release the temporary buffers its arguments were sent in."""
+    reg = registry(node)
+    for buffer_id in buffer_ids:
+        reg.drop(buffer_id)
 
 
 def fetch_local(node: Node, msg: Any, pending: list[Any]) -> Any:
@@ -89,7 +102,7 @@ def deliver_later(
 
     async def resolve() -> None:
         try:
-            resolved = await fetch(node, msg, pending)
+            resolved = await fetch(node, msg, pending, drop=msg[0] in (OK, ERR))
         except Exception as exc:
             _fail(node, conn, msg, exc)
             return

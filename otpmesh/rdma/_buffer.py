@@ -277,7 +277,7 @@ class RDMABuffer:
         if self._handle["owner"] == node.addr:
             registry(node).drop(self._handle["id"])
             return
-        conn = node._conns.get(self._handle["owner"])
+        conn = node._side.get(self._handle["owner"]) or node._conns.get(self._handle["owner"])
         if conn is not None:
             node.sys_cast(conn, "rdma", {"op": "drop", "buffer": self._handle["id"]})
 
@@ -332,7 +332,7 @@ class RDMABuffer:
     async def _transfer_remote(self, node: Node, region: Region, op: str) -> None:
         h = self._handle
         try:
-            conn = await node.connect(h["owner"])
+            conn = await node.connect_side(h["owner"])
         except OSError as exc:
             raise RDMAError(
                 f"the owner of buffer {h['id']} (pid {h['pid']}) is gone: {exc}"
@@ -355,7 +355,8 @@ class RDMABuffer:
                 await backend.read(entry, peer, region, 0)
             else:
                 await backend.write(entry, peer, region, 0)
-        except (OSError, ConnectionError) as exc:
+        except (OSError, ConnectionError, RuntimeError, ValueError) as exc:
+            # RuntimeError: the ibverbs backend's errors (remote access, peer lost, timeout).
             raise RDMAError(f"{op} of buffer {h['id']} over {name} failed: {exc}") from None
         finally:
             if not conn.closed:

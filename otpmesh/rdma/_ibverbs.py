@@ -59,6 +59,8 @@ _RD_ATOMIC = 16
 # The deadline when no timeout is set: _BACKSTOP_S plus the size at _BACKSTOP_RATE bytes/s.
 _BACKSTOP_S = 30.0
 _BACKSTOP_RATE = 10e6
+# How often a stalled transfer checks whether its owner (on this host) still exists.
+_LIVENESS_PERIOD = 0.5
 # One work request moves at most this much (RC messages may be up to 2 GiB; stay well below).
 _MAX_CHUNK = 1 << 30
 
@@ -161,6 +163,9 @@ class _Conn:
     # Completions drained from the CQ by any task, waiting for the task that posted them.
     done: dict[int, tuple[int, int]] = field(default_factory=dict)
     dead: str | None = None  # why it was torn down; set once, never cleared
+    # The owner's pid and start time when it runs on this host in our pid namespace, so a
+    # stalled transfer can see it died (see _owner_gone); None elsewhere.
+    owner: tuple[int, str] | None = None
 
     def teardown(self, why: str) -> None:
         """Destroy the QP (the device stops all its DMA) and the CQ; other waiters see `dead`."""
@@ -490,6 +495,8 @@ class IbverbsBackend:
         outstanding: set[int] = set()
         failure: tuple[int, int] | None = None
         idle = 0
+        next_check = time.monotonic() + _LIVENESS_PERIOD
+        peer_pid = conn.owner[0] if conn.owner else None
         while chunks or outstanding:
             if conn.dead is not None:
                 raise IbverbsError(f"{what}: its queue pair was torn down ({conn.dead})")
@@ -520,7 +527,15 @@ class IbverbsBackend:
                 raise self._completion_error(failure, what, entry)
             if not outstanding and not chunks:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if not progressed and now >= next_check:
+                next_check = now + _LIVENESS_PERIOD
+                if _owner_gone(conn):
+                    raise IbverbsPeerLost(
+                        f"{what}: the owner process has exited (the transfer stalled and pid "
+                        f"{peer_pid} is gone)"
+                    )
+            if now > deadline:
                 raise IbverbsTimeout(
                     f"{what} timed out after {limit:g} s ({local.nbytes} bytes; the ibverbs "
                     f"backend's {'timeout' if self.timeout is not None else 'backstop'})"
@@ -568,6 +583,10 @@ class IbverbsBackend:
                 _close_quietly(cq)
                 raise
             conn = _Conn(qp=qp, cq=cq)
+            if peer.boot_id == _boot_id() and peer.pid_namespace == _pid_namespace():
+                started = _start_time(peer.pid)
+                if started is not None:
+                    conn.owner = (peer.pid, started)
             psn = random.getrandbits(24)
             try:
                 answer = await peer.request(
@@ -691,6 +710,26 @@ class IbverbsBackend:
         self._conns, self._served, self._mrs, self._locks = {}, {}, {}, {}
         self._dev, self._served_cq = None, None
         self._pid = os.getpid()
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _owner_gone(conn: _Conn) -> bool:
+    """True when the owner (on this host) has exited. Needed because soft-RoCE (rxe, Linux 6.1)
+    never completes a work request whose responder QP was destroyed with a retry error: it
+    stalls; on hardware the RC retry limit reports it, for owners on other hosts too."""
+    if conn.owner is None:
+        return False
+    pid, started = conn.owner
+    return _start_time(pid) != started
 
 
 def _peer_key(peer: Peer) -> tuple[str, str, int]:

@@ -57,7 +57,7 @@ def _owner_main(conn: Connection) -> None:
             msg = conn.recv()
         except EOFError:
             os._exit(0)
-        cmd, args = msg[0], msg[1:]
+        seq, cmd, args = msg[0], msg[1], msg[2:]
         try:
             if cmd == "register":
                 bid, nbytes, seed = args
@@ -85,11 +85,11 @@ def _owner_main(conn: Connection) -> None:
             elif cmd == "connects":
                 reply = backend.connects_served
             else:
-                conn.send(("ok", None))
+                conn.send((seq, "ok", None))
                 os._exit(0)
-            conn.send(("ok", reply))
+            conn.send((seq, "ok", reply))
         except Exception as exc:
-            conn.send(("err", repr(exc)))
+            conn.send((seq, "err", repr(exc)))
 
 
 class Owner:
@@ -103,22 +103,27 @@ class Owner:
         child.close()
         assert self.proc.pid is not None
         self.pid = self.proc.pid
+        self.seq = 0
 
-    def call(self, *msg: Any) -> Any:
-        self.conn.send(msg)
-        status, value = self.conn.recv()
+    def _ask(self, msg: tuple[Any, ...]) -> Any:
+        # Numbered, so a reply left over by an interrupted call is skipped, not taken for ours.
+        self.seq += 1
+        self.conn.send((self.seq, *msg))
+        while True:
+            seq, status, value = self.conn.recv()
+            if seq == self.seq:
+                break
         if status != "ok":
             raise RuntimeError(f"owner: {value}")
         return value
+
+    def call(self, *msg: Any) -> Any:
+        return self._ask(msg)
 
     async def request(self, backend: str, op: str, payload: Any) -> Any:
         assert backend == "ibverbs"
-        self.conn.send(("serve", op, payload))
-        # EOFError here is how a dead owner shows on this out-of-band path.
-        status, value = await trio.to_thread.run_sync(self.conn.recv, abandon_on_cancel=True)
-        if status != "ok":
-            raise RuntimeError(f"owner: {value}")
-        return value
+        # EOFError/BrokenPipeError here is how a dead owner shows on this out-of-band path.
+        return await trio.to_thread.run_sync(self._ask, ("serve", op, payload))
 
     def peer(self) -> Peer:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -196,6 +201,11 @@ def test_read_and_write_exact_bytes(owner: Owner, reader: IbverbsBackend, nbytes
     owner.call("unregister", bid)
 
 
+@pytest.mark.skipif(
+    os.environ.get("OTPMESH_IBVERBS_TEST_TORCH") == "0",
+    reason="OTPMESH_IBVERBS_TEST_TORCH=0 (run_softroce.sh: importing torch in the guest takes "
+    "minutes; set it to 1 there to include this test)",
+)
 def test_torch_tensor_owner(owner: Owner, reader: IbverbsBackend) -> None:
     pytest.importorskip("torch")
     bid, nbytes = next(_ids), 1 << 20
@@ -302,7 +312,7 @@ def test_dead_owner_is_a_clear_error(reader: IbverbsBackend) -> None:
         doomed.proc.join(30)
         print(f"dead owner reaped after {time.monotonic() - start:.2f} s", flush=True)
         start = time.monotonic()
-        with pytest.raises(IbverbsPeerLost, match=f"owner pid {doomed.pid}.*probably dead"):
+        with pytest.raises(IbverbsPeerLost, match=f"owner pid {doomed.pid}"):
             _run(reader.read, entry, doomed.peer(), region, 0, timeout=120)
         elapsed = time.monotonic() - start
         assert elapsed < 60, elapsed
