@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
 import trio
 
@@ -18,109 +17,9 @@ from . import _codec
 from ._calls import CallGroup
 from ._errors import ActorDiedError, CallTimeoutError, MeshError
 from ._node import Node, current_node
-from ._shape import Coords, Shape, all_coords, rank_of, select
-
-if TYPE_CHECKING:
-    from ._runtime import Proc
-
-T = TypeVar("T")
-
-
-@dataclass(eq=False, slots=True)
-class Slot:
-    """One actor of a mesh: its path, where it lives now, and (on the controller) its process.
-
-    A supervised slot outlives incarnations: while its actor restarts the slot is down and calls
-    wait for it to come back up; once its supervisor will not restart it, it is gone.
-    """
-
-    actor_id: str
-    addr: str
-    proc: Proc | None = None
-    supervised: bool = False
-    remote: bool = False  # a copy received in a message (see Node.resolve)
-    up: bool = True
-    gone: str | None = None  # why it will not come back
-    version: int = 0  # bumped on every change, so a waiter can tell "down and up again"
-    _changed: trio.Event | None = None
-
-    def dead_reason(self) -> str | None:
-        if self.gone is not None:
-            return self.gone
-        if self.proc is not None and not self.proc.alive:
-            return self.proc.death()
-        return None
-
-    def _bump(self) -> None:
-        self.version += 1
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-    def mark_down(self) -> None:
-        if self.up:
-            self.up = False
-            self._bump()
-
-    def mark_up(self, addr: str, proc: Proc | None) -> None:
-        self.addr, self.proc, self.up, self.gone = addr, proc, True, None
-        self._bump()
-
-    def mark_gone(self, reason: str) -> None:
-        if self.gone != reason or self.up:
-            self.up, self.gone = False, reason
-            self._bump()
-
-    async def wait_up(self, after: int = -1) -> None:
-        """Wait until the slot is up at a version newer than `after`, or gone."""
-        while self.supervised and self.gone is None and (not self.up or self.version <= after):
-            if self._changed is None:
-                self._changed = trio.Event()
-            await self._changed.wait()
-
-
-class ValueMesh(Generic[T]):
-    """The values of a mesh call, one per actor, by coordinates; iterates in rank order."""
-
-    __slots__ = ("_shape", "_values")
-
-    def __init__(self, shape: Shape, values: list[T]) -> None:
-        self._shape = dict(shape)
-        self._values = values
-
-    @property
-    def shape(self) -> Shape:
-        return dict(self._shape)
-
-    def item(self, **coords: int) -> T:
-        """The value at `coords` (all dimensions); no arguments when the mesh holds one value."""
-        if not coords:
-            if len(self._values) != 1:
-                raise MeshError(
-                    f"item() without coordinates needs a single value; this ValueMesh has "
-                    f"{len(self._values)} (shape {self._shape}): give e.g. "
-                    f"item({', '.join(f'{d}=0' for d in self._shape)})"
-                )
-            return self._values[0]
-        return self._values[rank_of(self._shape, coords)]
-
-    def values(self) -> list[T]:
-        return list(self._values)
-
-    def items(self) -> Iterator[tuple[Coords, T]]:
-        return zip(all_coords(self._shape), self._values, strict=True)
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getitem__(self, rank: int) -> T:
-        return self._values[rank]
-
-    def __repr__(self) -> str:
-        return f"ValueMesh({self._shape}, {self._values!r})"
+from ._shape import Coords, Shape, all_coords, select
+from ._slot import Slot as Slot
+from ._valuemesh import ValueMesh as ValueMesh
 
 
 async def _start_runtime() -> Node:
