@@ -59,7 +59,6 @@ class App:
         self._idle.set()
         self.root_failure: object = None
         self.stopping = False  # the app asked the root to stop (its exit is then expected)
-        self._root_exited = trio.Event()
         self._body_scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery
         self.placement: Placement
@@ -108,9 +107,6 @@ class App:
         if slot is None:
             slot = self._slots[path] = Slot(path, "", None, supervised=True, up=False)
         return slot
-
-    def existing_slot(self, path: str) -> Slot | None:
-        return self._slots.get(path)
 
     def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]:
         prefix = sup_path + "/"
@@ -265,7 +261,6 @@ class App:
 
     def root_exited(self, reason: object) -> None:
         """The root stopped by itself: gave up (a failure), or auto-shutdown (a normal end)."""
-        self._root_exited.set()
         if self.stopping:
             return
         gave_up = any(

@@ -141,10 +141,6 @@ class ActorHost:
             raise ValueError(f"unknown fault {kind!r}")
         return True
 
-    def kill_all(self) -> None:
-        for cell in list(self.node.actors.values()):
-            cell.kill()
-
     def _exiting(self, cell: ActorCell) -> None:
         if self._on_exiting is not None:
             self._on_exiting(cell.ctx.path, cell.incarnation)

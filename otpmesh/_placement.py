@@ -97,7 +97,6 @@ class ProcsPlacement:
     def __init__(self, rt: Runtime, procs: dict[str, Proc] | None = None) -> None:
         self._rt = rt
         self._procs: dict[str, Proc] = dict(procs or {})  # by actor path: its slot's process
-        self._infos: dict[str, SlotInfo] = {}
         self._gpus = visible_gpus()
 
     async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
@@ -114,8 +113,8 @@ class ProcsPlacement:
             [i.coords for _, i in missing],
             [_slot_env(i.coords, i.rank, self._gpus) for _, i in missing],
         )
-        for (path, info), proc in zip(missing, procs, strict=True):
-            self._procs[path], self._infos[path] = proc, info
+        for (path, _), proc in zip(missing, procs, strict=True):
+            self._procs[path] = proc
 
     async def start(
         self,

@@ -177,7 +177,6 @@ class Connection:
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
         self.close_reason: str | None = None
-        self._closed_event = trio.Event()
         #: Outstanding calls sent on this connection, by call id (owned by the node).
         self.pending: dict[int, Any] = {}
         self.next_call_id = 0
@@ -287,7 +286,3 @@ class Connection:
             self.closed = True
             self.close_reason = reason
             self._drain_lot.unpark_all()
-            self._closed_event.set()
-
-    async def wait_closed(self) -> None:
-        await self._closed_event.wait()
