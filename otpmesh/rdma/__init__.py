@@ -15,10 +15,10 @@ once.
 """
 
 from ._auto import install as _install_channel
-from ._buffer import PREFERENCE as PREFERENCE
 from ._buffer import RDMABuffer as RDMABuffer
-from ._buffer import RDMAError as RDMAError
-from ._buffer import allowed_backends as allowed_backends
-from ._buffer import backends as backends
+from ._registry import PREFERENCE as PREFERENCE
+from ._registry import RDMAError as RDMAError
+from ._registry import allowed_backends as allowed_backends
+from ._registry import backends as backends
 
 _install_channel()  # large tensors in ordinary calls now travel over the channel

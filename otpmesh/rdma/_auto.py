@@ -19,7 +19,8 @@ from .._calls import CallGroup
 from .._frames import ERR, OK, remote_error
 from .._node import Node, current_node
 from .._wire import Connection
-from ._buffer import RDMABuffer, RDMAError, registry
+from ._buffer import RDMABuffer
+from ._registry import RDMAError, registry
 
 TEMP_TTL = 300.0
 

@@ -19,7 +19,7 @@ from tests.conftest import run_trio
 
 
 def _cases() -> list[object]:
-    from otpmesh.rdma._buffer import _make_backends
+    from otpmesh.rdma._registry import _make_backends
 
     cases: list[object] = []
     for name in ("shm", "tcp", "ibverbs"):
