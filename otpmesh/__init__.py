@@ -7,12 +7,15 @@ The public API, curated: everything else lives in private modules.
 """
 
 from . import chaos as chaos
+from . import launchers as launchers
 from ._actor import Actor as Actor
 from ._actor import ActorContext as ActorContext
 from ._actor import context as context
 from ._actor import endpoint as endpoint
 from ._app import App as App
 from ._app import start as start
+from ._cluster import Cluster as Cluster
+from ._cluster import cluster as cluster
 from ._errors import ActorDiedError as ActorDiedError
 from ._errors import ActorError as ActorError
 from ._errors import CallTimeoutError as CallTimeoutError

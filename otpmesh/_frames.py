@@ -5,7 +5,7 @@ Frames (msgpack arrays, see docs/wire.md):
     [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
     [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
     [2, call_id, value]                            OK    reply
-    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised' or 'dead')
+    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost')
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker introduces itself
 """
@@ -57,4 +57,6 @@ def remote_error(path: str, msg: list[Any]) -> Exception:
     _, _, kind, type_name, message, tb = msg
     if kind == "dead":
         return ActorDiedError(path, str(message), delivered=False)
+    if kind == "lost":  # a relayed call whose actor died after it was delivered (_fanout.py)
+        return ActorDiedError(path, str(message))
     return ActorError(path, str(type_name), str(message), str(tb))

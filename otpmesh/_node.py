@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import trio
 
-from . import _codec
+from . import _codec, _fanout
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._errors import ActorDiedError, ProtocolError
@@ -39,7 +39,7 @@ from ._frames import (
     decode_message,
     remote_error,
 )
-from ._wire import Connection, detach, dial, handshake
+from ._wire import Connection, authenticate, detach, dial, handshake
 
 log = logging.getLogger("otpmesh.node")
 
@@ -78,11 +78,53 @@ def new_address(role: str) -> str:
     return f"\0otpmesh/{os.getpid()}/{role}/{uuid.uuid4().hex[:12]}"
 
 
+def _bind(role: str, listen: str | None) -> socket.socket:
+    # Bound at once, not in a thread: an abstract address never touches the filesystem (and a
+    # thread would confuse MockClock's autojump in tests).
+    if listen is None:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.bind(new_address(role))
+        raw.listen(128)
+        return raw
+    if not listen.startswith("tcp:"):
+        raise ValueError(f"listen must be tcp:HOST or tcp:HOST:PORT, not {listen!r}")
+    host, _, port = listen[4:].partition(":")
+    return _bind_tcp(host, int(port or 0))
+
+
+def _bind_tcp(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    raw = socket.create_server((host, port), family=family)
+    raw.listen(128)
+    return raw
+
+
+def _listen_address(raw: socket.socket) -> str:
+    if raw.family == socket.AF_UNIX:
+        name = raw.getsockname()
+        return name.decode() if isinstance(name, bytes) else str(name)
+    host, port = raw.getsockname()[:2]
+    return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
+
+
 class Node:
     """The wire endpoint of one process. Create it, then ``await nursery.start(node.serve)``."""
 
-    def __init__(self, role: str, sys_handlers: dict[str, SysHandler] | None = None) -> None:
-        self.addr = new_address(role)
+    def __init__(
+        self,
+        role: str,
+        sys_handlers: dict[str, SysHandler] | None = None,
+        *,
+        listen: str | None = None,
+        secret: bytes | None = None,
+    ) -> None:
+        #: The secret TCP connections authenticate with (None: this node speaks Unix only).
+        self.secret = secret
+        self._listener = _bind(role, listen)
+        self.addr = _listen_address(self._listener)
+        #: This node's TCP address once ``listen_tcp`` made one (or `listen` asked for TCP).
+        self.tcp_addr: str | None = self.addr if listen else None
+        self._tcp_scope: trio.CancelScope | None = None
         self.actors: dict[str, ActorCell] = {}
         self.exited: dict[str, str] = {}  # actor id -> why it stopped, for fast failures
         self.last_exit: dict[str, tuple[int, object]] = {}  # id -> (incarnation, reason)
@@ -101,31 +143,59 @@ class Node:
         self.rdma: Any = None  # this node's tensor-channel registry, made on first use
         self.faults = LinkFaults()  # what otpmesh.chaos did to this node's links
         self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
+        #: Worker address -> its host agent's connection: broadcasts go through it (_fanout.py).
+        self.relays: dict[str, Connection] = {}
 
     # ---------------------------------------------------------------- serving
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # An abstract address never touches the filesystem, so bind at once (trio would use a
-        # thread for a Unix bind, which also confuses MockClock's autojump in tests).
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        raw.bind(self.addr)
-        raw.listen(128)
-        sock = trio.socket.from_stdlib_socket(raw)
-        listener = trio.SocketListener(sock)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             task_status.started()
-            async with listener:
-                while True:
-                    stream = await listener.accept()
-                    nursery.start_soon(self._serve_accepted, stream)
+            await self._accept_loop(self._listener)
 
-    async def _serve_accepted(self, stream: trio.SocketStream) -> None:
+    async def listen_tcp(self, host: str, port: int = 0) -> str:
+        """Also accept authenticated TCP connections on `host`:`port`; return that address."""
+        if self.secret is None:
+            raise ProtocolError("a node needs the cluster secret before it listens on TCP")
+        if self.nursery is None:
+            raise RuntimeError("node is not serving")
+        raw = _bind_tcp(host, port)
+        self.tcp_addr = _listen_address(raw)
+        self._tcp_scope = trio.CancelScope()
+        self.nursery.start_soon(self._accept_tcp, raw, self._tcp_scope)
+        return self.tcp_addr
+
+    async def _accept_tcp(self, raw: socket.socket, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._accept_loop(raw)
+
+    def stop_tcp(self) -> None:
+        """Stop accepting TCP connections (those already made stay open)."""
+        if self._tcp_scope is not None:
+            self._tcp_scope.cancel()
+            self._tcp_scope = None
+            self.tcp_addr = None
+
+    async def _accept_loop(self, raw: socket.socket) -> None:
+        tcp = raw.family != socket.AF_UNIX
+        async with trio.SocketListener(trio.socket.from_stdlib_socket(raw)) as listener:
+            assert self.nursery is not None
+            while True:
+                stream = await listener.accept()
+                self.nursery.start_soon(self._serve_accepted, stream, tcp)
+
+    async def _serve_accepted(self, stream: trio.SocketStream, tcp: bool) -> None:
         sock = detach(stream)
         try:
+            peer = sock.getpeername() if tcp else "(local)"
             await handshake(sock, dialer=False)
+            if tcp:
+                if self.secret is None:
+                    raise ProtocolError("this node has no secret to check TCP peers with")
+                await authenticate(sock, self.secret, dialer=False)
         except (ProtocolError, trio.TooSlowError, OSError) as exc:
-            log.error("refused an incoming connection: %s", exc)
+            log.warning("refused an incoming connection from %s: %s", peer, exc)
             sock.close()
             return
         await self.run_connection(
@@ -150,7 +220,7 @@ class Node:
                 return conn
         self._dialing[addr] = done = trio.Event()
         try:
-            sock = await dial(addr)
+            sock = await dial(addr, self.secret)
             conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
             self._conns[addr] = conn
             if self.nursery is None:
@@ -167,7 +237,7 @@ class Node:
         conn = self._side.get(addr)
         if conn is not None and not conn.closed:
             return conn
-        sock = await dial(addr)
+        sock = await dial(addr, self.secret)
         conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
         self._side[addr] = conn
         if self.nursery is None:
@@ -330,9 +400,16 @@ class Node:
             _codec.offered.reset(token)
         group.offered = offered
         inflight = self.inflight
+        relayed: set[int] = set()
+        if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
+            for agent, indices in _fanout.plan(self.relays, targets).items():
+                _fanout.send(self, agent, group, indices, targets, body)
+                relayed.update(indices)
         for index, target in enumerate(targets):
             actor_id = target.actor_id
             inflight[actor_id] = inflight.get(actor_id, 0) + 1
+            if index in relayed:
+                continue
             dead = target.dead_reason()
             if dead is not None:
                 group.deliver(index, False, ActorDiedError(paths[index], dead, delivered=False))

@@ -7,20 +7,18 @@ every socket, so the workers and the fork server notice and exit.
 
 from __future__ import annotations
 
-import array
-import importlib.util
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
-import msgpack
 import trio
 
 from ._errors import SpawnError
 from ._exits import ProcessExit, describe
+from ._forkclient import ForkServer, forward_lines, watch_heartbeat
 from ._node import Node, set_current_node
 from ._reasons import is_normal_exit
 from ._wire import Connection
@@ -60,6 +58,7 @@ class Proc:
     actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
     names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
     hang_reason: str | None = None  # set when the heartbeat watchdog killed it
+    host: Any = None  # the agent host that forked it (None: this host's own fork server)
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
 
@@ -83,13 +82,6 @@ class Proc:
         return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
 
 
-def _preload_modules() -> list[str]:
-    configured = os.environ.get("OTPMESH_PRELOAD")
-    if configured is not None:
-        return [m for m in configured.split(",") if m]
-    return ["torch"] if importlib.util.find_spec("torch") is not None else []
-
-
 class Runtime:
     """Everything the controller owns for one trio run."""
 
@@ -101,10 +93,9 @@ class Runtime:
         self.node.on_connection_lost = self._on_connection_lost
         self.procs: dict[str, Proc] = {}
         self._by_pid: dict[int, Proc] = {}
-        self._fs_sock: trio.socket.SocketType | None = None
-        self._fs_raw: socket.socket | None = None
-        self._fs_ready = trio.Event()
-        self._fs_gone = False
+        self.forkserver = ForkServer(self._fork_server_report, self._fork_server_gone)
+        #: The hosts of ``otpmesh.cluster``, when one is attached (else every worker is local).
+        self.cluster: Any = None
         self._next_proc = 0
         # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
         self.exit_listeners: dict[str, ExitListener] = {}
@@ -123,57 +114,27 @@ class Runtime:
             log.exception("otpmesh runtime failed")
             started.set()
 
-    async def _run_fork_server(self, *, task_status: trio.TaskStatus[None]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ)
-        env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
-        env["OTPMESH_PRELOAD"] = ",".join(_preload_modules())
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, env.get("PYTHONPATH", "")) if p
-        )
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "otpmesh._forkserver"],
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,  # Ctrl-C reaches the controller only; it stops the rest.
-            env=env,
-        )
-        theirs.close()
-        sock = trio.socket.from_stdlib_socket(ours)
-        self._fs_sock, self._fs_raw = sock, ours
-        task_status.started()
-        try:
-            while True:
-                data = await sock.recv(1 << 16)
-                if not data:
-                    break
-                self._fork_server_report(msgpack.unpackb(data))
-        finally:
-            self._fs_gone = True
-            self._fs_ready.set()
-            sock.close()
-            with trio.CancelScope(shield=True):
-                await process.wait()
-            for proc in self.procs.values():
-                self._mark_exited(proc, "was killed: the fork server stopped")
-
     def _fork_server_report(self, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "ready":
-            self._fs_ready.set()
-        elif op == "spawned":
+        if msg["op"] == "spawned":
             proc = self.procs.get(msg["id"])
             if proc is not None:
                 proc.pid = msg["pid"]
                 self._by_pid[proc.pid] = proc
-        elif op == "exit":
+        elif msg["op"] == "exit":
             proc = self._by_pid.pop(msg["pid"], None)
             if proc is not None:
-                self._mark_exited(proc, msg["reason"])
+                self.mark_exited(proc, msg["reason"])
 
-    def _mark_exited(self, proc: Proc, reason: str) -> None:
+    def _fork_server_gone(self) -> None:
+        for proc in self.procs.values():
+            if proc.host is None:
+                self.mark_exited(proc, "was killed: the fork server stopped")
+
+    def mark_exited(self, proc: Proc, reason: str) -> None:
+        """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
         if proc.exit_reason is None:
             proc.exit_reason = proc.hang_reason or reason
+        self.node.relays.pop(proc.addr, None)
         proc.exited.set()
         proc.ready.set()
 
@@ -182,21 +143,25 @@ class Runtime:
     async def start_procs(
         self, shape: dict[str, int], coords: list[dict[str, int]], envs: list[dict[str, str]]
     ) -> list[Proc]:
-        """Fork one worker per slot and wait until each has dialed back (or died)."""
-        if not self._fork_server_started and self.nursery is not None:
-            # Started on first use: a tree run with placement="local" never needs one.
-            self._fork_server_started = True
-            await self.nursery.start(self._run_fork_server)
-        await self._fs_ready.wait()
-        if self._fs_gone:
-            raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
+        """Fork one worker per slot and wait until each has dialed back (or died).
+
+        With a cluster attached (``otpmesh.cluster``), a slot's ``hosts`` coordinate names the
+        host whose agent forks it; otherwise every worker is forked on this host.
+        """
+        hosts = [self._host_for(point) for point in coords]
+        if any(h is None for h in hosts):
+            await self._start_fork_server()
         procs = []
-        for rank, (point, env) in enumerate(zip(coords, envs, strict=True)):
+        for rank, (point, env, host) in enumerate(zip(coords, envs, hosts, strict=True)):
             self._next_proc += 1
-            proc = Proc(rank=rank, coords=point, proc_id=f"p{self._next_proc}")
+            proc = Proc(rank=rank, coords=point, proc_id=f"p{self._next_proc}", host=host)
             self.procs[proc.proc_id] = proc
             procs.append(proc)
-            await self._fork(proc, shape, env)
+            if host is None:
+                await self._fork(proc, env)
+            else:
+                cfg = self._worker_cfg(proc, self.cluster.address)
+                await self.cluster.spawn(host, proc, env, cfg)
         with trio.move_on_after(SPAWN_TIMEOUT):
             for proc in procs:
                 await proc.ready.wait()
@@ -211,11 +176,24 @@ class Runtime:
             raise SpawnError(f"could not start {len(failed)} worker process(es): {why}")
         return procs
 
-    async def _fork(self, proc: Proc, shape: dict[str, int], env: dict[str, str]) -> None:
-        assert self._fs_sock is not None and self.nursery is not None
+    def _host_for(self, point: dict[str, int]) -> Any:
+        if self.cluster is None or "hosts" not in point:
+            return None
+        return self.cluster.host_for(point["hosts"])
+
+    async def _start_fork_server(self) -> None:
+        if not self._fork_server_started and self.nursery is not None:
+            # Started on first use: a tree run with placement="local" never needs one.
+            self._fork_server_started = True
+            await self.nursery.start(self.forkserver.run)
+        await self.forkserver.ready.wait()
+        if self.forkserver.gone:
+            raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
+
+    def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
         main = sys.modules.get("__main__")
-        cfg = {
-            "controller": self.node.addr,
+        return {
+            "controller": controller,
             "proc": proc.proc_id,
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
@@ -223,75 +201,30 @@ class Runtime:
             "main": getattr(main, "__file__", None),
             "heartbeat_interval": HEARTBEAT_INTERVAL,
         }
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        beat_r, beat_w = os.pipe()
-        request = msgpack.packb({"op": "spawn", "id": proc.proc_id, "env": env, "cfg": cfg})
-        fds = array.array("i", [out_w, err_w, beat_w])
-        try:
-            await self._fs_sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-            os.close(beat_w)
-        self.nursery.start_soon(self._forward_output, proc, out_r, sys.stdout)
-        self.nursery.start_soon(self._forward_output, proc, err_r, sys.stderr)
+
+    async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
+        assert self.nursery is not None
+        cfg = self._worker_cfg(proc, self.node.addr)
+        out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
+        self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
         self.nursery.start_soon(self._watch_heartbeat, proc, beat_r)
 
     async def _watch_heartbeat(self, proc: Proc, fd: int) -> None:
         """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
-        stream = trio.lowlevel.FdStream(fd)
-        try:
-            await proc.ready.wait()
-            while proc.alive:
-                with trio.move_on_after(HEARTBEAT_TIMEOUT) as silent:
-                    if not await stream.receive_some(4096):
-                        return  # the process exited: its exit is reported elsewhere
-                if silent.cancelled_caught and proc.alive:
-                    how = f"hung (no heartbeat for {HEARTBEAT_TIMEOUT:g} s) and was killed"
-                    log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
-                    proc.hang_reason = how
-                    self.kill(proc)
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        await proc.ready.wait()
+        await watch_heartbeat(fd, HEARTBEAT_TIMEOUT, lambda: proc.alive, partial(self.hung, proc))
 
-    async def _forward_output(self, proc: Proc, fd: int, sink: Any) -> None:
-        """Copy a worker's output to ours, each line prefixed with its actors' paths."""
-        stream = trio.lowlevel.FdStream(fd)
-        pending = b""
-        try:
-            while True:
-                try:
-                    data = await stream.receive_some(1 << 16)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    break
-                pending = self._write_lines(sink, proc, pending + data)
-        finally:
-            # The run may be ending: copy what the worker already wrote before closing.
-            try:
-                while data := os.read(fd, 1 << 16):
-                    pending = self._write_lines(sink, proc, pending + data)
-            except OSError:
-                pass
-            if pending:
-                self._write_line(sink, proc, pending)
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
-
-    def _write_lines(self, sink: Any, proc: Proc, data: bytes) -> bytes:
-        *lines, rest = data.split(b"\n")
-        for line in lines:
-            self._write_line(sink, proc, line)
-        return rest
+    def hung(self, proc: Proc) -> None:
+        """`proc` stopped beating while alive: kill it, and make its exit say why."""
+        how = f"hung (no heartbeat for {HEARTBEAT_TIMEOUT:g} s) and was killed"
+        log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
+        proc.hang_reason = how
+        self.kill(proc)
 
     @staticmethod
-    def _write_line(sink: Any, proc: Proc, line: bytes) -> None:
+    def output(proc: Proc, sink: Any, line: bytes) -> None:
+        """Write one line of a worker's output to ours, prefixed with its actors' paths."""
         try:
             sink.write(f"[{proc.label()}] {line.decode(errors='replace')}\n")
             sink.flush()
@@ -299,27 +232,36 @@ class Runtime:
             pass
 
     def kill(self, proc: Proc) -> None:
-        """SIGKILL a worker (through the fork server, its parent, so the exit is reported)."""
-        if proc.pid and proc.alive and self._fs_raw is not None:
-            try:
-                self._fs_raw.send(msgpack.packb({"op": "kill", "pid": proc.pid}))
-            except OSError:
-                pass
+        """SIGKILL a worker (through its fork server, its parent, so the exit is reported)."""
+        if not proc.alive:
+            return
+        if proc.host is not None:
+            self.cluster.kill(proc)
+        else:
+            self.forkserver.kill(proc.pid)
 
     # ------------------------------------------------------------ node hooks
 
     def _on_hello(self, conn: Connection, payload: Any) -> None:
+        if isinstance(payload, dict) and "agent" in payload and self.cluster is not None:
+            self.cluster.on_agent_hello(conn, payload)
+            return
         proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
-        if proc is None or proc.conn is not None:
-            log.error("refused a worker hello for an unknown process: %r", payload)
+        if proc is None or proc.conn is not None or not proc.alive:
+            log.error("refused a worker hello for an unknown or dead process: %r", payload)
+            conn.abort("refused: unknown or dead worker process")
             return
         proc.conn = conn
         proc.addr = payload["addr"]
         proc.pid = proc.pid or payload["pid"]
         self.node.register(proc.addr, conn)
+        if proc.host is not None:
+            self.node.relays[proc.addr] = proc.host.conn
         proc.ready.set()
 
     def _on_connection_lost(self, conn: Connection) -> bool:
+        if self.cluster is not None and self.cluster.connection_lost(conn):
+            return True
         proc = next((p for p in self.procs.values() if p.conn is conn), None)
         if proc is None or self.nursery is None:
             return False

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from . import _secret
 from ._errors import ProtocolError
 
 log = logging.getLogger("otpmesh.wire")
@@ -132,15 +133,63 @@ def detach(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
-async def dial(addr: str) -> socket.socket:
-    """Connect to the node listening at Unix address `addr` and run the handshake."""
-    sock = detach(await trio.open_unix_socket(addr))
+def tcp_address(addr: str) -> tuple[str, int] | None:
+    """(host, port) of a ``tcp:HOST:PORT`` address; None for a Unix address."""
+    if not addr.startswith("tcp:"):
+        return None
+    host, _, port = addr[4:].rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad TCP address {addr!r}: expected tcp:HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+async def dial(addr: str, secret: bytes | None = None) -> socket.socket:
+    """Connect to the node listening at `addr` and run the handshake.
+
+    `addr` is an abstract Unix address, or ``tcp:HOST:PORT``; a TCP connection then proves it
+    knows `secret` (and checks that the peer does) before anything else is sent.
+    """
+    tcp = tcp_address(addr)
+    if tcp is None:
+        sock = detach(await trio.open_unix_socket(addr))
+    else:
+        if secret is None:
+            raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
+        sock = detach(await trio.open_tcp_stream(*tcp))
     try:
         await handshake(sock, dialer=True)
+        if tcp is not None:
+            assert secret is not None
+            await authenticate(sock, secret, dialer=True)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+async def authenticate(
+    sock: socket.socket, secret: bytes, *, dialer: bool, timeout: float = 10.0
+) -> None:
+    """Challenge-response over a TCP connection (see _secret.py); ProtocolError on failure."""
+    with trio.fail_after(timeout):
+        if dialer:
+            nonce_a = await _receive_exactly(sock, _secret.NONCE_SIZE)
+            nonce_d = _secret.new_nonce()
+            await send_all(sock, nonce_d + _secret.dialer_proof(secret, nonce_a, nonce_d))
+            try:
+                got = await _receive_exactly(sock, _secret.PROOF_SIZE)
+            except ProtocolError:
+                raise ProtocolError("the peer refused this node's secret") from None
+            if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
+                raise ProtocolError("the peer does not know this cluster's secret")
+        else:
+            nonce_a = _secret.new_nonce()
+            await send_all(sock, nonce_a)
+            answer = await _receive_exactly(sock, _secret.NONCE_SIZE + _secret.PROOF_SIZE)
+            nonce_d, got = answer[: _secret.NONCE_SIZE], answer[_secret.NONCE_SIZE :]
+            if not _secret.proof_ok(_secret.dialer_proof(secret, nonce_a, nonce_d), got):
+                raise ProtocolError("wrong secret: the dialer does not know this cluster's secret")
+            await send_all(sock, _secret.acceptor_proof(secret, nonce_a, nonce_d))
 
 
 MessageHandler = Callable[["Connection", Any], "Awaitable[None] | None"]
@@ -266,7 +315,7 @@ class Connection:
                 await trio.lowlevel.checkpoint()
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self.closed:
             if not self._out:
                 self._batching = False
                 await self._writer_lot.park()
@@ -280,6 +329,15 @@ class Connection:
                 for part in out:
                     await send_all(self.sock, part)
             self._drain_lot.unpark_all()
+
+    def abort(self, reason: str) -> None:
+        """Close this connection now (its reader sees end of stream): a peer declared dead."""
+        self._mark_closed(reason)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._writer_lot.unpark_all()
 
     def _mark_closed(self, reason: str) -> None:
         if not self.closed:

@@ -36,6 +36,8 @@ class Worker:
                 "inject": self._inject,
                 "partition": self._partition,
             },
+            listen=cfg.get("listen"),  # a host agent's worker: TCP, reachable from other hosts
+            secret=cfg.get("secret"),
         )
         self.host = ActorHost(self.node, self._actor_exited, self._actor_exiting)
         self.controller: Connection | None = None
@@ -45,7 +47,7 @@ class Worker:
         set_current_node(self.node)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
-            sock = await dial(self.cfg["controller"])
+            sock = await dial(self.cfg["controller"], self.node.secret)
             conn = Connection(
                 sock,
                 peer=self.cfg["controller"],

@@ -34,6 +34,8 @@ class Echo(otpmesh.Actor):
             "shape": ctx.shape,
             "pid": os.getpid(),
             "tag": self.tag,
+            "host": os.environ.get("OTPMESH_HOST"),
+            "netns": os.readlink("/proc/self/ns/net"),
         }
 
     @otpmesh.endpoint

@@ -1,0 +1,122 @@
+"""Broadcast as a tree: controller -> host agent -> that host's workers.
+
+A call to several actors on one agent host costs the caller one frame to that host's agent, not
+one per actor: a SYS ``fanout`` cast carrying the call body once, the target actors and a call id
+for each, allocated on the caller's connection to the agent. The agent relays the call to each
+worker on its host and sends every reply back on that connection under the caller's call id, so
+the caller's reply handling is unchanged. A worker that dies with the call in flight answers
+``ERR`` of kind ``lost``: it died after delivery (not safe to resend blindly).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import _codec
+from ._errors import ActorDiedError, ActorError
+from ._frames import _ARRAY6, _P_CALL, _pack_uint
+
+if TYPE_CHECKING:
+    from ._node import Node, Target
+    from ._wire import Connection
+
+log = logging.getLogger("otpmesh.fanout")
+
+#: Fewer targets than this on one host go direct: relaying one call would only add a hop.
+MIN_FANOUT = 2
+
+
+def plan(relays: dict[str, Connection], targets: Sequence[Target]) -> dict[Connection, list[int]]:
+    """Target indices to relay, by agent connection (hosts with at least MIN_FANOUT targets)."""
+    by_agent: dict[Connection, list[int]] = {}
+    for index, target in enumerate(targets):
+        agent = relays.get(target.addr)
+        if agent is not None and not agent.closed and target.dead_reason() is None:
+            by_agent.setdefault(agent, []).append(index)
+    return {agent: idx for agent, idx in by_agent.items() if len(idx) >= MIN_FANOUT}
+
+
+class _Forward:
+    """Replies of one relayed call: each goes back to the caller under its own call id.
+
+    Quacks like a CallGroup for the node's reply path (``paths``, ``deliver``, ``cancels``)."""
+
+    __slots__ = ("caller", "cancels", "ids", "node", "paths")
+
+    def __init__(self, node: Node, caller: Connection, ids: list[int], paths: list[str]) -> None:
+        self.node, self.caller, self.ids, self.paths = node, caller, ids, paths
+        self.cancels: list[Any] = [None] * len(ids)
+
+    def deliver(self, index: int, ok: bool, value: Any) -> None:
+        reply = (self.caller, self.ids[index])
+        if ok:
+            self.node.reply_ok(reply, value)
+        elif isinstance(value, ActorDiedError):
+            kind = "lost" if value.delivered else "dead"
+            self.node.reply_error(reply, "ActorDiedError", value.reason, "", kind=kind)
+        elif isinstance(value, ActorError):
+            self.node.reply_error(reply, value.type_name, value.message, value.traceback)
+        else:
+            self.node.reply_error(reply, type(value).__qualname__, str(value), "")
+
+
+def send(
+    node: Node, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
+) -> None:
+    """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
+    ids = []
+    for index in indices:
+        call_id = agent.next_call_id
+        agent.next_call_id += 1
+        agent.pending[call_id] = (group, index)
+        group.cancels[index] = _forgetter(agent, call_id)
+        ids.append(call_id)
+    payload = {
+        "ids": ids,
+        "actors": [targets[i].actor_id for i in indices],
+        "addrs": [targets[i].addr for i in indices],
+        "body": body,
+    }
+    node.sys_cast(agent, "fanout", payload)
+
+
+def _forgetter(conn: Connection, call_id: int) -> Any:
+    return lambda: conn.pending.pop(call_id, None) and None
+
+
+class Relay:
+    """The agent's side: relays ``fanout`` casts to local workers, in the order they came.
+    ``await nursery.start_soon(relay.run)`` once."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._send, self._receive = trio.open_memory_channel[tuple["Connection", Any]](1024)
+        node.sys_inline["fanout"] = self._enqueue
+
+    def _enqueue(self, payload: Any) -> None:
+        parent = self.node.parent
+        if parent is not None:
+            self._send.send_nowait((parent, payload))
+
+    async def run(self) -> None:
+        async for caller, p in self._receive:
+            await self.relay(caller, p["ids"], p["actors"], p["addrs"], p["body"])
+
+    async def relay(
+        self, caller: Connection, ids: list[int], actors: list[str], addrs: list[str], body: bytes
+    ) -> None:
+        forward = _Forward(self.node, caller, ids, actors)
+        for index, (actor_id, addr) in enumerate(zip(actors, addrs, strict=True)):
+            try:
+                conn = await self.node.connect(addr)
+            except OSError as exc:
+                forward.deliver(index, False, ActorDiedError(actor_id, str(exc), delivered=False))
+                continue
+            call_id = conn.next_call_id
+            conn.next_call_id += 1
+            conn.pending[call_id] = (forward, index)
+            conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)

@@ -1,0 +1,92 @@
+"""Separate hosts on one machine: network namespaces on a private bridge (10.231.0.0/24).
+
+The controller stays in this namespace on the bridge's address; host `i` is namespace
+``otpm<id>h<i>`` at 10.231.0.(10+i), its agent and workers run inside it. Cutting a host off is
+setting its veth down. Needs root and iproute2; ``make_hosts`` says why when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+SUBNET = "10.231.0"
+CONTROLLER_IP = f"{SUBNET}.1"
+
+
+@dataclass
+class NetnsHosts:
+    tag: str
+    names: list[str]
+
+    @property
+    def bridge(self) -> str:
+        return f"otpm{self.tag}br"
+
+    def ip(self, i: int) -> str:
+        return f"{SUBNET}.{10 + i}"
+
+    def veth(self, i: int) -> str:
+        return f"otpm{self.tag}v{i}"
+
+    def prefixes(self) -> list[list[str]]:
+        return [["ip", "netns", "exec", name] for name in self.names]
+
+    def listen(self) -> list[str]:
+        return [self.ip(i) for i in range(len(self.names))]
+
+    def cut(self, i: int) -> None:
+        """Take host `i` off the network (its link goes down; nothing is told)."""
+        _ip("link", "set", self.veth(i), "down")
+
+    def reconnect(self, i: int) -> None:
+        _ip("link", "set", self.veth(i), "up")
+
+    def remove(self) -> None:
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def unavailable() -> str | None:
+    """Why namespaced hosts cannot be made here, or None."""
+    if os.environ.get("OTPMESH_TEST_NO_NETNS"):
+        return "disabled by OTPMESH_TEST_NO_NETNS"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2's ip command is missing"
+    probe = f"otpmprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def make_hosts(n: int) -> NetnsHosts:
+    """`n` namespaced hosts on a fresh bridge; call ``remove()`` when done."""
+    hosts = NetnsHosts(tag=str(os.getpid() % 100000), names=[])
+    try:
+        _ip("link", "add", hosts.bridge, "type", "bridge")
+        _ip("addr", "add", f"{CONTROLLER_IP}/24", "dev", hosts.bridge)
+        _ip("link", "set", hosts.bridge, "up")
+        for i in range(n):
+            name = f"otpm{hosts.tag}h{i}"
+            _ip("netns", "add", name)
+            hosts.names.append(name)
+            _ip("link", "add", hosts.veth(i), "type", "veth", "peer", "name", "eth0", "netns", name)
+            _ip("link", "set", hosts.veth(i), "master", hosts.bridge, "up")
+            _ip("-n", name, "addr", "add", f"{hosts.ip(i)}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+    except BaseException:
+        hosts.remove()
+        raise
+    return hosts

@@ -1,0 +1,275 @@
+"""Several hosts: agents, authenticated TCP, broadcast through agents, host failure.
+
+Hosts are network namespaces (tests/netns.py) where this machine can make them: real separate
+network stacks, each with its own agent and workers, that a test can kill or cut off. Where it
+cannot (no root, no iproute2), those tests skip saying why and the same tests run over agents on
+localhost instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, _codec, launchers
+from otpmesh._errors import ProtocolError
+from otpmesh._frames import HELLO
+from otpmesh._wire import HANDSHAKE, dial, frame_header
+from tests import netns
+from tests.actors import Echo
+from tests.conftest import run_trio
+
+NETNS_UNAVAILABLE = netns.unavailable()
+
+
+@pytest.fixture(autouse=True)
+def cluster_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTPMESH_SECRET", "test-cluster-secret")
+
+
+@pytest.fixture(scope="module")
+def spaces() -> Iterator[netns.NetnsHosts | None]:
+    if NETNS_UNAVAILABLE is not None:
+        yield None
+        return
+    hosts = netns.make_hosts(4)
+    try:
+        yield hosts
+    finally:
+        hosts.remove()
+
+
+@pytest.fixture(params=["netns", "localhost"])
+def where(request: pytest.FixtureRequest, spaces: netns.NetnsHosts | None) -> Any:
+    """How to start `n` hosts: in namespaces, or (only where those are impossible) locally."""
+    if request.param == "netns" and spaces is None:
+        pytest.skip(f"namespaced hosts unavailable here: {NETNS_UNAVAILABLE}")
+    if request.param == "localhost" and spaces is not None:
+        pytest.skip("namespaced hosts are available: the netns variant covers this")
+
+    def open_cluster(n: int) -> Any:
+        if spaces is None:
+            return otpmesh.cluster(launchers.Local(hosts=n))
+        launcher = launchers.Local(
+            hosts=n, prefixes=spaces.prefixes()[:n], listen=spaces.listen()[:n]
+        )
+        return otpmesh.cluster(launcher, listen=netns.CONTROLLER_IP)
+
+    open_cluster.spaces = spaces  # type: ignore[attr-defined]
+    return open_cluster
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_three_hosts_answer_broadcast_and_unicast(where: Any) -> None:
+    async def main() -> None:
+        async with where(3) as hosts:
+            assert [h.rank for h in hosts.live] == [0, 1, 2]
+            procs = await otpmesh.proc_mesh(hosts=3, procs=2)
+            echo = await procs.spawn("echo", Echo)
+            who = await echo.whoami()
+            by_host = {(w["coords"]["hosts"], w["host"]) for w in who.values()}
+            assert by_host == {(0, "local0"), (1, "local1"), (2, "local2")}
+            if where.spaces is not None:  # six workers in three distinct network stacks
+                assert len({w["netns"] for w in who.values()}) == 3
+                assert os.readlink("/proc/self/ns/net") not in {w["netns"] for w in who.values()}
+            assert (await echo.echo("x")).values() == ["x"] * 6
+            assert await echo[3].echo({"one": 1}) == {"one": 1}
+            # Actor to actor across hosts: direct, authenticated TCP between workers.
+            peer = await echo[5].whoami()
+            assert (await echo[0].call_peer(echo[5], 7))["value"] == 7
+            assert peer["host"] == "local2"
+            await procs.stop()
+
+    run_trio(main, timeout=60)
+
+
+def test_broadcast_costs_one_send_per_host(where: Any) -> None:
+    """The controller sends a broadcast once per host agent, which relays it to its workers."""
+
+    async def main() -> None:
+        async with where(2) as hosts:
+            procs = await otpmesh.proc_mesh(hosts=2, procs=3)
+            echo = await procs.spawn("echo", Echo)
+            rt_node = otpmesh._node.current_node()
+            assert rt_node is not None
+            worker_conns = [p.conn for p in procs._procs]
+            before_direct = [c.next_call_id for c in worker_conns]
+            before_agents = [h.conn.next_call_id for h in hosts.live]
+            for _ in range(5):
+                assert (await echo.echo(1)).values() == [1] * 6
+            # Replies came back through each agent: 5 calls x 3 actors on each agent connection,
+            # and not one call frame went to a worker directly.
+            assert [
+                h.conn.next_call_id - b for h, b in zip(hosts.live, before_agents, strict=True)
+            ] == [15, 15]
+            assert [c.next_call_id for c in worker_conns] == before_direct
+            assert await echo[4].echo(2) == 2  # unicast still goes direct
+            assert worker_conns[4].next_call_id == before_direct[4] + 1
+            await procs.stop()
+
+    run_trio(main, timeout=60)
+
+
+def _tree(hosts: int) -> Supervisor:
+    mesh = Mesh(
+        "workers", Echo, shape={"hosts": hosts, "procs": 2}, strategy=ONE_FOR_ONE, intensity=10
+    )
+    return Supervisor("root", strategy=ONE_FOR_ONE, intensity=10, children=[mesh])
+
+
+async def _host_of(app: otpmesh.App) -> dict[int, str]:
+    return {r: w["host"] for r, w in enumerate((await app.mesh("root/workers").whoami()).values())}
+
+
+def test_killed_host_agent_restarts_its_actors_on_the_spare(where: Any) -> None:
+    async def main() -> None:
+        async with where(4) as hosts, otpmesh.start(_tree(3)) as app:
+            assert await _host_of(app) == {
+                0: "local0",
+                1: "local0",
+                2: "local1",
+                3: "local1",
+                4: "local2",
+                5: "local2",
+            }
+            pids = [w["pid"] for w in (await app.mesh("root/workers").whoami()).values()]
+            since = len(app.events)
+            launched = hosts_launcher(hosts)
+            os.kill(launched.processes[1].pid, signal.SIGKILL)  # host 1's agent dies
+            await app.settled()
+            with trio.fail_after(10):
+                while _restarts(app, since) < 2:
+                    await trio.sleep(0.05)
+            exits = [e for e in list(app.events)[since:] if e.kind == LogKind.CHILD_EXITED]
+            assert {e.child_path for e in exits} == {"root/workers/2", "root/workers/3"}
+            assert all("local1" in otpmesh.describe(e.reason) for e in exits), exits
+            after = await _host_of(app)
+            assert after[2] == after[3] == "local3"  # the spare host took them
+            assert after[0] == "local0" and after[4] == "local2"  # the others kept running
+            # The dead host's workers did not outlive its agent.
+            with trio.fail_after(5):
+                while _alive(pids[2]) or _alive(pids[3]):
+                    await trio.sleep(0.05)
+
+    run_trio(main, timeout=90)
+
+
+def _restarts(app: otpmesh.App, since: int) -> int:
+    return sum(
+        e.kind == LogKind.CHILD_STARTED and (e.incarnation or 0) > 1
+        for e in list(app.events)[since:]
+    )
+
+
+def hosts_launcher(hosts: otpmesh.Cluster) -> launchers.Local:
+    launcher = hosts.launcher
+    assert isinstance(launcher, launchers.Local)
+    return launcher
+
+
+def test_host_cut_off_is_declared_dead_and_refused_until_it_registers_again(where: Any) -> None:
+    """Cut off: its link goes down (namespaces), or its agent is SIGSTOPped (localhost)."""
+    spaces: netns.NetnsHosts | None = where.spaces
+
+    def cut(hosts: otpmesh.Cluster, i: int, off: bool) -> None:
+        if spaces is not None:
+            (spaces.cut if off else spaces.reconnect)(i)
+        else:
+            os.kill(
+                hosts_launcher(hosts).processes[i].pid, signal.SIGSTOP if off else signal.SIGCONT
+            )
+
+    async def main() -> None:
+        async with where(3) as hosts, otpmesh.start(_tree(2)) as app:
+            old = hosts.live[1]
+            pids = [w["pid"] for w in (await app.mesh("root/workers").whoami()).values()]
+            since = len(app.events)
+            cut_at = trio.current_time()
+            cut(hosts, 1, True)
+            with trio.fail_after(10):
+                while old.alive:
+                    await trio.sleep(0.02)
+            detected = trio.current_time() - cut_at
+            assert detected <= 2.0, f"host failure took {detected:.2f} s to detect"
+            assert "stopped answering" in str(old.dead_reason)
+            with trio.fail_after(10):
+                while _restarts(app, since) < 2:
+                    await trio.sleep(0.05)
+            after = await _host_of(app)
+            assert after[2] == after[3] == "local2"  # moved to the spare
+            # The cut-off agent fenced its own workers: no actor runs twice.
+            with trio.fail_after(5):
+                while _alive(pids[2]) or _alive(pids[3]):
+                    await trio.sleep(0.05)
+            cut(hosts, 1, False)
+            with trio.fail_after(15):
+                while len(hosts.live) < 3:
+                    await trio.sleep(0.1)
+            back = next(h for h in hosts.live if h.name == "local1")
+            assert back.rank == 1 and back.host_id != old.host_id and not old.alive
+            # The old registration stays refused: a hello in its name is answered by a close.
+            sock = await dial(hosts.address, b"test-cluster-secret")
+            hello = _codec.pack([HELLO, {"agent": "local1", "host_id": old.host_id}])
+            sock.sendall(frame_header(len(hello)) + hello)
+            await trio.lowlevel.wait_readable(sock)
+            assert sock.recv(4096) == b""
+            sock.close()
+            print(f"host cut off: declared dead after {detected:.2f} s")
+
+    run_trio(main, timeout=90)
+
+
+def test_a_peer_without_the_secret_gets_nothing(
+    where: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with where(1) as hosts:
+            addr = hosts.address
+            with pytest.raises(ProtocolError, match="refused this node's secret"):
+                await dial(addr, b"not the secret")
+            # By hand: the handshake, then garbage for a proof. Nothing comes back but the nonce.
+            host, port = addr[4:].rsplit(":", 1)
+            sock = trio.socket.socket()
+            await sock.connect((host, int(port)))
+            await sock.send(HANDSHAKE)
+            await sock.send(b"\0" * 64)
+            got = b""
+            while chunk := await sock.recv(4096):
+                got += chunk
+            assert len(got) == len(HANDSHAKE) + 32  # handshake echo + nonce; then closed
+            sock.close()
+            good = await dial(addr, b"test-cluster-secret")
+            good.close()
+
+    with caplog.at_level("WARNING", logger="otpmesh.node"):
+        run_trio(main, timeout=60)
+    assert any("wrong secret" in r.getMessage() for r in caplog.records)
+
+
+def test_an_agent_with_the_wrong_secret_does_not_register(monkeypatch: pytest.MonkeyPatch) -> None:
+    class WrongSecret(launchers.Local):
+        async def start(self, controller: str, secret: bytes) -> None:
+            await super().start(controller, b"wrong")
+
+    async def main() -> None:
+        with pytest.raises(otpmesh.SpawnError, match="registered within"):
+            async with otpmesh.cluster(WrongSecret(hosts=1), timeout=3):
+                pass
+
+    started = time.monotonic()
+    run_trio(main, timeout=60)
+    assert time.monotonic() - started < 20
