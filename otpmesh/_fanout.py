@@ -4,8 +4,9 @@ A call to several actors on one agent host costs the caller one frame to that ho
 one per actor: a SYS ``fanout`` cast carrying the call body once, the target actors and a call id
 for each, allocated on the caller's connection to the agent. The agent relays the call to each
 worker on its host and sends every reply back on that connection under the caller's call id, so
-the caller's reply handling is unchanged. A worker that dies with the call in flight answers
-``ERR`` of kind ``lost``: it died after delivery (not safe to resend blindly).
+the caller's reply handling is unchanged; replies that reach the agent together travel back
+together, in one REPLIES frame. A worker that dies with the call in flight answers ``ERR`` of
+kind ``lost``: it died after delivery (not safe to resend blindly).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import trio
 
 from . import _codec
 from ._errors import ActorDiedError, ActorError
-from ._frames import _ARRAY6, _P_CALL, _pack_uint
+from ._frames import _ARRAY6, _P_CALL, ERR, OK, REPLIES, _pack_uint
 
 if TYPE_CHECKING:
     from ._node import Node, Target
@@ -45,23 +46,24 @@ class _Forward:
 
     Quacks like a CallGroup for the node's reply path (``paths``, ``deliver``, ``cancels``)."""
 
-    __slots__ = ("caller", "cancels", "ids", "node", "paths")
+    __slots__ = ("caller", "cancels", "ids", "paths", "relay")
 
-    def __init__(self, node: Node, caller: Connection, ids: list[int], paths: list[str]) -> None:
-        self.node, self.caller, self.ids, self.paths = node, caller, ids, paths
+    def __init__(self, relay: Relay, caller: Connection, ids: list[int], paths: list[str]) -> None:
+        self.relay, self.caller, self.ids, self.paths = relay, caller, ids, paths
         self.cancels: list[Any] = [None] * len(ids)
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
-        reply = (self.caller, self.ids[index])
+        call_id = self.ids[index]
         if ok:
-            self.node.reply_ok(reply, value)
+            reply = [OK, call_id, value]
         elif isinstance(value, ActorDiedError):
             kind = "lost" if value.delivered else "dead"
-            self.node.reply_error(reply, "ActorDiedError", value.reason, "", kind=kind)
+            reply = [ERR, call_id, kind, "ActorDiedError", value.reason, ""]
         elif isinstance(value, ActorError):
-            self.node.reply_error(reply, value.type_name, value.message, value.traceback)
+            reply = [ERR, call_id, "raised", value.type_name, value.message, value.traceback]
         else:
-            self.node.reply_error(reply, type(value).__qualname__, str(value), "")
+            reply = [ERR, call_id, "raised", type(value).__qualname__, str(value), ""]
+        self.relay.reply(self.caller, reply)
 
 
 def send(
@@ -89,12 +91,14 @@ def _forgetter(conn: Connection, call_id: int) -> Any:
 
 
 class Relay:
-    """The agent's side: relays ``fanout`` casts to local workers, in the order they came.
-    ``await nursery.start_soon(relay.run)`` once."""
+    """The agent's side: relays ``fanout`` casts to local workers, in the order they came, and
+    batches the replies that arrive together into one REPLIES frame per caller.
+    ``nursery.start_soon(relay.run)`` once."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._send, self._receive = trio.open_memory_channel[tuple["Connection", Any]](1024)
+        self._send, self._receive = trio.open_memory_channel["tuple[Connection, Any]"](1024)
+        self._out: dict[Connection, list[list[Any]]] = {}
         node.sys_inline["fanout"] = self._enqueue
 
     def _enqueue(self, payload: Any) -> None:
@@ -109,7 +113,7 @@ class Relay:
     async def relay(
         self, caller: Connection, ids: list[int], actors: list[str], addrs: list[str], body: bytes
     ) -> None:
-        forward = _Forward(self.node, caller, ids, actors)
+        forward = _Forward(self, caller, ids, actors)
         for index, (actor_id, addr) in enumerate(zip(actors, addrs, strict=True)):
             try:
                 conn = await self.node.connect(addr)
@@ -120,3 +124,27 @@ class Relay:
             conn.next_call_id += 1
             conn.pending[call_id] = (forward, index)
             conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+
+    def reply(self, caller: Connection, reply: list[Any]) -> None:
+        """Queue one reply; replies queued in the same scheduler pass go out as one frame."""
+        batch = self._out.get(caller)
+        if batch is None:
+            self._out[caller] = [reply]
+            assert self.node.nursery is not None
+            self.node.nursery.start_soon(self._flush, caller)
+        else:
+            batch.append(reply)
+
+    async def _flush(self, caller: Connection) -> None:
+        batch = self._out.pop(caller)
+        if caller.closed:
+            return
+        try:
+            caller.send_nowait(_codec.pack([REPLIES, batch]))
+        except Exception as exc:  # a value the wire cannot carry: say so for that call alone
+            for reply in batch:
+                try:
+                    caller.send_nowait(_codec.pack(reply))
+                except Exception:
+                    error = [ERR, reply[1], "raised", type(exc).__qualname__, str(exc), ""]
+                    caller.send_nowait(_codec.pack(error))

@@ -7,7 +7,8 @@ Frames (msgpack arrays, see docs/wire.md):
     [2, call_id, value]                            OK    reply
     [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost')
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
-    [5, payload]                                   HELLO a worker introduces itself
+    [5, payload]                                   HELLO a worker or host agent introduces itself
+    [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 from . import _codec
 from ._errors import ActorDiedError, ActorError, ProtocolError
 
-CALL, CAST, OK, ERR, SYS, HELLO = range(6)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2}
+CALL, CAST, OK, ERR, SYS, HELLO, REPLIES = range(7)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2}
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
 _ARRAY6 = b"\x96"
@@ -35,6 +36,17 @@ def decode_message(frame: bytes) -> list[Any]:
         raise ProtocolError(f"unknown frame kind {msg[0]!r}")
     if len(msg) != arity:
         raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
+    if msg[0] == REPLIES:
+        if not isinstance(msg[1], list):
+            raise ProtocolError("a REPLIES frame carries an array of replies")
+        for reply in msg[1]:
+            if not (
+                isinstance(reply, list)
+                and reply
+                and reply[0] in (OK, ERR)
+                and len(reply) == _ARITY[reply[0]]
+            ):
+                raise ProtocolError(f"not a reply in a REPLIES frame: {str(reply)[:80]!r}")
     return msg
 
 

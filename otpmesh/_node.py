@@ -33,6 +33,7 @@ from ._frames import (
     ERR,
     HELLO,
     OK,
+    REPLIES,
     SYS,
     _call_body,
     _pack_uint,
@@ -285,6 +286,10 @@ class Node:
                 group.deliver(index, True, msg[2])
             else:
                 group.deliver(index, False, remote_error(group.paths[index], msg))
+            return None
+        if kind == REPLIES:  # a host agent's batch (_fanout.py): each as if it came alone
+            for reply in msg[1]:
+                self.dispatch(conn, reply)
             return None
         if kind == CALL:
             return self.deliver_local(msg[2], msg[3], msg[4], msg[5], (conn, msg[1]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +23,7 @@ from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, _codec, launchers
 from otpmesh._errors import ProtocolError
 from otpmesh._frames import HELLO
 from otpmesh._wire import HANDSHAKE, dial, frame_header
-from tests import netns
+from otpmesh.testing import netns
 from tests.actors import Echo
 from tests.conftest import run_trio
 
@@ -273,3 +274,98 @@ def test_an_agent_with_the_wrong_secret_does_not_register(monkeypatch: pytest.Mo
     started = time.monotonic()
     run_trio(main, timeout=60)
     assert time.monotonic() - started < 20
+
+
+def _fake_tool(tmp_path: Any, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ssh_launcher_runs_agents_through_ssh_with_the_secret_on_stdin(tmp_path: Any) -> None:
+    """A stand-in for ssh (it records its argv and runs the remote command here): the launcher
+    is tested end to end with real agent processes; only the remote login is skipped."""
+    ssh = _fake_tool(
+        tmp_path,
+        "ssh",
+        f'echo "$@" >> {tmp_path}/argv\n'
+        'while [ "$1" = "-o" ]; do shift 2; done\n'
+        "shift\n"  # the host name
+        'exec sh -c "$1"\n',
+    )
+    agent = (sys.executable, "-m", "otpmesh._agent")
+
+    async def main() -> None:
+        launcher = launchers.SSH(["gpu-a", "gpu-b"], ssh=(ssh, "-o", "BatchMode=yes"), agent=agent)
+        async with otpmesh.cluster(launcher) as hosts:
+            assert [h.name for h in hosts.live] == ["gpu-a", "gpu-b"]
+            procs = await otpmesh.proc_mesh(hosts=2, procs=1)
+            echo = await procs.spawn("echo", Echo)
+            assert [w["host"] for w in (await echo.whoami()).values()] == ["gpu-a", "gpu-b"]
+            await procs.stop()
+
+    run_trio(main, timeout=60)
+    argv = (tmp_path / "argv").read_text()
+    assert "gpu-a" in argv and "--controller tcp:127.0.0.1:" in argv
+    assert "test-cluster-secret" not in argv  # never on a command line
+
+
+def test_slurm_launcher_starts_one_agent_per_node_with_srun(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in for srun that starts --ntasks copies with SLURM_NODEID set, as Slurm does."""
+    srun = _fake_tool(
+        tmp_path,
+        "srun",
+        f'echo "$@" >> {tmp_path}/argv\n'
+        'n=1; while true; do case "$1" in --ntasks=*) n="${1#--ntasks=}"; shift;; -*) shift;; '
+        "*) break;; esac; done\n"
+        'i=0; while [ $i -lt $n ]; do SLURM_NODEID=$i "$@" & i=$((i+1)); done; wait\n',
+    )
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    agent = (sys.executable, "-m", "otpmesh._agent")
+
+    async def main() -> None:
+        async with otpmesh.cluster(launchers.Slurm(srun=(srun,), agent=agent)) as hosts:
+            assert sorted(h.rank for h in hosts.live) == [0, 1]
+            procs = await otpmesh.proc_mesh(hosts=2, procs=1)
+            echo = await procs.spawn("echo", Echo)
+            assert (await echo.echo(5)).values() == [5, 5]
+            await procs.stop()
+
+    run_trio(main, timeout=60)
+    argv = (tmp_path / "argv").read_text()
+    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in argv
+    assert "--rank-from-env SLURM_NODEID" in argv and "test-cluster-secret" not in argv
+
+
+def test_static_cluster_waits_for_agents_started_elsewhere() -> None:
+    """Static: the controller starts nothing; here the test starts the agents by hand, as a
+    Kubernetes pod spec would (the secret comes from the environment)."""
+    agents: list[trio.Process] = []
+
+    async def start_agents() -> None:
+        while True:  # the address is known once the controller listens
+            node = otpmesh._node.current_node()
+            if node is not None and node.tcp_addr:
+                break
+            await trio.sleep(0.01)
+        for i in range(2):
+            argv = [sys.executable, "-m", "otpmesh._agent", "--controller", node.tcp_addr]
+            agents.append(await trio.lowlevel.open_process([*argv, "--rank", str(i)]))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start_agents)
+            async with otpmesh.cluster(launchers.Static(hosts=2)) as hosts:
+                assert len(hosts.live) == 2
+                procs = await otpmesh.proc_mesh(hosts=2, procs=1)
+                echo = await procs.spawn("echo", Echo)
+                assert (await echo.echo(1)).values() == [1, 1]
+                await procs.stop()
+            for agent in agents:
+                with trio.fail_after(10):
+                    await agent.wait()  # shut down by the controller
+
+    run_trio(main, timeout=60)

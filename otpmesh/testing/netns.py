@@ -1,8 +1,17 @@
-"""Separate hosts on one machine: network namespaces on a private bridge (10.231.0.0/24).
+"""Separate hosts on one machine, for tests and benchmarks of multi-host meshes: network
+namespaces on a private bridge (10.231.0.0/24).
 
 The controller stays in this namespace on the bridge's address; host `i` is namespace
 ``otpm<id>h<i>`` at 10.231.0.(10+i), its agent and workers run inside it. Cutting a host off is
-setting its veth down. Needs root and iproute2; ``make_hosts`` says why when it cannot.
+setting its veth down. Needs root and iproute2; ``unavailable()`` says why when it cannot.
+
+    hosts = netns.make_hosts(3)
+    try:
+        launcher = launchers.Local(hosts=3, prefixes=hosts.prefixes(), listen=hosts.listen())
+        async with otpmesh.cluster(launcher, listen=netns.CONTROLLER_IP):
+            ...
+    finally:
+        hosts.remove()
 """
 
 from __future__ import annotations
