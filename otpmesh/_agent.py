@@ -162,7 +162,10 @@ class Agent:
         proc = _Proc(p["id"])
         self.procs[proc.proc_id] = proc
         cfg = dict(p["cfg"], listen=f"tcp:{self._listen_host()}", secret=self.secret)
-        env = dict(p["env"], OTPMESH_HOST=self.name)  # which host a worker is on
+        # Which host a worker is on; and its tensor channel's TCP fallback must be reachable
+        # from other hosts, not only on loopback.
+        env = dict(p["env"], OTPMESH_HOST=self.name)
+        env.setdefault("OTPMESH_RDMA_TCP_HOST", self._listen_host().strip("[]"))
         out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
         assert self.node.nursery is not None
         start = self.node.nursery.start_soon
@@ -283,23 +286,25 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run_agent(args: argparse.Namespace) -> int:
+    """Run an agent as the parsed command line `args` says; return the exit status."""
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     controller = args.controller if args.controller.startswith("tcp:") else f"tcp:{args.controller}"
+    rank = args.rank
+    if args.rank_from_env:
+        try:
+            rank = int(os.environ[args.rank_from_env])
+        except (KeyError, ValueError):
+            print(f"otpmesh agent: ${args.rank_from_env} is not set to a number", file=sys.stderr)
+            return 2
     try:
         secret = sys.stdin.buffer.readline().strip() if args.secret_stdin else load_secret()
     except SecretError as exc:
         print(f"otpmesh agent: {exc}", file=sys.stderr)
         return 2
     agent = Agent(
-        controller,
-        secret,
-        listen=args.listen,
-        rank=args.rank,
-        name=args.name,
-        reconnect=args.reconnect,
+        controller, secret, listen=args.listen, rank=rank, name=args.name, reconnect=args.reconnect
     )
 
     async def run() -> None:
@@ -319,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_agent(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

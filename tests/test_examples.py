@@ -69,3 +69,15 @@ def test_rdma_transfer_syncs_weights_and_prints_the_table() -> None:
     rows = [line.split() for line in out.splitlines() if "MiB" in line]
     assert [(r[0], r[2]) for r in rows] == [("1", "shm"), ("4", "shm"), ("1", "tcp"), ("4", "tcp")]
     assert all(float(r[3]) > 0 for r in rows)
+
+
+def test_multihost_local_spreads_a_mesh_over_two_hosts_and_survives_losing_one() -> None:
+    out = _run("multihost_local.py")
+    before, after = out.split("== SIGKILL host local1's agent")
+    for rank, host in enumerate(["local0", "local0", "local1", "local1"]):
+        assert f"rl/rollouts/{rank} on host {host}" in before
+    assert "child_exited   rl/rollouts/2  #1  its process" in after
+    assert "was lost with host local1" in after
+    assert "child_started  rl/rollouts/3  #2" in after
+    for rank in range(4):  # all four answer again, from the host that is left
+        assert f"rl/rollouts/{rank} on host local0" in after

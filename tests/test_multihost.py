@@ -321,14 +321,16 @@ def test_slurm_launcher_starts_one_agent_per_node_with_srun(
         f'echo "$@" >> {tmp_path}/argv\n'
         'n=1; while true; do case "$1" in --ntasks=*) n="${1#--ntasks=}"; shift;; -*) shift;; '
         "*) break;; esac; done\n"
-        'i=0; while [ $i -lt $n ]; do SLURM_NODEID=$i "$@" & i=$((i+1)); done; wait\n',
+        # Node 1 registers first: its rank must still come from SLURM_NODEID, not arrival.
+        'i=$((n-1)); while [ $i -ge 0 ]; do SLURM_NODEID=$i "$@" --name node$i & '
+        "sleep 0.5; i=$((i-1)); done; wait\n",
     )
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
     agent = (sys.executable, "-m", "otpmesh._agent")
 
     async def main() -> None:
         async with otpmesh.cluster(launchers.Slurm(srun=(srun,), agent=agent)) as hosts:
-            assert sorted(h.rank for h in hosts.live) == [0, 1]
+            assert [(h.rank, h.name) for h in hosts.live] == [(0, "node0"), (1, "node1")]
             procs = await otpmesh.proc_mesh(hosts=2, procs=1)
             echo = await procs.spawn("echo", Echo)
             assert (await echo.echo(5)).values() == [5, 5]
