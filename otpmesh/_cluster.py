@@ -135,12 +135,15 @@ class Cluster:
     def host_for(self, index: int) -> Host:
         """The host a slot with ``hosts=index`` runs on (see the module docstring)."""
         host = self._by_rank.get(index)
-        if host is not None and host.alive:
+        if host is None:
+            raise SpawnError(
+                f"a slot asks for hosts={index}, but this cluster's hosts are "
+                f"0..{len(self._by_rank) - 1}"
+            )
+        if host.alive:
             return host
-        if index >= max(len(self._by_rank), 1) and not self.relocate:
-            raise SpawnError(f"hosts={index} but the cluster has {len(self._by_rank)} hosts")
         if not self.relocate:
-            raise SpawnError(f"host hosts={index} is dead: {host and host.dead_reason}")
+            raise SpawnError(f"host {host.name} (hosts={index}) {host.dead_reason}")
         live = self.live
         if not live:
             raise SpawnError("no live host to start a worker on: every host agent is gone")

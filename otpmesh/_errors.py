@@ -82,3 +82,7 @@ class ChildError(OtpmeshError):
         self.reason = reason
         detail = f": {reason}" if reason is not None else ""
         super().__init__(f"{path}: {outcome}{detail}")
+
+
+class UsageError(OtpmeshError):
+    """Raised by the otpmesh command line when its input is unusable; it exits with status 2."""

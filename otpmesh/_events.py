@@ -11,7 +11,16 @@ from typing import IO, Any
 import trio
 
 from ._exits import describe
-from ._supevents import LogEntry
+from ._supevents import LogEntry, LogKind
+
+
+def reason_text(entry: LogEntry) -> str | None:
+    """An entry's reason in words; a chaos fault's reason already is words (what was done)."""
+    if entry.reason is None:
+        return None
+    if entry.kind is LogKind.FAULT_INJECTED:
+        return str(entry.reason)
+    return describe(entry.reason)
 
 
 def entry_to_json(entry: LogEntry) -> dict[str, Any]:
@@ -22,7 +31,7 @@ def entry_to_json(entry: LogEntry) -> dict[str, Any]:
         "path": entry.path,
         "child": entry.child,
         "incarnation": entry.incarnation,
-        "reason": None if entry.reason is None else describe(entry.reason),
+        "reason": reason_text(entry),
         "reason_repr": None if entry.reason is None else repr(entry.reason),
     }
 

@@ -65,6 +65,14 @@ class _Forward:
             reply = [ERR, call_id, "raised", type(value).__qualname__, str(value), ""]
         self.relay.reply(self.caller, reply)
 
+    def send(self, conn: Connection, index: int, body: bytes) -> None:
+        """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
+        call_id = conn.next_call_id
+        conn.next_call_id += 1
+        conn.pending[call_id] = (self, index)
+        actor_id = self.paths[index]
+        conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+
 
 def send(
     node: Node, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
@@ -99,16 +107,32 @@ class Relay:
         self.node = node
         self._send, self._receive = trio.open_memory_channel["tuple[Connection, Any]"](1024)
         self._out: dict[Connection, list[list[Any]]] = {}
+        self._queued = 0  # fanouts waiting in the channel (a worker to dial first)
         node.sys_inline["fanout"] = self._enqueue
 
     def _enqueue(self, payload: Any) -> None:
         parent = self.node.parent
-        if parent is not None:
-            self._send.send_nowait((parent, payload))
+        if parent is None:
+            return
+        if self._queued == 0 and self._relay_now(parent, payload):
+            return  # the usual case: every worker already connected, nothing queued before it
+        self._queued += 1
+        self._send.send_nowait((parent, payload))
+
+    def _relay_now(self, caller: Connection, p: dict[str, Any]) -> bool:
+        conns = [self.node.connected(addr) for addr in p["addrs"]]
+        if any(conn is None for conn in conns):
+            return False
+        forward = _Forward(self, caller, p["ids"], p["actors"])
+        for index, conn in enumerate(conns):
+            assert conn is not None
+            forward.send(conn, index, p["body"])
+        return True
 
     async def run(self) -> None:
         async for caller, p in self._receive:
             await self.relay(caller, p["ids"], p["actors"], p["addrs"], p["body"])
+            self._queued -= 1
 
     async def relay(
         self, caller: Connection, ids: list[int], actors: list[str], addrs: list[str], body: bytes
@@ -120,10 +144,7 @@ class Relay:
             except OSError as exc:
                 forward.deliver(index, False, ActorDiedError(actor_id, str(exc), delivered=False))
                 continue
-            call_id = conn.next_call_id
-            conn.next_call_id += 1
-            conn.pending[call_id] = (forward, index)
-            conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+            forward.send(conn, index, body)
 
     def reply(self, caller: Connection, reply: list[Any]) -> None:
         """Queue one reply; replies queued in the same scheduler pass go out as one frame."""

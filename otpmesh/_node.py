@@ -232,6 +232,11 @@ class Node:
             del self._dialing[addr]
             done.set()
 
+    def connected(self, addr: str) -> Connection | None:
+        """The open connection to the node at `addr`, if there is one already."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and not conn.closed else None
+
     async def connect_side(self, addr: str) -> Connection:
         """A second connection to `addr`, for the tensor channel's own requests. It must not share
         the call connection: that one's reader may be waiting for a transfer these requests make."""

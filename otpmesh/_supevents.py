@@ -216,8 +216,8 @@ class LogEntry:
 
     def __str__(self) -> str:
         """One readable line: kind, path, #incarnation, (reason in words)."""
-        from ._exits import describe  # formatting only; the core itself never needs it
+        from ._events import reason_text  # formatting only; the core itself never needs it
 
         incarnation = "" if self.incarnation is None else f" #{self.incarnation}"
-        reason = "" if self.reason is None else f"  ({describe(self.reason)})"
+        reason = "" if self.reason is None else f"  ({reason_text(self)})"
         return f"{self.kind:<26}{self.child_path}{incarnation}{reason}"

@@ -8,6 +8,7 @@ prefix, msgpack payload). Timings on shared machines are noisy; compare ratios, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -191,29 +192,62 @@ async def _pipelined(mesh: otpmesh.ActorMesh, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def run_benchmarks(calls: int, pipelined: int) -> dict[str, Any]:
+#: Called as each benchmark starts: (its name, its number from 1, how many there are).
+Progress = Callable[[str, int, int], None]
+
+#: Iterations: sequential calls, calls in flight, restarts of each kind (exception, SIGKILL,
+#: group). QUICK is a smoke test of the benchmarks, not a measurement.
+FULL = (2000, 10_000, (100, 20, 10))
+QUICK = (100, 500, (10, 3, 2))
+
+
+async def run_benchmarks(
+    calls: int,
+    pipelined: int,
+    *,
+    restarts: tuple[int, int, int] = FULL[2],
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Every figure; `restarts` is how many of each restart kind (exception, SIGKILL, group)."""
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(STEPS[done - 1], done, len(STEPS))
+
+    step()
     bare = await _bare_round_trips(calls)
 
+    step()
     warm = await otpmesh.proc_mesh(procs=1)  # starts the fork server (and preloads torch)
     await warm.stop()
 
+    step()
     start = time.perf_counter()
     procs = await otpmesh.proc_mesh(procs=4)
     mesh = await procs.spawn("bench", BenchActor)
     await mesh[0].echo(0)
     first_reply = time.perf_counter() - start
 
-    await _time_calls(mesh[0].echo, 200)
+    step()
+    await _time_calls(mesh[0].echo, min(200, calls))
     unicast = await _time_calls(mesh[0].echo, calls)
-    broadcast = await _time_calls(mesh.echo, max(200, calls // 4))
+    step()
+    broadcast = await _time_calls(mesh.echo, max(min(200, calls), calls // 4))
+    step()
     rate = await _pipelined(mesh, pipelined)
     await procs.stop()
 
     # The restart benchmarks crash actors on purpose: keep their crash reports out of the output.
     logging.getLogger("otpmesh").setLevel(logging.CRITICAL)
-    after_exception = await _restart_after_exception(100)
-    after_sigkill = await _restart_after_sigkill(20)
-    group_after_sigkill = await _one_for_all_after_sigkill(10)
+    step()
+    after_exception = await _restart_after_exception(restarts[0])
+    step()
+    after_sigkill = await _restart_after_sigkill(restarts[1])
+    step()
+    group_after_sigkill = await _one_for_all_after_sigkill(restarts[2])
 
     bare_p50 = statistics.median(bare)
     uni_p50 = statistics.median(unicast)
@@ -243,21 +277,57 @@ async def run_benchmarks(calls: int, pipelined: int) -> dict[str, Any]:
     }
 
 
+#: The benchmarks in the order they run (progress reports these names).
+STEPS = (
+    "bare trio echo (the baseline)",
+    "fork server warm-up",
+    "4-process mesh to first reply",
+    "unicast round trips",
+    "broadcast to 4 actors",
+    "pipelined calls",
+    "restart after an exception",
+    "restart after a SIGKILL",
+    "one-for-all group of 4 after a SIGKILL",
+)
+
+
 def _ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1e3, 2)
 
 
+def add_arguments(parser: Any) -> None:
+    """The iteration counts on `parser` (an ArgumentParser or an argument group); shared with
+    ``otpmesh bench``, which also reads ``--quick``."""
+    parser.add_argument(
+        "--calls", type=int, metavar="N", help=f"sequential calls per figure (default: {FULL[0]})"
+    )
+    parser.add_argument(
+        "--pipelined", type=int, metavar="N", help=f"calls in flight at once (default: {FULL[1]})"
+    )
+
+
+QUICK_SUMMARY = f"{QUICK[0]} calls, {QUICK[1]} in flight, restarts {'/'.join(map(str, QUICK[2]))}"
+QUICK_HELP = f"few iterations ({QUICK_SUMMARY}): a smoke test of the benchmarks, not a measurement"
+
+
+def iterations(args: argparse.Namespace) -> tuple[int, int, tuple[int, int, int]]:
+    """(calls, pipelined, restarts) from parsed options: --quick, then any explicit counts."""
+    calls, pipelined, restarts = QUICK if args.quick else FULL
+    return args.calls or calls, args.pipelined or pipelined, restarts
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m otpmesh.bench", description=__doc__)
-    parser.add_argument("--calls", type=int, default=2000, help="sequential calls per figure")
-    parser.add_argument("--pipelined", type=int, default=10_000, help="calls in flight at once")
+    add_arguments(parser)
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
     parser.add_argument("--echo-server", metavar="ADDR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.echo_server:
         trio.run(_echo_server, args.echo_server)
         return
-    print("otpmesh bench: measuring (about 30 s)...", file=sys.stderr)
-    result = otpmesh.run(run_benchmarks, args.calls, args.pipelined)
+    print("otpmesh bench: measuring (about 30 s; `otpmesh bench` shows progress)", file=sys.stderr)
+    calls, pipelined, restarts = iterations(args)
+    result = otpmesh.run(functools.partial(run_benchmarks, restarts=restarts), calls, pipelined)
     print(json.dumps(result, indent=2))
 
 

@@ -2,20 +2,23 @@
 
     python -m otpmesh.bench_hosts            # namespaced hosts when run as root, else localhost
 
-For each host count (2 worker processes per host) it reports the broadcast round trip (p50) and
-the controller's CPU time per broadcast, twice: with the broadcast relayed through each host's
-agent (one send per host, the default), and sent straight to every worker (one send per actor).
-The controller's CPU is process time (all its threads) over the timed calls. Prints one JSON
-object; progress goes to stderr.
+For each layout (hosts x worker processes per host; default 1x2 2x2 3x2, then 3x4 to double the
+actors at the same host count) it reports the broadcast round trip (p50) and the controller's CPU
+time per broadcast, twice: relayed through each host's agent (one send per host, the default)
+and sent straight to every worker (one send per actor). The controller's CPU is its process time
+over the timed calls. Prints one JSON list of rows;
+progress goes to stderr. Also ``otpmesh bench hosts``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -65,7 +68,9 @@ async def _one(hosts: int, procs: int, n: int, spaces: netns.NetnsHosts | None) 
         node.relays = relays
         await pm.stop()
     return {
+        "transport": "netns" if spaces else "localhost",
         "hosts": hosts,
+        "procs_per_host": procs,
         "actors": hosts * procs,
         "relayed_p50_us": round(relayed[0], 1),
         "relayed_cpu_us": round(relayed[1], 1),
@@ -74,32 +79,56 @@ async def _one(hosts: int, procs: int, n: int, spaces: netns.NetnsHosts | None) 
     }
 
 
-async def run(counts: list[int], procs: int, n: int) -> dict[str, Any]:
+#: Called as each layout starts: (its name, its number from 1, how many there are).
+Progress = Callable[[str, int, int], None]
+LAYOUTS = ["1x2", "2x2", "3x2", "3x4"]
+
+
+def parse_layouts(texts: list[str]) -> list[tuple[int, int]]:
+    """``["3x2"]`` -> ``[(3, 2)]``; ValueError for anything else."""
+    layouts = []
+    for text in texts:
+        hosts, _, procs = text.partition("x")
+        if not (hosts.isdigit() and procs.isdigit() and int(hosts) > 0 and int(procs) > 0):
+            raise ValueError(f"a layout is HOSTSxPROCS, like 3x2, not {text!r}")
+        layouts.append((int(hosts), int(procs)))
+    return layouts
+
+
+async def run(
+    layouts: list[tuple[int, int]], n: int, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """One row per layout (see the module docstring)."""
     why = netns.unavailable()
-    spaces = netns.make_hosts(max(counts)) if why is None else None
+    spaces = netns.make_hosts(max(h for h, _ in layouts)) if why is None else None
+    transport = "tcp, netns hosts" if spaces else "tcp, localhost hosts"
     rows = []
     try:
-        for hosts in counts:
-            print(f"bench_hosts: {hosts} host(s) x {procs} procs...", file=sys.stderr, flush=True)
+        for i, (hosts, procs) in enumerate(layouts, 1):
+            if progress is not None:
+                progress(f"{hosts} host(s) x {procs} procs ({transport})", i, len(layouts))
             rows.append(await _one(hosts, procs, n, spaces))
     finally:
         if spaces is not None:
             spaces.remove()
-    return {
-        "transport": "tcp between network namespaces" if spaces else f"tcp on localhost ({why})",
-        "calls": n,
-        "procs_per_host": procs,
-        "rows": rows,
-    }
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_hosts", description=__doc__)
-    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--procs", type=int, default=2, help="worker processes per host")
-    parser.add_argument("--calls", type=int, default=500, help="broadcasts timed per setting")
+    parser.add_argument("--layouts", nargs="+", default=LAYOUTS, help="HOSTSxPROCS each")
+    parser.add_argument("--broadcasts", type=int, default=500, help="timed per layout")
     args = parser.parse_args(argv)
-    result = trio.run(run, args.hosts, args.procs, args.calls)
+    try:
+        layouts = parse_layouts(args.layouts)
+    except ValueError as exc:
+        parser.error(str(exc))
+    os.environ.setdefault("OTPMESH_PRELOAD", "")  # these workers need no torch
+
+    def progress(name: str, number: int, total: int) -> None:
+        print(f"bench_hosts [{number}/{total}]: {name}", file=sys.stderr, flush=True)
+
+    result = trio.run(run, layouts, args.broadcasts, progress)
     print(json.dumps(result, indent=2))
 
 

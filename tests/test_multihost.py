@@ -89,6 +89,8 @@ def test_three_hosts_answer_broadcast_and_unicast(where: Any) -> None:
                 assert os.readlink("/proc/self/ns/net") not in {w["netns"] for w in who.values()}
             assert (await echo.echo("x")).values() == ["x"] * 6
             assert await echo[3].echo({"one": 1}) == {"one": 1}
+            with pytest.raises(otpmesh.SpawnError, match=r"hosts are 0\.\.2"):
+                await otpmesh.proc_mesh(hosts=4, procs=1)
             # Actor to actor across hosts: direct, authenticated TCP between workers.
             peer = await echo[5].whoami()
             assert (await echo[0].call_peer(echo[5], 7))["value"] == 7

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import otpmesh
@@ -105,16 +106,32 @@ def _gloo_rank(rank: int, port: int, nbytes: int, repeats: int, queue: Any) -> N
 
 
 async def measure(
-    sizes_mib: list[int], backends: list[str], repeats: int = 5, gloo: bool = True
+    sizes_mib: list[int],
+    backends: list[str],
+    repeats: int = 5,
+    gloo: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (size, backend): GB/s, and the baselines for that size."""
+    """One row per (size, backend): GB/s, and the baselines for that size. `progress` hears
+    each measurement as it starts: (what, its number from 1, how many)."""
+    sizes = sorted(set(sizes_mib), key=sizes_mib.index)
+    steps = len(backends) * len(sizes) + len(sizes) * (2 if gloo else 1)
+    done = 0
+
+    def step(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(what, done, steps)
+
     rows = []
     for backend in backends:
         os.environ["OTPMESH_RDMA_BACKENDS"] = backend  # passed on to the workers forked next
         procs = await otpmesh.proc_mesh(procs=2)
         holders = await procs.spawn("holder", Holder)
         takers = await procs.spawn("taker", Taker)
-        for mib in sizes_mib:
+        for mib in sizes:
+            step(f"read {mib} MiB over {backend}")
             buf = await holders[0].offer(mib * MIB)
             got = await takers[1].take(buf, repeats)
             rows.append(
@@ -127,11 +144,16 @@ async def measure(
             )
         await procs.stop()
     os.environ.pop("OTPMESH_RDMA_BACKENDS", None)
+    copy_speed = {}
+    for mib in sizes:
+        step(f"copy_ baseline, {mib} MiB")
+        copy_speed[mib] = round(copy_baseline(mib * MIB, repeats), 2)
     for row in rows:
-        row["copy_gb_per_s"] = round(copy_baseline(row["size_mib"] * MIB, repeats), 2)
+        row["copy_gb_per_s"] = copy_speed[row["size_mib"]]
         row["vs_copy"] = round(row["gb_per_s"] / row["copy_gb_per_s"], 2)
     if gloo:
-        for mib in sorted({r["size_mib"] for r in rows}):
+        for mib in sizes:
+            step(f"gloo broadcast baseline, {mib} MiB")
             speed = gloo_broadcast(mib * MIB, repeats)
             for row in rows:
                 if row["size_mib"] == mib:
