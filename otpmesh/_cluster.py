@@ -242,6 +242,8 @@ class Cluster:
         """Stop every agent (each kills its workers first) and wait for the workers' exits."""
         for host in self.live:
             host.dead_reason = "was shut down"
+            for proc in host.procs.values():
+                proc.shut_down = True
             self._rt.node.sys_cast(host.conn, "shutdown", None)
         with trio.move_on_after(3.0):
             for host in self.hosts:

@@ -58,6 +58,7 @@ class Proc:
     actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
     names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
     hang_reason: str | None = None  # set when the heartbeat watchdog killed it
+    shut_down: bool = False  # stopped on purpose, with its host (its actors exit 'shutdown')
     host: Any = None  # the agent host that forked it (None: this host's own fork server)
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
@@ -276,8 +277,11 @@ class Runtime:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
         self.node.fail_pending(conn, proc.death())
         actors, proc.actors = proc.actors, {}
+        # A process stopped on purpose (its host shut down with its cluster) ends its actors
+        # with the normal 'shutdown'; anything else is a process failure.
+        reason = "shutdown" if proc.shut_down else ProcessExit(proc.pid, proc.exit_reason)
         for path, incarnation in actors.items():
-            self.actor_exit(path, incarnation, ProcessExit(proc.pid, proc.exit_reason))
+            self.actor_exit(path, incarnation, reason)
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)

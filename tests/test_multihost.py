@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -373,3 +374,49 @@ def test_static_cluster_waits_for_agents_started_elsewhere() -> None:
                     await agent.wait()  # shut down by the controller
 
     run_trio(main, timeout=60)
+
+
+_CONTROLLER = """
+import os, trio, otpmesh
+from otpmesh import launchers
+from tests.actors import Echo
+
+async def main():
+    launcher = launchers.Local(hosts=2)
+    async with otpmesh.cluster(launcher):
+        procs = await otpmesh.proc_mesh(hosts=2, procs=1)
+        mesh = await procs.spawn("w", Echo)
+        workers = [w["pid"] for w in (await mesh.whoami()).values()]
+        agents = [p.pid for p in launcher.processes]
+        print("pids", *workers, *agents, flush=True)
+        await trio.sleep(60)
+
+if __name__ == "__main__":
+    otpmesh.run(main)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_no_agent_or_worker_outlives_its_controller(tmp_path: Any, how: str) -> None:
+    script = tmp_path / "controller.py"
+    script.write_text(_CONTROLLER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("pids"), line + (proc.stderr.read() if proc.stderr else "")
+    pids = [int(p) for p in line.split()[1:]]
+    assert len(pids) == 4 and all(_alive(p) for p in pids)
+    proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=20)
+    if how == "SIGINT":
+        assert proc.returncode == 130 and err.strip() == "otpmesh: interrupted, all actors stopped"
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if _alive(p)] == []
