@@ -36,6 +36,7 @@ from ._errors import ProtocolError
 from ._fanout import Relay
 from ._forkclient import ForkServer, forward_lines, watch_heartbeat
 from ._frames import HELLO, decode_message
+from ._hostid import boot_id
 from ._node import Node
 from ._secret import SecretError, load_secret
 from ._wire import Connection, dial
@@ -131,7 +132,7 @@ class Agent:
             "rank": self.rank,
             "pid": os.getpid(),
             "listen": listen,
-            "boot_id": _boot_id(),
+            "boot_id": boot_id(),
         }
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()
@@ -236,14 +237,6 @@ class Agent:
             self.forkserver.kill(proc.pid)
 
         await watch_heartbeat(fd, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung)
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 async def _exit_on_stdin_eof() -> None:

@@ -486,6 +486,8 @@ class Node:
 
     async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
         """Run node operation `op` on the peer behind `conn` and return its result."""
+        if conn.closed:  # its process is gone: say so as a death, like any call to it
+            raise ActorDiedError(path, f"its connection is closed ({conn.close_reason})")
         group = CallGroup([path])
         call_id = conn.next_call_id
         conn.next_call_id += 1

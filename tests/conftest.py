@@ -27,6 +27,15 @@ def run_trio(fn: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
     return trio.run(main)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _our_forkservers() -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

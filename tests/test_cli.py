@@ -21,6 +21,7 @@ import pytest
 
 from otpmesh import _cli, _cli_events, _specfile, _timeline
 from otpmesh._errors import UsageError
+from tests.conftest import alive
 
 ROOT = Path(__file__).parent.parent
 INTERRUPTED = "otpmesh: interrupted, all actors stopped"
@@ -171,14 +172,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_stops_the_tree_with_one_line_and_leaves_no_worker_behind() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "otpmesh", "run", "supervisors/serving_replicas.py"],
@@ -204,9 +197,9 @@ def test_ctrl_c_stops_the_tree_with_one_line_and_leaves_no_worker_behind() -> No
     assert err.strip() == INTERRUPTED
     assert "replicas stopped: 0/4 actors running" in out
     deadline = time.monotonic() + 3
-    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in workers if _alive(p)] == []
+    assert [p for p in workers if alive(p)] == []
 
 
 def test_bench_quick_shows_each_step_on_stderr_and_the_results_as_json() -> None:

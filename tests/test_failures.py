@@ -14,7 +14,7 @@ import trio
 
 import otpmesh
 from tests.actors import Echo
-from tests.conftest import run_trio
+from tests.conftest import alive, run_trio
 
 
 def test_endpoint_exception_crashes_the_actor_and_carries_the_remote_traceback() -> None:
@@ -130,21 +130,13 @@ def _start_controller(tmp_path, mode: str) -> tuple[subprocess.Popen[str], list[
     return proc, [int(p) for p in line.split()[1:]]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pids: list[int], within: float) -> list[int]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return []
         time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 @pytest.mark.parametrize("mode", ["return", "raise"])
@@ -158,7 +150,7 @@ def test_workers_exit_when_the_controller_exits(tmp_path, mode: str) -> None:  #
 
 def test_workers_exit_within_2s_when_the_controller_is_sigkilled(tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc, pids = _start_controller(tmp_path, "wait")
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     proc.kill()
     proc.wait(timeout=10)
     assert _wait_gone(pids, within=2.0) == []

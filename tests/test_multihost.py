@@ -26,7 +26,7 @@ from otpmesh._frames import HELLO
 from otpmesh._wire import HANDSHAKE, dial, frame_header
 from otpmesh.testing import netns
 from tests.actors import Echo
-from tests.conftest import run_trio
+from tests.conftest import alive, run_trio
 
 NETNS_UNAVAILABLE = netns.unavailable()
 
@@ -66,14 +66,6 @@ def where(request: pytest.FixtureRequest, spaces: netns.NetnsHosts | None) -> An
 
     open_cluster.spaces = spaces  # type: ignore[attr-defined]
     return open_cluster
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_three_hosts_answer_broadcast_and_unicast(where: Any) -> None:
@@ -166,7 +158,7 @@ def test_killed_host_agent_restarts_its_actors_on_the_spare(where: Any) -> None:
             assert after[0] == "local0" and after[4] == "local2"  # the others kept running
             # The dead host's workers did not outlive its agent.
             with trio.fail_after(5):
-                while _alive(pids[2]) or _alive(pids[3]):
+                while alive(pids[2]) or alive(pids[3]):
                     await trio.sleep(0.05)
 
     run_trio(main, timeout=90)
@@ -217,7 +209,7 @@ def test_host_cut_off_is_declared_dead_and_refused_until_it_registers_again(wher
             assert after[2] == after[3] == "local2"  # moved to the spare
             # The cut-off agent fenced its own workers: no actor runs twice.
             with trio.fail_after(5):
-                while _alive(pids[2]) or _alive(pids[3]):
+                while alive(pids[2]) or alive(pids[3]):
                     await trio.sleep(0.05)
             cut(hosts, 1, False)
             with trio.fail_after(15):
@@ -411,12 +403,12 @@ def test_no_agent_or_worker_outlives_its_controller(tmp_path: Any, how: str) -> 
     line = proc.stdout.readline()
     assert line.startswith("pids"), line + (proc.stderr.read() if proc.stderr else "")
     pids = [int(p) for p in line.split()[1:]]
-    assert len(pids) == 4 and all(_alive(p) for p in pids)
+    assert len(pids) == 4 and all(alive(p) for p in pids)
     proc.send_signal(getattr(signal, how))
     _, err = proc.communicate(timeout=20)
     if how == "SIGINT":
         assert proc.returncode == 130 and err.strip() == "otpmesh: interrupted, all actors stopped"
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []

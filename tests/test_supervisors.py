@@ -25,7 +25,6 @@ from tests.conftest import run_trio
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = [rl_pipeline, data_parallel, pipeline_stages, serving_replicas]
-REFERENCE = REPO / "docs" / "supervision.md"
 
 # ---- the trees ---------------------------------------------------------------------------------
 
@@ -222,38 +221,4 @@ def test_tree_from_an_imported_module_runs_over_worker_processes() -> None:
     run_trio(body)
 
 
-# ---- the code in docs/supervision.md ----------------------------------------------------------
-
-
-def reference_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", REFERENCE.read_text(), re.DOTALL)
-
-
-def test_reference_blocks_are_programs_or_marked_fragments_that_compile() -> None:
-    blocks = reference_blocks()
-    assert blocks
-    for index, block in enumerate(blocks):
-        if block.startswith("# fragment"):
-            # a fragment may use await at top level, as it would inside an async function
-            compile(
-                block,
-                f"{REFERENCE.name} block {index}",
-                "exec",
-                flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
-            )
-        else:
-            assert "otpmesh.run(main)" in block, f"block {index} is neither:\n{block}"
-
-
-@pytest.mark.parametrize(
-    "block",
-    [b for b in reference_blocks() if not b.startswith("# fragment")],
-    ids=lambda b: b.split("\nclass ")[1].split("(")[0],  # the first actor class's name
-)
-def test_reference_program_runs(block: str, tmp_path: Path) -> None:
-    program = tmp_path / "program.py"
-    program.write_text(block)
-    done = subprocess.run(
-        [sys.executable, str(program)], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
+# The code blocks of docs/supervision.md run in tests/test_docs.py, with every other doc's.

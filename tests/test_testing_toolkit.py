@@ -1,14 +1,12 @@
 """otpmesh's testing toolkit: the pytest plugin (run_app, chaos marker and seed, event logs in
 failure reports), the hypothesis strategies for trees and fault schedules, the failure report of
-SupervisionMachine, and the complete test file of docs/testing.md, run as a user would run it."""
+SupervisionMachine. (The complete test file of docs/testing.md runs in tests/test_docs.py.)"""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import trio
@@ -34,8 +32,6 @@ from tests.actors import Member
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "testing.md"
 
 # A self-contained test file header for pytester runs: an actor and a tree.
 HEADER = """
@@ -218,21 +214,7 @@ def test_a_failing_machine_prints_the_shrunk_schedule_and_both_logs(
     )
 
 
-def test_the_complete_test_file_of_the_testing_guide_passes(pytester: pytest.Pytester) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    files = [b for b in blocks if b.startswith("# test_my_tree.py")]
-    assert len(files) == 1, "docs/testing.md must hold one complete test file"
-    pytester.makepyfile(test_my_tree=files[0])
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=6)
-
-
-def test_the_fragments_of_the_testing_guide_compile() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    fragments = [b for b in blocks if b.startswith("# fragment")]
-    assert fragments
-    for code in fragments:
-        compile(code, "docs/testing.md", "exec")
+# The complete test file of docs/testing.md runs in tests/test_docs.py, with every doc's code.
 
 
 # ---- the strategies ----------------------------------------------------------------------------

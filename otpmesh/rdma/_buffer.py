@@ -20,11 +20,11 @@ import trio
 
 from .. import _codec
 from .._errors import ActorDiedError, OtpmeshError
+from .._hostid import boot_id, pid_namespace
 from .._node import Node, current_node
 from .._wire import Connection
 from ._backend import Backend, Peer, Region
 from ._registry import RDMAError, allowed_backends, registry
-from ._shm import boot_id, pid_namespace
 
 log = logging.getLogger("otpmesh.rdma")
 

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from .._hostid import boot_id, pid_namespace
 from ._backend import Peer, Region
 
 # Settings, all optional: which device/port/GID index this process uses.
@@ -108,21 +109,6 @@ def _enums() -> Any:
     except ImportError:
         import pyverbs.libibverbs_enums as enums
     return enums
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
 
 
 def _wc_status_name(status: int) -> str:
@@ -336,7 +322,7 @@ class IbverbsBackend:
             "lid": dev.lid,
             "ethernet": dev.ethernet,
             "roce_v2": dev.roce_v2,
-            "boot_id": _boot_id(),
+            "boot_id": boot_id(),
             "rkey": rkey,
             "address": region.address,
             "nbytes": region.nbytes,
@@ -391,7 +377,7 @@ class IbverbsBackend:
     def _forget_dead_readers(self) -> None:
         """Close QPs served to readers of this host (and pid namespace) that no longer exist; a
         reader that died leaves its owner's half of the QP behind otherwise."""
-        here = (_boot_id(), _pid_namespace())
+        here = (boot_id(), pid_namespace())
         for key in list(self._served):
             if key[:2] != here:
                 continue
@@ -418,7 +404,7 @@ class IbverbsBackend:
             return False
         if bool(entry["ethernet"]) != dev.ethernet:
             return False
-        if peer.boot_id and peer.boot_id == _boot_id():
+        if peer.boot_id and peer.boot_id == boot_id():
             return True
         if not dev.ethernet:
             return str(entry["gid"])[:19] == dev.gid[:19]  # the 64-bit subnet prefix
@@ -583,7 +569,7 @@ class IbverbsBackend:
                 _close_quietly(cq)
                 raise
             conn = _Conn(qp=qp, cq=cq)
-            if peer.boot_id == _boot_id() and peer.pid_namespace == _pid_namespace():
+            if peer.boot_id == boot_id() and peer.pid_namespace == pid_namespace():
                 started = _start_time(peer.pid)
                 if started is not None:
                     conn.owner = (peer.pid, started)
@@ -593,7 +579,7 @@ class IbverbsBackend:
                     self.name,
                     "connect",
                     {
-                        "reader": [_boot_id(), _pid_namespace(), os.getpid()],
+                        "reader": [boot_id(), pid_namespace(), os.getpid()],
                         "qpn": int(qp.qp_num),
                         "psn": psn,
                         "gid": dev.gid,

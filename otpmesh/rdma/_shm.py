@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from .._hostid import boot_id, pid_namespace
 from ._backend import Peer, Region
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -26,15 +27,6 @@ _THREADS = os.cpu_count() or 1
 
 class _IoVec(ctypes.Structure):
     _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
-
-
-def boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
-
-
-def pid_namespace() -> str:
-    return os.readlink("/proc/self/ns/pid")
 
 
 class ShmError(OSError):
