@@ -101,19 +101,33 @@ class Rollout(otpmesh.Actor):
         return self.policy
 
 
-def make_tree(*, rollout_gpus: int = 4, intensity: int = 3, period: float = 60.0) -> Supervisor:
-    """The RL tree with `rollout_gpus` rollout workers; `intensity`/`period` are the root's."""
+def make_tree(
+    *,
+    rollout_gpus: int = 4,
+    intensity: int = 3,
+    period: float = 60.0,
+    learner: type[otpmesh.Actor] | str = Learner,
+    reward: type[otpmesh.Actor] | str = RewardModel,
+    rollout: type[otpmesh.Actor] | str = Rollout,
+    args: tuple[Any, ...] = (),
+) -> Supervisor:
+    """The RL tree with `rollout_gpus` rollout workers; `intensity`/`period` are the root's.
+
+    `learner`, `reward` and `rollout` are the actor classes (or ``"module:Class"`` paths) to run
+    in that shape; every one of them is constructed with `args` (``examples/grpo`` passes its
+    own classes and one config)."""
     return Supervisor(
         "rl",
         strategy=REST_FOR_ONE,
         intensity=intensity,
         period=period,
         children=[
-            Worker("learner", Learner),
-            Worker("reward", RewardModel),
+            Worker("learner", learner, args=args),
+            Worker("reward", reward, args=args),
             Mesh(
                 "rollouts",
-                Rollout,
+                rollout,
+                args=args,
                 shape={"gpus": rollout_gpus},
                 strategy=ONE_FOR_ONE,
                 intensity=rollout_gpus,

@@ -213,8 +213,8 @@ def test_a_ref_held_by_another_actor_follows_its_target_to_a_new_process() -> No
 
 
 def test_leaving_the_block_right_after_a_sigkill_stops_cleanly() -> None:
-    """The stop of a process whose death is not noticed yet must not fail the app (a race that
-    failed about 1 run in 10 before, so this makes 25: the stop request met a connection already closed)."""
+    """The stop of a process whose death is not noticed yet must not fail the app: its stop
+    request met a connection already closed (a race that failed about 1 run in 10, hence 25)."""
     tree = Supervisor("r", strategy=ONE_FOR_ONE, children=[Mesh("m", Echo, shape={"procs": 2})])
 
     async def main() -> None:

@@ -1,0 +1,121 @@
+"""The GRPO actors: thin shells over ``task.py`` that add placement, weight sync and checkpoints.
+
+Each is constructed with the run's config (a dict) and restarts cleanly: the learner from its last
+checkpoint, the reward model and the rollouts from nothing (they hold nothing worth keeping: a
+rollout reads the current weights at every iteration anyway).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import otpmesh
+from otpmesh.rdma import RDMABuffer
+
+from . import task
+
+CHECKPOINT = "learner.pt"
+Batch = dict[str, torch.Tensor]
+
+
+# coordination: begin
+class Learner(otpmesh.Actor):
+    """Owns the policy and the optimizer; shares the weights as one flat tensor registered with
+    the tensor channel; checkpoints after every update."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        task.setup_torch()
+        self.cfg = task.Config(**config)
+        self.core = task.GRPOLearner(self.cfg)
+        # recovery: begin
+        self.checkpoint = Path(self.cfg.out_dir) / CHECKPOINT
+        self.history = self._restore()  # the stats of every update applied, in order
+        # recovery: end
+        self.flat = self.core.flat_weights().clone()
+        self.buffer = RDMABuffer(self.flat)  # registered once per incarnation, updated in place
+
+    @otpmesh.endpoint
+    def weights(self) -> RDMABuffer:
+        """A handle to the current weights (small): rollouts read the tensor with it."""
+        return self.buffer
+
+    @otpmesh.endpoint
+    def update(self, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]) -> dict:
+        """Apply update `iteration`, checkpoint, publish the new weights; return the stats."""
+        # recovery: begin
+        if iteration != len(self.history):
+            raise ValueError(f"asked for update {iteration}; the next one is {len(self.history)}")
+        # recovery: end
+        stats = self.core.update(batches, rewards)
+        # recovery: begin
+        self.history.append(stats)
+        self._save()
+        # recovery: end
+        self.flat.copy_(self.core.flat_weights())
+        return stats
+
+    # coordination: end
+    # recovery: begin
+    @otpmesh.endpoint
+    def stats(self, iteration: int) -> dict | None:
+        """The stats of update `iteration` if it was already applied, else None."""
+        return self.history[iteration] if iteration < len(self.history) else None
+
+    async def on_stop(self, reason: object) -> None:
+        self.buffer.drop()  # after a crash we restart in this same process: free the old weights
+
+    def _save(self) -> None:
+        """Write the checkpoint atomically: a SIGKILL mid-write leaves the previous one intact."""
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save({"history": self.history, **self.core.state_dict()}, tmp)
+        os.replace(tmp, self.checkpoint)
+
+    def _restore(self) -> list[dict]:
+        """Load the last checkpoint if there is one; return the history it holds."""
+        if not self.checkpoint.exists():
+            return []
+        state = torch.load(self.checkpoint)
+        self.core.load_state_dict(state)
+        print(f"resumed from {self.checkpoint} after {len(state['history'])} updates", flush=True)
+        return state["history"]
+
+    # recovery: end
+    # coordination: begin
+
+
+class RewardModel(otpmesh.Actor):
+    """Scores the rollouts' batches (the task's digit-accuracy reward)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        task.setup_torch()
+
+    @otpmesh.endpoint
+    def score(self, batches: list[Batch]) -> list[torch.Tensor]:
+        return [task.score(batch) for batch in batches]
+
+
+class Rollout(otpmesh.Actor):
+    """Samples one batch per iteration with the learner's current weights."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        task.setup_torch()
+        self.cfg = task.Config(**config)
+        self.policy = task.make_policy(self.cfg)
+        self.flat = torch.empty(task.flat_size(self.policy))
+
+    # A read of weights whose owner has just died is not this rollout's fault: the error goes to
+    # the controller, which re-runs the iteration; the rollout lives on.
+    @otpmesh.endpoint(let_it_crash=False)
+    async def generate(self, iteration: int, weights: RDMABuffer) -> Batch:
+        """Read the weights through the tensor channel (one copy; the learner's code does not
+        run), then sample this rank's batch for `iteration`."""
+        await weights.read_into(self.flat)
+        torch.nn.utils.vector_to_parameters(self.flat, self.policy.parameters())
+        return task.generate(self.policy, self.cfg, iteration, otpmesh.context().rank)
+
+
+# coordination: end

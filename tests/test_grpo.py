@@ -1,0 +1,139 @@
+"""The GRPO showcase (examples/grpo, examples/grpo_spmd.py), run as a user runs it.
+
+One fixture starts three real programs at once, for 12 iterations at seed 4: the otpmesh
+version, the same under a ChaosMonkey, and the SPMD twin (6 torch.distributed ranks). Seed 4's
+fault schedule (at 2 faults/s) crashes a rollout at 0.13 s, then crashes and SIGKILLs the learner
+at 0.46 and 0.72 s, so every run under chaos restarts the learner from its checkpoint.
+
+The learning margin: over seeds 0-9, the mean reward after 12 iterations beat the first
+iteration's by 0.39 to 0.44 (it starts near 0.1: random digits); the test asks for 0.3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ITERS, SEED, MARGIN = 12, 4, 0.3
+
+
+def _start(out_dir: Path, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env.pop("OTPMESH_PRELOAD", None)  # the test suite turns preloading off; torch wants it on
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *args,
+            "--iters",
+            str(ITERS),
+            "--seed",
+            str(SEED),
+            "--out-dir",
+            str(out_dir),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each program's output, curve and out dir, by name; all three run concurrently."""
+    root = tmp_path_factory.mktemp("grpo")
+    commands = {
+        "plain": ["-m", "examples.grpo"],
+        "chaos": ["-m", "examples.grpo", "--chaos", "--chaos-rate", "2"],
+        "spmd": ["examples/grpo_spmd.py"],
+    }
+    procs = {name: _start(root / name, *argv) for name, argv in commands.items()}
+    results = {}
+    try:
+        for name, proc in procs.items():
+            output, _ = proc.communicate(timeout=150)
+            assert proc.returncode == 0, f"{name} failed:\n{output}"
+            curve = json.loads((root / name / "curve.json").read_text())
+            results[name] = {"output": output, "curve": curve, "out": root / name}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def test_grpo_learns_the_toy_task(runs: dict[str, dict[str, Any]]) -> None:
+    rewards = [step["reward"] for step in runs["plain"]["curve"]]
+    assert len(rewards) == ITERS
+    assert rewards[-1] >= rewards[0] + MARGIN, rewards
+    lines = [line for line in runs["plain"]["output"].splitlines() if line.startswith("iter ")]
+    assert len(lines) == ITERS
+    assert re.fullmatch(
+        r"iter +11  reward [01]\.\d{4}  loss [-+]\d\.\d{4}  kl \d+\.\d{4}  restarts +0  "
+        r"elapsed +\d+\.\d s",
+        lines[-1],
+    )
+
+
+def test_chaos_restarts_the_learner_and_leaves_the_curve_unchanged(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    output = runs["chaos"]["output"]
+    summary = re.search(r"(\d+) faults injected, (\d+) restarts \((.*)\)", output)
+    assert summary is not None, output
+    assert int(summary[1]) >= 3 and int(summary[2]) >= 2, summary[0]
+    assert "rl/learner" in summary[3], summary[0]
+    assert "[rl/learner] resumed from" in output
+    assert runs["chaos"]["curve"] == runs["plain"]["curve"]  # exactly: bit for bit
+
+
+def test_spmd_twin_gives_the_same_curve(runs: dict[str, dict[str, Any]]) -> None:
+    assert runs["spmd"]["curve"] == runs["plain"]["curve"]  # exactly: bit for bit
+    assert f"iter {ITERS - 1:4d}" in runs["spmd"]["output"]
+
+
+@pytest.mark.parametrize("name", ["plain", "chaos"])
+def test_reward_plot_is_a_valid_png(runs: dict[str, dict[str, Any]], name: str) -> None:
+    data = (runs[name]["out"] / "reward.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, pos = [], 8
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(kind + body), kind
+        chunks.append((kind, body))
+        pos += 12 + length
+    assert [kind for kind, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+    width, height, depth, color = struct.unpack(">IIBB", chunks[0][1][:10])
+    assert (depth, color) == (8, 2)  # 8-bit RGB
+    assert len(zlib.decompress(chunks[1][1])) == height * (1 + 3 * width)
+
+
+def test_coordination_counter_prints_a_row_per_version() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/grpo/count_coordination.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[1:]}
+    coordination, recovery, launch, total = map(int, rows["otpmesh"])
+    assert coordination > 0 and recovery > 0 and launch == 0
+    assert total == coordination + recovery
+    coordination, recovery, launch, total = map(int, rows["spmd"])
+    assert coordination > 0 and recovery == 0 and launch > 0
