@@ -8,9 +8,11 @@ Each is a small adapter over a tool people already run; otpmesh schedules nothin
     Static(hosts=4)                agents started by anything else (Kubernetes, torchrun's
                                    environment); the controller waits for that many
 
-An agent gets the controller's address on its command line and the secret on its stdin (Local,
-SSH) or in its environment (Slurm); never in argv, where ``ps`` would show it. An agent started
-with its stdin held by a launcher exits when that stdin closes, so none outlives its controller.
+On a host, ``otpmesh agent --controller tcp:HOST:PORT`` runs an agent; ``run_agent(...)`` is the
+same as a Python call. An agent gets the controller's address on its command line and the secret
+on its stdin (Local, SSH) or in its environment (Slurm); never in argv, where ``ps`` would show
+it. An agent whose stdin a launcher holds exits when that stdin closes, so none outlives its
+controller.
 """
 
 from __future__ import annotations
@@ -202,3 +204,33 @@ class Static:
 
     def failure(self) -> str | None:
         return None
+
+
+def run_agent(
+    controller: str,
+    *,
+    rank: int | None = None,
+    name: str | None = None,
+    listen: str | None = None,
+    secret: bytes | None = None,
+    reconnect: float = 60.0,
+) -> None:
+    """Run this host's agent in this process until its controller shuts it down (or it gives up
+    re-registering after `reconnect` seconds): what ``otpmesh agent`` does.
+
+    `controller` is ``tcp:HOST:PORT`` (or ``HOST:PORT``); `secret` defaults to the one
+    ``OTPMESH_SECRET`` / ``OTPMESH_SECRET_FILE`` / ``~/.otpmesh/secret`` holds.
+    """
+    from ._agent import Agent
+    from ._secret import load_secret
+
+    address = controller if controller.startswith("tcp:") else f"tcp:{controller}"
+    agent = Agent(
+        address,
+        secret if secret is not None else load_secret(),
+        listen=listen,
+        rank=rank,
+        name=name,
+        reconnect=reconnect,
+    )
+    trio.run(agent.run)

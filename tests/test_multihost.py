@@ -348,9 +348,12 @@ def test_static_cluster_waits_for_agents_started_elsewhere() -> None:
             if node is not None and node.tcp_addr:
                 break
             await trio.sleep(0.01)
-        for i in range(2):
-            argv = [sys.executable, "-m", "otpmesh._agent", "--controller", node.tcp_addr]
-            agents.append(await trio.lowlevel.open_process([*argv, "--rank", str(i)]))
+        addr = node.tcp_addr
+        # One through the command line, one through the Python call.
+        command = [sys.executable, "-m", "otpmesh", "agent", "--controller", addr, "--rank", "0"]
+        call = f"from otpmesh import launchers; launchers.run_agent({addr!r}, rank=1)"
+        for argv in (command, [sys.executable, "-c", call]):
+            agents.append(await trio.lowlevel.open_process(argv))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
