@@ -13,7 +13,8 @@ from ._actor import ActorContext, EndpointInfo, set_context
 from ._exits import ActorCrash, describe
 
 if TYPE_CHECKING:
-    from ._node import Node, ReplyTo
+    from ._node import Node
+    from ._outgoing import ReplyTo
 
 log = logging.getLogger("otpmesh.actor")
 

@@ -22,7 +22,8 @@ from ._errors import ActorDiedError, ActorError
 from ._frames import _ARRAY6, _P_CALL, ERR, OK, REPLIES, _pack_uint
 
 if TYPE_CHECKING:
-    from ._node import Node, Target
+    from ._node import Node
+    from ._outgoing import Outgoing, Target
     from ._wire import Connection
 
 log = logging.getLogger("otpmesh.fanout")
@@ -75,7 +76,7 @@ class _Forward:
 
 
 def send(
-    node: Node, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
+    node: Outgoing, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
 ) -> None:
     """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
     ids = []

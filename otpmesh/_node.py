@@ -9,25 +9,19 @@ Frames are described in _frames.py and docs/wire.md.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import socket
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
-from . import _codec, _fanout
+from . import _codec
+from ._addresses import bind, bind_tcp, listen_address
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._errors import ActorDiedError, ProtocolError
 from ._faults import LinkFaults
 from ._frames import (
-    _ARRAY5,
-    _ARRAY6,
-    _P_CALL,
-    _P_CAST,
     CALL,
     CAST,
     ERR,
@@ -35,28 +29,16 @@ from ._frames import (
     OK,
     REPLIES,
     SYS,
-    _call_body,
-    _pack_uint,
     decode_message,
     remote_error,
 )
+from ._outgoing import Outgoing, ReplyTo
 from ._wire import Connection, authenticate, detach, dial, handshake
 
 log = logging.getLogger("otpmesh.node")
 
 
-ReplyTo = tuple[Connection | CallGroup, int]
 SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
-
-
-class Target(Protocol):
-    """Where an actor lives: what a call needs to reach it."""
-
-    @property
-    def actor_id(self) -> str: ...
-    @property
-    def addr(self) -> str: ...
-    def dead_reason(self) -> str | None: ...
 
 
 _CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
@@ -74,41 +56,7 @@ def set_current_node(node: Node) -> None:
     _CURRENT.set(node)
 
 
-def new_address(role: str) -> str:
-    """A fresh abstract Unix socket address: nothing on disk to leak if the process is killed."""
-    return f"\0otpmesh/{os.getpid()}/{role}/{uuid.uuid4().hex[:12]}"
-
-
-def _bind(role: str, listen: str | None) -> socket.socket:
-    # Bound at once, not in a thread: an abstract address never touches the filesystem (and a
-    # thread would confuse MockClock's autojump in tests).
-    if listen is None:
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        raw.bind(new_address(role))
-        raw.listen(128)
-        return raw
-    if not listen.startswith("tcp:"):
-        raise ValueError(f"listen must be tcp:HOST or tcp:HOST:PORT, not {listen!r}")
-    host, _, port = listen[4:].partition(":")
-    return _bind_tcp(host, int(port or 0))
-
-
-def _bind_tcp(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    raw = socket.create_server((host, port), family=family)
-    raw.listen(128)
-    return raw
-
-
-def _listen_address(raw: socket.socket) -> str:
-    if raw.family == socket.AF_UNIX:
-        name = raw.getsockname()
-        return name.decode() if isinstance(name, bytes) else str(name)
-    host, port = raw.getsockname()[:2]
-    return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
-
-
-class Node:
+class Node(Outgoing):
     """The wire endpoint of one process. Create it, then ``await nursery.start(node.serve)``."""
 
     def __init__(
@@ -121,8 +69,8 @@ class Node:
     ) -> None:
         #: The secret TCP connections authenticate with (None: this node speaks Unix only).
         self.secret = secret
-        self._listener = _bind(role, listen)
-        self.addr = _listen_address(self._listener)
+        self._listener = bind(role, listen)
+        self.addr = listen_address(self._listener)
         #: This node's TCP address once ``listen_tcp`` made one (or `listen` asked for TCP).
         self.tcp_addr: str | None = self.addr if listen else None
         self._tcp_scope: trio.CancelScope | None = None
@@ -161,8 +109,8 @@ class Node:
             raise ProtocolError("a node needs the cluster secret before it listens on TCP")
         if self.nursery is None:
             raise RuntimeError("node is not serving")
-        raw = _bind_tcp(host, port)
-        self.tcp_addr = _listen_address(raw)
+        raw = bind_tcp(host, port)
+        self.tcp_addr = listen_address(raw)
         self._tcp_scope = trio.CancelScope()
         self.nursery.start_soon(self._accept_tcp, raw, self._tcp_scope)
         return self.tcp_addr
@@ -394,149 +342,3 @@ class Node:
 
     def reply_dead(self, reply: ReplyTo, reason: str) -> None:
         self.reply_error(reply, "ActorDiedError", reason, "", kind="dead")
-
-    # ---------------------------------------------------------------- outgoing
-
-    async def call(
-        self, targets: Sequence[Target], paths: list[str], method: str, args: Any, kwargs: Any
-    ) -> CallGroup:
-        """Send one call to every target; the returned group collects the replies."""
-        group = CallGroup(paths)
-        offered: list[int] = []
-        token = _codec.offered.set(offered)  # large tensors: dropped when this call ends
-        try:
-            body = _call_body(method, args, kwargs)
-        finally:
-            _codec.offered.reset(token)
-        group.offered = offered
-        inflight = self.inflight
-        relayed: set[int] = set()
-        if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
-            for agent, indices in _fanout.plan(self.relays, targets).items():
-                _fanout.send(self, agent, group, indices, targets, body)
-                relayed.update(indices)
-        for index, target in enumerate(targets):
-            actor_id = target.actor_id
-            inflight[actor_id] = inflight.get(actor_id, 0) + 1
-            if index in relayed:
-                continue
-            dead = target.dead_reason()
-            if dead is not None:
-                group.deliver(index, False, ActorDiedError(paths[index], dead, delivered=False))
-                continue
-            if target.addr == self.addr:
-                self._call_local(group, index, actor_id, body)
-                continue
-            try:
-                conn = await self.connect(target.addr)
-            except OSError as exc:
-                reason = f"its process cannot be reached ({exc})"
-                error = ActorDiedError(paths[index], reason, delivered=False)
-                group.deliver(index, False, error)
-                continue
-            call_id = conn.next_call_id
-            conn.next_call_id += 1
-            conn.pending[call_id] = (group, index)
-            group.cancels[index] = _forgetter(conn, call_id)
-            self._send(conn, _ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
-        for target in targets:
-            used = self._conns.get(target.addr)
-            if used is not None:
-                await used.drain()
-        return group
-
-    def done(self, targets: Sequence[Target]) -> None:
-        """Forget the in-flight counts of a finished call (used for load balancing)."""
-        inflight = self.inflight
-        for target in targets:
-            n = inflight.get(target.actor_id, 0) - 1
-            if n > 0:
-                inflight[target.actor_id] = n
-            else:
-                inflight.pop(target.actor_id, None)
-
-    def _call_local(self, group: CallGroup, index: int, actor_id: str, body: bytes) -> None:
-        # Same process: still encode and decode, so arguments are copies as they would be remotely.
-        unpacked = _codec.unpack(b"\x93" + body)
-        if _codec._pending:  # a large tensor this process registered: copy it back locally
-            from .rdma._auto import fetch_local
-
-            unpacked = fetch_local(self, unpacked, _codec.take_pending())
-        method, args, kwargs = unpacked
-        waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index))
-        if waiting is not None and self.nursery is not None:
-            self.nursery.start_soon(_await, waiting)
-
-    async def cast(self, targets: Sequence[Target], method: str, args: Any, kwargs: Any) -> None:
-        """Fire-and-forget to every target, FIFO with later calls from this node."""
-        body = _call_body(method, args, kwargs)
-        for target in targets:
-            if target.addr == self.addr:
-                m, a, k = _codec.unpack(b"\x93" + body)
-                waiting = self.deliver_local(target.actor_id, m, a, k, None)
-                if waiting is not None:
-                    await waiting
-                continue
-            try:
-                conn = await self.connect(target.addr)
-            except OSError:
-                log.warning("cast to %s dropped: its process cannot be reached", target.actor_id)
-                continue
-            self._send(conn, _ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
-
-    async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
-        """Run node operation `op` on the peer behind `conn` and return its result."""
-        if conn.closed:  # its process is gone: say so as a death, like any call to it
-            raise ActorDiedError(path, f"its connection is closed ({conn.close_reason})")
-        group = CallGroup([path])
-        call_id = conn.next_call_id
-        conn.next_call_id += 1
-        conn.pending[call_id] = (group, 0)
-        group.cancels[0] = _forgetter(conn, call_id)
-        try:
-            conn.send_nowait(_codec.pack([SYS, call_id, op, payload]))
-            await group.wait_all()
-        finally:
-            group.forget()
-        return group.outcome(0)
-
-    def _send(self, conn: Connection, *parts: bytes) -> None:
-        """Send a call or cast frame, unless chaos delays or drops it."""
-        faults = self.faults
-        if faults.partitioned():
-            return
-        delay = faults.delay_to(conn.peer) if faults.links else 0.0
-        if delay == 0.0:
-            conn.send_nowait(*parts)
-        elif delay != math.inf and self.nursery is not None:
-            self.nursery.start_soon(_send_later, conn, delay, parts)
-
-    async def resolve(self, slot: Any) -> None:
-        """Ask the controller where a supervised actor lives now (a ref that came in a message
-        and found its old address dead); waits while the actor restarts."""
-        if self.parent is None:
-            slot.mark_gone("its supervisor cannot be asked (no controller connection)")
-            return
-        found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
-        if found.get("gone") is not None:
-            slot.mark_gone(found["gone"])
-        else:
-            slot.mark_up(found["addr"], None)
-
-    def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
-        if not conn.closed:
-            conn.send_nowait(_codec.pack([SYS, -1, op, payload]))
-
-
-def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:
-    return lambda: conn.pending.pop(call_id, None) and None
-
-
-async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:
-    await trio.sleep(delay)
-    if not conn.closed:
-        conn.send_nowait(*parts)
-
-
-async def _await(waiting: Awaitable[None]) -> None:
-    await waiting

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from . import _secret
+from ._addresses import tcp_address
 from ._errors import ProtocolError
 
 log = logging.getLogger("otpmesh.wire")
@@ -131,16 +132,6 @@ def detach(stream: trio.SocketStream) -> socket.socket:
     sock = socket.socket(fileno=stream.socket.detach())
     sock.setblocking(False)
     return sock
-
-
-def tcp_address(addr: str) -> tuple[str, int] | None:
-    """(host, port) of a ``tcp:HOST:PORT`` address; None for a Unix address."""
-    if not addr.startswith("tcp:"):
-        return None
-    host, _, port = addr[4:].rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"bad TCP address {addr!r}: expected tcp:HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 async def dial(addr: str, secret: bytes | None = None) -> socket.socket:
