@@ -19,7 +19,7 @@ start=$(date +%s)
 status=0
 # The guest does not inherit this environment: pass what the tests read explicitly. Importing
 # torch over the guest's 9p filesystem takes minutes, so its test is opt-in here.
-"$SOFTROCE" --timeout "${SOFTROCE_TIMEOUT:-900}" -- \
+"$SOFTROCE" --timeout "${SOFTROCE_TIMEOUT:-1800}" -- \
   env OTPMESH_IBVERBS_TEST_TORCH="${OTPMESH_IBVERBS_TEST_TORCH:-0}" bash -c '
   d=$(mktemp -d) && ln -s /usr/lib/python3/dist-packages/pyverbs "$d/pyverbs"
   export PYTHONPATH="$d${PYTHONPATH:+:$PYTHONPATH}"
