@@ -30,6 +30,7 @@ import trio
 
 from ._app import App
 from ._exits import ActorCrash
+from ._placement import LocalPlacement
 from ._spec import Worker
 from ._supevents import LogEntry, LogKind
 
@@ -80,7 +81,7 @@ async def _inject(app: App, kind: str, path: str, detail: str, fault: str, reaso
     recorded = _record(app, kind, path, detail)
     if await app.placement.inject(app.slot(path), fault, reason):
         return recorded
-    return _record(app, kind, path, f"{detail}; missed: not running", hit=False)
+    return _record(app, kind, path, detail, hit=False)
 
 
 def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
@@ -105,8 +106,10 @@ async def kill(app: App, path: str) -> Fault:
     """SIGKILL the actor's worker process (in-process placement: kill the actor itself)."""
     slot = _slot(app, path)
     proc = app.placement.process(slot)
-    if proc is None:
+    if proc is None and isinstance(app.placement, LocalPlacement):
         return await _inject(app, "kill", path, "in-process", "kill", "killed")
+    if proc is None:  # its process is gone already (it is restarting)
+        return _record(app, "kill", path, "no process", hit=False)
     incarnation = proc.actors.get(path)
     fault = _record(app, "kill", path, f"SIGKILL pid {proc.pid}", hit=incarnation is not None)
     if incarnation is not None:
@@ -245,7 +248,7 @@ class ChaosMonkey:
                 return await drop(self.app, path, self.partition_seconds)
             return fail_starts(self.app, path, 1)
         except (ProcessLookupError, KeyError) as exc:
-            return _record(self.app, kind, path, f"missed: {exc}", hit=False)
+            return _record(self.app, kind, path, str(exc), hit=False)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ChaosMonkey]:
