@@ -159,23 +159,17 @@ class Node(Outgoing):
 
     async def connect(self, addr: str) -> Connection:
         """The connection to the node at `addr`, dialing it the first time."""
-        conn = self._conns.get(addr)
-        if conn is not None and not conn.closed:
+        conn = self.connected(addr)
+        if conn is not None:
             return conn
         while addr in self._dialing:
             await self._dialing[addr].wait()
-            conn = self._conns.get(addr)
-            if conn is not None and not conn.closed:
+            conn = self.connected(addr)
+            if conn is not None:
                 return conn
         self._dialing[addr] = done = trio.Event()
         try:
-            sock = await dial(addr, self.secret)
-            conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
-            self._conns[addr] = conn
-            if self.nursery is None:
-                raise RuntimeError("node is not serving")
-            self.nursery.start_soon(self.run_connection, conn)
-            return conn
+            return await self._open(addr, self._conns)
         finally:
             del self._dialing[addr]
             done.set()
@@ -191,11 +185,15 @@ class Node(Outgoing):
         conn = self._side.get(addr)
         if conn is not None and not conn.closed:
             return conn
-        sock = await dial(addr, self.secret)
-        conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
-        self._side[addr] = conn
+        return await self._open(addr, self._side)
+
+    async def _open(self, addr: str, table: dict[str, Connection]) -> Connection:
+        """Dial `addr`, keep the connection in `table` and serve it until it closes."""
         if self.nursery is None:
             raise RuntimeError("node is not serving")
+        sock = await dial(addr, self.secret)
+        conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
+        table[addr] = conn
         self.nursery.start_soon(self.run_connection, conn)
         return conn
 
