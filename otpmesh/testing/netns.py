@@ -17,6 +17,7 @@ setting its veth down. Needs root and iproute2; ``unavailable()`` says why when 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -79,9 +80,25 @@ def unavailable() -> str | None:
     return None
 
 
+def remove_stale() -> None:
+    """Remove the namespaces and bridges of earlier runs that were killed before cleaning up
+    (their names carry the pid of the process that made them)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for match in re.finditer(r"\botpm(\d+)(h\d+|br)\b", listed + links):
+        pid, kind = int(match.group(1)), match.group(2)
+        if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        if kind == "br":
+            subprocess.run(["ip", "link", "del", match.group(0)], capture_output=True)
+        else:
+            subprocess.run(["ip", "netns", "del", match.group(0)], capture_output=True)
+
+
 def make_hosts(n: int) -> NetnsHosts:
     """`n` namespaced hosts on a fresh bridge; call ``remove()`` when done."""
-    hosts = NetnsHosts(tag=str(os.getpid() % 100000), names=[])
+    remove_stale()
+    hosts = NetnsHosts(tag=str(os.getpid()), names=[])
     try:
         _ip("link", "add", hosts.bridge, "type", "bridge")
         _ip("addr", "add", f"{CONTROLLER_IP}/24", "dev", hosts.bridge)
