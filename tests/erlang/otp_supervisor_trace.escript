@@ -94,7 +94,13 @@ step({crash, Path, Reason}) ->
 step({stop_sup, Path, Reason}) ->
     with_pid(Path, fun(Pid) -> catch sys:terminate(Pid, Reason) end);
 step({call, Sup, Op, Arg}) ->
-    with_pid(Sup, fun(Pid) -> record({reply, Sup, Op, outcome(Op, call(Pid, Sup, Op, Arg))}, none) end).
+    %% Only to a supervisor: a worker may have taken over the path of one that is gone.
+    with_pid(Sup, fun(Pid) ->
+        case ets:lookup(otpst, {sup, Sup}) of
+            [{_, Pid}] -> record({reply, Sup, Op, outcome(Op, call(Pid, Sup, Op, Arg))}, none);
+            _ -> ok
+        end
+    end).
 
 call(Pid, _Sup, terminate_child, Id) -> supervisor:terminate_child(Pid, Id);
 call(Pid, _Sup, restart_child, Id) -> supervisor:restart_child(Pid, Id);
@@ -106,7 +112,11 @@ outcome(_, ok) -> ok;
 outcome(_, {ok, undefined}) -> ignored;
 outcome(_, {ok, Pid}) when is_pid(Pid) -> ok;
 outcome(_, {error, {already_started, _}}) -> already_started;
-outcome(_, {error, Atom}) when is_atom(Atom) -> Atom;
+%% The supervisor's own refusals are atoms; any other {error, Reason} is a failed (re)start, even
+%% when the child's start returned an atom reason ({error, nope} from restart_child).
+outcome(_, {error, Refusal}) when Refusal =:= running; Refusal =:= restarting;
+                                  Refusal =:= not_found; Refusal =:= already_present;
+                                  Refusal =:= simple_one_for_one -> Refusal;
 outcome(start_child, {error, {Reason, _ChildRecord}}) -> {start_error, Reason};
 outcome(_, {error, Reason}) -> {start_error, Reason}.
 
@@ -202,6 +212,7 @@ join(Parent, Id) -> list_to_atom(atom_to_list(Parent) ++ "/" ++ atom_to_list(Id)
 
 init({sup, Path, {sup, _Id, Flags, _Restart, _Significant, Children}}) ->
     ets:insert(otpst, {{pid, Path}, self()}),
+    ets:insert(otpst, {{sup, Path}, self()}),
     case ets:member(otpst, root) of
         false -> ets:insert(otpst, {root, Path});
         true -> ok
