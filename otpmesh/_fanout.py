@@ -68,9 +68,7 @@ class _Forward:
 
     def send(self, conn: Connection, index: int, body: bytes) -> None:
         """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
-        call_id = conn.next_call_id
-        conn.next_call_id += 1
-        conn.pending[call_id] = (self, index)
+        call_id = conn.expect_reply(self, index)
         actor_id = self.paths[index]
         conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
 
@@ -79,24 +77,13 @@ def send(
     node: Outgoing, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
 ) -> None:
     """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
-    ids = []
-    for index in indices:
-        call_id = agent.next_call_id
-        agent.next_call_id += 1
-        agent.pending[call_id] = (group, index)
-        group.cancels[index] = _forgetter(agent, call_id)
-        ids.append(call_id)
     payload = {
-        "ids": ids,
+        "ids": [agent.expect_reply(group, index) for index in indices],
         "actors": [targets[i].actor_id for i in indices],
         "addrs": [targets[i].addr for i in indices],
         "body": body,
     }
     node.sys_cast(agent, "fanout", payload)
-
-
-def _forgetter(conn: Connection, call_id: int) -> Any:
-    return lambda: conn.pending.pop(call_id, None) and None
 
 
 class Relay:

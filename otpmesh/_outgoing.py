@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
@@ -94,10 +94,7 @@ class Outgoing:
                 error = ActorDiedError(paths[index], reason, delivered=False)
                 group.deliver(index, False, error)
                 continue
-            call_id = conn.next_call_id
-            conn.next_call_id += 1
-            conn.pending[call_id] = (group, index)
-            group.cancels[index] = _forgetter(conn, call_id)
+            call_id = conn.expect_reply(group, index)
             self._send(conn, _ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
         for target in targets:
             used = self._conns.get(target.addr)
@@ -149,10 +146,7 @@ class Outgoing:
         if conn.closed:  # its process is gone: say so as a death, like any call to it
             raise ActorDiedError(path, f"its connection is closed ({conn.close_reason})")
         group = CallGroup([path])
-        call_id = conn.next_call_id
-        conn.next_call_id += 1
-        conn.pending[call_id] = (group, 0)
-        group.cancels[0] = _forgetter(conn, call_id)
+        call_id = conn.expect_reply(group, 0)
         try:
             conn.send_nowait(_codec.pack([SYS, call_id, op, payload]))
             await group.wait_all()
@@ -186,10 +180,6 @@ class Outgoing:
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
         if not conn.closed:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload]))
-
-
-def _forgetter(conn: Connection, call_id: int) -> Callable[[], None]:
-    return lambda: conn.pending.pop(call_id, None) and None
 
 
 async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:

@@ -16,6 +16,7 @@ import logging
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -220,6 +221,15 @@ class Connection:
         #: Outstanding calls sent on this connection, by call id (owned by the node).
         self.pending: dict[int, Any] = {}
         self.next_call_id = 0
+
+    def expect_reply(self, group: Any, index: int) -> int:
+        """A fresh call id whose reply goes to ``group.deliver(index, ...)``; the group's
+        ``cancels[index]`` forgets it (a caller that gives up ignores a late reply)."""
+        call_id = self.next_call_id
+        self.next_call_id += 1
+        self.pending[call_id] = (group, index)
+        group.cancels[index] = partial(self.pending.pop, call_id, None)
+        return call_id
 
     def send_nowait(self, *parts: bytes | bytearray | memoryview) -> None:
         """Write one frame (its payload given as parts), or queue what the socket cannot take."""
