@@ -36,7 +36,6 @@ from ._errors import ProtocolError
 from ._fanout import Relay
 from ._forkclient import ForkServer, forward_lines, watch_heartbeat
 from ._frames import HELLO, decode_message
-from ._hostid import boot_id
 from ._node import Node
 from ._secret import SecretError, load_secret
 from ._wire import Connection, dial
@@ -132,7 +131,6 @@ class Agent:
             "rank": self.rank,
             "pid": os.getpid(),
             "listen": listen,
-            "boot_id": boot_id(),
         }
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()

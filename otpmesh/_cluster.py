@@ -49,8 +49,6 @@ class Host:
     rank: int
     host_id: str
     conn: Connection
-    listen: str
-    boot_id: str
     last_seen: float
     procs: dict[str, Proc] = field(default_factory=dict)
     dead_reason: str | None = None
@@ -101,14 +99,14 @@ class Cluster:
             rank=rank,
             host_id=host_id,
             conn=conn,
-            listen=str(hello.get("listen")),
-            boot_id=str(hello.get("boot_id", "")),
             last_seen=trio.current_time(),
         )
         conn.peer = f"agent {host.name}"
         self.hosts.append(host)
         self._by_rank[rank] = host
-        log.info("host %s registered as hosts=%d", host.name, rank)
+        log.info(
+            "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
+        )
         self._registered.set()
 
     def _rank_taken(self, rank: int) -> bool:
@@ -272,9 +270,9 @@ async def cluster(
         raise SpawnError("a cluster is already attached to this controller")
     rt.node.secret = load_secret(create=True)
     bound = await rt.node.listen_tcp(listen, port)
+    if advertise is None and listen in ("0.0.0.0", "::"):
+        advertise = socket.gethostname()  # a wildcard is no address to dial
     address = bound if advertise is None else f"tcp:{advertise}:{bound.rpartition(':')[2]}"
-    if listen in ("0.0.0.0", "::") and advertise is None:
-        address = f"tcp:{socket.gethostname()}:{bound.rpartition(':')[2]}"
     hosts = Cluster(rt, relocate=relocate)
     hosts.address = address
     hosts.launcher = launcher
