@@ -124,25 +124,24 @@ class Agent:
         self.conn = conn
         self.node.parent = conn
         self.node.register(self.controller, conn)
-        listen = self.listen or sock.getsockname()[0]
         hello = {
             "agent": self.name,
             "host_id": self.host_id,
             "rank": self.rank,
             "pid": os.getpid(),
-            "listen": listen,
+            "listen": self._listen_host(),
         }
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()
         log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._beat_loop, conn, nursery.cancel_scope)
+            nursery.start_soon(self._beat_loop, conn)
             await self.node.run_connection(conn)
             nursery.cancel_scope.cancel()
         if not self._stopping:
             log.warning("agent %s lost the controller: %s", self.name, conn.close_reason)
 
-    async def _beat_loop(self, conn: Connection, scope: trio.CancelScope) -> None:
+    async def _beat_loop(self, conn: Connection) -> None:
         while not conn.closed:
             self.node.sys_cast(conn, "beat", {"host_id": self.host_id})
             await trio.sleep(HEARTBEAT_INTERVAL)
@@ -160,11 +159,12 @@ class Agent:
     async def _spawn_proc(self, conn: Connection | None, p: dict[str, Any]) -> None:
         proc = _Proc(p["id"])
         self.procs[proc.proc_id] = proc
-        cfg = dict(p["cfg"], listen=f"tcp:{self._listen_host()}", secret=self.secret)
+        host = self._listen_host()
+        cfg = dict(p["cfg"], listen=f"tcp:{host}", secret=self.secret)
         # Which host a worker is on; and its tensor channel's TCP fallback must be reachable
         # from other hosts, not only on loopback.
         env = dict(p["env"], OTPMESH_HOST=self.name)
-        env.setdefault("OTPMESH_RDMA_TCP_HOST", self._listen_host().strip("[]"))
+        env.setdefault("OTPMESH_RDMA_TCP_HOST", host.strip("[]"))
         out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
         assert self.node.nursery is not None
         start = self.node.nursery.start_soon
