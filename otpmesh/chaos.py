@@ -11,7 +11,13 @@ recorded in ``app.events`` (kind ``fault_injected``) right beside the supervisio
     await chaos.delay(app, "rl/learner", 0.05, 5.0)   # messages to it arrive 50 ms late for 5 s
     chaos.fail_starts(app, "rl/reward", 2)            # its next 2 starts fail
 
-``ChaosMonkey`` does this at random, reproducibly from a seed.
+Two ways to throw faults by the dozen, both reproducible from a seed:
+
+- ``FaultPlan``: faults at *steps* of your own loop (iteration 3: kill the learner). The same plan
+  injects the same faults at the same points on any machine, however fast it runs: use it in
+  tests and examples whose assertions count faults and restarts.
+- ``ChaosMonkey``: faults at random *times* in the background (a rate per second), for soak runs
+  and for calls that must keep being answered whatever the timing.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ __all__ = [
     "FAULTS",
     "ChaosMonkey",
     "Fault",
+    "FaultPlan",
+    "PlannedFault",
     "crash",
     "delay",
     "drop",
@@ -169,6 +177,137 @@ def fail_starts(app: App, path: str, count: int = 1) -> Fault:
     return _record(app, "fail_start", path, f"next {count}")
 
 
+# ---------------------------------------------------------------- monkeys and plans
+
+
+def _check_faults(faults: Mapping[str, float]) -> None:
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    if not faults or not all(weight >= 0 for weight in faults.values()) or not any(faults.values()):
+        raise ValueError(f"faults needs a positive weight for at least one kind, not {faults!r}")
+
+
+def _target_paths(app: App, targets: Sequence[str]) -> list[str]:
+    """The actor paths of `app`'s tree matching any glob in `targets`, in a fixed order."""
+    workers = [p for p, spec in sorted(app._specs.items()) if isinstance(spec, Worker)]
+    paths = [p for p in workers if any(fnmatch.fnmatchcase(p, g) for g in targets)]
+    if not paths:
+        raise ValueError(f"no actor of this tree matches targets {list(targets)}")
+    return paths
+
+
+async def _throw(app: App, kind: str, path: str, seconds: float, why: str) -> Fault:
+    """Throw one fault of `kind` (a name in FAULTS) at `path`; `seconds` for the timed ones."""
+    try:
+        if kind == "crash":
+            return await crash(app, path, why)
+        if kind == "stop":
+            return await stop(app, path, "shutdown")
+        if kind == "kill":
+            return await kill(app, path)
+        if kind == "hang":
+            return await hang(app, path)
+        if kind == "partition":
+            return await partition(app, path, seconds)
+        if kind == "delay":
+            return await delay(app, path, 0.05, seconds)
+        if kind == "drop":
+            return await drop(app, path, seconds)
+        return fail_starts(app, path, 1)
+    except (ProcessLookupError, KeyError) as exc:
+        return _record(app, kind, path, str(exc), hit=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedFault:
+    """One entry of a ``FaultPlan``: at `step`, throw `kind` at the actor at `path`."""
+
+    step: int
+    kind: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.kind} {self.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Faults pinned to steps of the caller's own loop, not to the clock: call
+    ``await plan.inject(app, step)`` at the top of step `step` and it throws exactly the faults
+    planned for it. The same plan throws the same faults at the same points on any machine.
+
+    ``FaultPlan.seeded(...)`` draws a plan from a seed; a plan can also be written by hand:
+    ``FaultPlan([PlannedFault(3, "kill", "rl/learner")])``."""
+
+    faults: Sequence[PlannedFault]
+    partition_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "faults", tuple(self.faults))
+        unknown = {fault.kind for fault in self.faults} - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        steps = [fault.step for fault in self.faults]
+        if steps != sorted(steps) or any(step < 0 for step in steps):
+            raise ValueError(f"a plan's steps must be >= 0 and in order, not {steps}")
+
+    @classmethod
+    def seeded(
+        cls,
+        app: App,
+        *,
+        seed: int,
+        steps: int,
+        count: int,
+        targets: Sequence[str] = ("*",),
+        faults: Mapping[str, float] | None = None,
+        first: int = 1,
+    ) -> FaultPlan:
+        """`count` faults at distinct steps drawn from ``range(first, steps)``, kinds drawn with
+        the weights in `faults` (crash and kill by default), each aimed at an actor matching
+        `targets`. The same arguments against the same tree give the same plan."""
+        weights = {"crash": 1.0, "kill": 1.0} if faults is None else dict(faults)
+        _check_faults(weights)
+        paths = _target_paths(app, targets)
+        if not 0 <= count <= max(0, steps - first):
+            raise ValueError(
+                f"count={count} faults do not fit at distinct steps in range({first}, {steps})"
+            )
+        rng = random.Random(seed)
+        kinds, kind_weights = zip(*sorted(weights.items()), strict=True)
+        at = sorted(rng.sample(range(first, steps), count))
+        planned = [
+            PlannedFault(step, rng.choices(kinds, kind_weights)[0], rng.choice(paths))
+            for step in at
+        ]
+        return cls(tuple(planned))
+
+    def at(self, step: int) -> list[PlannedFault]:
+        """The faults planned for `step`, in plan order."""
+        return [fault for fault in self.faults if fault.step == step]
+
+    async def inject(self, app: App, step: int) -> list[Fault]:
+        """Throw the faults planned for `step`, one after another, and return what was thrown.
+        When there are any, it first waits for ``app.settled()``: the restarts an earlier fault
+        caused are done, so each fault meets a running actor (and counts as one restart)."""
+        if not self.at(step):
+            return []
+        await app.settled()
+        return [
+            await _throw(
+                app, fault.kind, fault.path, self.partition_seconds, f"planned, step {step}"
+            )
+            for fault in self.at(step)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.faults)
+
+    def __str__(self) -> str:
+        return "; ".join(map(str, self.faults)) or "no faults"
+
+
 # ---------------------------------------------------------------- the monkey
 
 
@@ -188,20 +327,16 @@ class ChaosMonkey:
     injected: list[Fault] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(FAULTS)
-        if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        _check_faults(self.faults)
         if not self.rate > 0:
             raise ValueError(
                 f"rate must be a positive number of faults per second, not {self.rate}"
             )
-        if not self.paths():
-            raise ValueError(f"no actor of this tree matches targets {list(self.targets)}")
+        self.paths()
 
     def paths(self) -> list[str]:
         """The actor paths the monkey aims at, in a fixed order."""
-        workers = [p for p, spec in sorted(self.app._specs.items()) if isinstance(spec, Worker)]
-        return [p for p in workers if any(fnmatch.fnmatchcase(p, g) for g in self.targets)]
+        return _target_paths(self.app, self.targets)
 
     def schedule(self, count: int) -> list[tuple[float, str, str]]:
         """The first `count` faults this seed throws: (seconds after the previous, kind, path)."""
@@ -228,27 +363,9 @@ class ChaosMonkey:
             kind = rng.choices(kinds, weights)[0]
             path = paths[rng.randrange(len(paths))]
             await trio.sleep(wait)
-            self.injected.append(await self._throw(kind, path))
-
-    async def _throw(self, kind: str, path: str) -> Fault:
-        try:
-            if kind == "crash":
-                return await crash(self.app, path, "chaos monkey")
-            if kind == "stop":
-                return await stop(self.app, path, "shutdown")
-            if kind == "kill":
-                return await kill(self.app, path)
-            if kind == "hang":
-                return await hang(self.app, path)
-            if kind == "partition":
-                return await partition(self.app, path, self.partition_seconds)
-            if kind == "delay":
-                return await delay(self.app, path, 0.05, self.partition_seconds)
-            if kind == "drop":
-                return await drop(self.app, path, self.partition_seconds)
-            return fail_starts(self.app, path, 1)
-        except (ProcessLookupError, KeyError) as exc:
-            return _record(self.app, kind, path, str(exc), hit=False)
+            self.injected.append(
+                await _throw(self.app, kind, path, self.partition_seconds, "chaos monkey")
+            )
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ChaosMonkey]:

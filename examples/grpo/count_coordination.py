@@ -14,8 +14,8 @@ The code is marked by hand with comment lines, ``# <kind>: begin`` ... ``# <kind
 
 A region may sit inside another; its lines count for the innermost one. Blank lines, comments and
 docstrings are not counted. Not marked, in either version: the shared task (``task.py``: model,
-sampling, reward, GRPO loss and update), argument parsing, printing and plotting, and the chaos
-monkey (it is the experiment, not the program).
+sampling, reward, GRPO loss and update), argument parsing, printing and plotting, and the fault
+plan (it is the experiment, not the program).
 """
 
 from __future__ import annotations

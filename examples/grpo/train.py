@@ -1,6 +1,7 @@
 """GRPO with otpmesh: 4 rollout actors, a reward actor and a learner under the RL pipeline tree.
 
-    python -m examples.grpo [--iters 200] [--seed 0] [--chaos] [--out-dir grpo_out] [--local]
+    python -m examples.grpo [--iters 200] [--seed 0] [--chaos] [--chaos-faults N]
+                            [--out-dir grpo_out] [--local]
 
 The controller drives one GRPO iteration at a time: the learner hands out a handle to its weights
 (an ``RDMABuffer``), every rollout reads them through the tensor channel and samples its batch,
@@ -8,14 +9,18 @@ the reward actor scores the batches, the learner updates and checkpoints. The ba
 (a few KiB) travel inline in the calls, through the controller. The program prints one line per
 iteration and writes ``curve.json`` and ``reward.png`` to ``--out-dir``.
 
-``--chaos`` runs a seeded ChaosMonkey (crashes and SIGKILLs, ``--chaos-rate`` per second) against
-the learner and the rollouts while training. An iteration that meets a fault is run again, whole;
-the learner comes back from its last checkpoint (REST_FOR_ONE restarts the reward actor and the
-rollouts with it). Every step is a pure function of (seed, iteration, learner checkpoint), so the
-curve is the same, bit for bit, with and without chaos.
+``--chaos`` draws a seeded fault plan (``chaos.FaultPlan``: at iteration k, crash or SIGKILL this
+actor; ``--chaos-faults`` of them, aimed at the learner and the rollouts), prints it, and throws
+each fault at the top of its iteration, once the restarts of the one before are done. The plan is
+in iterations, not seconds, so the same command throws the same faults at the same points on any
+machine. An iteration that meets a fault is run again, whole; the learner comes back from its
+last checkpoint (REST_FOR_ONE restarts the reward actor and the rollouts with it). Every step is
+a pure function of (seed, iteration, learner checkpoint), so the curve is the same, bit for bit,
+with and without chaos.
 
-What chaos does change: the wall time, the number of restarts, and which iterations are re-run
-(the monkey's schedule is seeded, but where its faults land depends on timing). What would break
+What chaos does change: the wall time and the number of restarts (one per fault), and some
+iterations are run twice (whether a call meets the dying actor or waits for its successor depends
+on timing, which is why the re-runs are not part of the plan's promise). What would break
 the equality, and is avoided here: sampling from a global RNG (a restarted rollout would draw
 other numbers; each draws from a generator seeded from (seed, iteration, rank)), a learner step
 that draws random numbers (dropout, shuffled minibatches: their RNG state would have to go into
@@ -30,8 +35,6 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import otpmesh
@@ -43,7 +46,7 @@ from .actors import CHECKPOINT, Learner, RewardModel, Rollout
 from .task import Config
 
 # The root's restart intensity: a learner fault costs one root restart, and so does a rollout
-# mesh that reaches its own (4 restarts per PERIOD); the monkey's default rate stays well below.
+# mesh that reaches its own (4 restarts per PERIOD); the default plan stays well below both.
 INTENSITY, PERIOD = 20, 10.0
 CALL_TIMEOUT = 60.0  # seconds; a call made while its actor restarts waits for the new one
 ATTEMPTS = 20  # per iteration, before the program gives up
@@ -54,7 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chaos", action="store_true", help="crash and kill actors as it trains")
-    parser.add_argument("--chaos-rate", type=float, default=1.0, help="faults per second")
+    parser.add_argument(
+        "--chaos-faults",
+        type=int,
+        default=None,
+        help="faults in the --chaos plan (default: one per 40 iterations, at least 3)",
+    )
     parser.add_argument("--out-dir", default="grpo_out", help="checkpoint, curve.json, reward.png")
     parser.add_argument("--local", action="store_true", help='placement="local": one process')
     return parser.parse_args(argv)
@@ -121,22 +129,20 @@ def restarts(app: otpmesh.App) -> Counter[str]:
     return Counter(e.child_path for e in app.events.of_kind(LogKind.CHILD_EXITED))
 
 
-@asynccontextmanager
-async def maybe_chaos(app: otpmesh.App, args: argparse.Namespace) -> AsyncIterator[list]:
-    """With --chaos, a seeded ChaosMonkey crashing and SIGKILLing the learner and the rollouts
-    for as long as the block runs; yields the list of faults injected so far."""
+def chaos_plan(app: otpmesh.App, args: argparse.Namespace) -> chaos.FaultPlan:
+    """With --chaos, a plan crashing and SIGKILLing the learner and the rollouts at iterations
+    drawn from the seed (never the first: the curve's start is the fault-free reference)."""
     if not args.chaos:
-        yield []
-        return
-    monkey = chaos.ChaosMonkey(
+        return chaos.FaultPlan(())
+    count = args.chaos_faults if args.chaos_faults is not None else max(3, args.iters // 40)
+    return chaos.FaultPlan.seeded(
         app,
         seed=args.seed,
-        rate=args.chaos_rate,
+        steps=args.iters,
+        count=min(count, args.iters - 1),
         targets=["rl/learner", "rl/rollouts/*"],
         faults={"crash": 1, "kill": 1},
     )
-    async with monkey.running():
-        yield monkey.injected
 
 
 def report(iteration: int, stats: dict[str, float], restarts: int, started: float) -> None:
@@ -161,18 +167,28 @@ async def main(args: argparse.Namespace) -> list[dict[str, float]]:
     async with otpmesh.start(grpo_tree(cfg), placement="local" if args.local else "procs") as app:
         # coordination: end
         print(f"tree up in {time.monotonic() - started:.1f} s", flush=True)
-        async with maybe_chaos(app, args) as faults:
+        plan, faults = chaos_plan(app, args), []
+        if args.chaos:
+            print(f"chaos plan (seed {args.seed}, step = iteration): {plan}", flush=True)
+        # coordination: begin
+        for iteration in range(args.iters):
+            # coordination: end
+            faults += await plan.inject(app, iteration)  # those planned for this iteration
             # coordination: begin
-            for iteration in range(args.iters):
-                stats = await run_iteration(app, iteration)
-                # coordination: end
-                curve.append(stats)
-                seen.append(restarts(app).total())
-                report(iteration, stats, seen[-1], started)
+            stats = await run_iteration(app, iteration)
+            # coordination: end
+            curve.append(stats)
+            seen.append(restarts(app).total())
+            report(iteration, stats, seen[-1], started)
         await app.settled()
         by_child = ", ".join(f"{path} {n}" for path, n in sorted(restarts(app).items()))
         by_child = f" ({by_child})" if by_child else ""
-        print(f"{len(faults)} faults injected, {restarts(app).total()} restarts{by_child}")
+        missed = sum(not fault.hit for fault in faults)
+        missed_note = f" ({missed} missed)" if missed else ""
+        print(
+            f"{len(faults)} faults injected{missed_note}, "
+            f"{restarts(app).total()} restarts{by_child}"
+        )
         restarted = [i for i, (a, b) in enumerate(itertools.pairwise([0, *seen])) if b > a]
         print(f"iterations that saw a restart: {', '.join(map(str, restarted)) or 'none'}")
     (out / "curve.json").write_text(json.dumps(curve))
