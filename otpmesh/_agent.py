@@ -83,7 +83,9 @@ class Agent:
                 "shutdown": self._shutdown,
             },
             secret=secret,
+            tcp_secret=secret,
         )
+        self.node.parent_ops = frozenset({"spawn_proc", "kill_proc", "shutdown", "fanout", "beat"})
         self.relay = Relay(self.node)
         self.node.sys_inline["beat"] = self._beat
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
@@ -160,7 +162,7 @@ class Agent:
         proc = _Proc(p["id"])
         self.procs[proc.proc_id] = proc
         host = self._listen_host()
-        cfg = dict(p["cfg"], listen=f"tcp:{host}", secret=self.secret)
+        cfg = dict(p["cfg"], listen=f"tcp:{host}", secret=self.secret, tcp_secret=self.secret)
         # Which host a worker is on; and its tensor channel's TCP fallback must be reachable
         # from other hosts, not only on loopback.
         env = dict(p["env"], OTPMESH_HOST=self.name)

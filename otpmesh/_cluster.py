@@ -268,7 +268,7 @@ async def cluster(
     rt = await runtime()
     if rt.cluster is not None:
         raise SpawnError("a cluster is already attached to this controller")
-    rt.node.secret = load_secret(create=True)
+    rt.node.tcp_secret = load_secret(create=True)
     bound = await rt.node.listen_tcp(listen, port)
     if advertise is None and listen in ("0.0.0.0", "::"):
         advertise = socket.gethostname()  # a wildcard is no address to dial
@@ -286,7 +286,7 @@ async def cluster(
     assert rt.nursery is not None
     rt.nursery.start_soon(watch)
     try:
-        await launcher.start(address, rt.node.secret)
+        await launcher.start(address, rt.node.tcp_secret)
         await hosts.wait_for(launcher, timeout)
         yield hosts
     finally:

@@ -59,8 +59,12 @@ class ActorHost:
         on_exit: ExitCallback,
         on_exiting: ExitingCallback | None = None,
         nursery: trio.Nursery | None = None,
+        main_path: str | None = None,
     ) -> None:
         self.node = node
+        # The controller's main file, for classes defined in it: given at fork time by this
+        # process's parent, never taken from a message (a path on the wire is code to run).
+        self._main_path = main_path
         self._on_exit = on_exit
         self._on_exiting = on_exiting
         self._nursery = nursery  # where actor tasks run (default: the node's)
@@ -68,7 +72,7 @@ class ActorHost:
     async def spawn(self, p: dict[str, Any]) -> str:
         """Construct and start an actor; return 'started' or 'ignored'; raise if it failed."""
         cls: type[Actor] = (
-            p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], p.get("main"))
+            p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main_path)
         )
         ctx = ActorContext(
             name=p["name"],

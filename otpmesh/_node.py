@@ -2,6 +2,8 @@
 
 It listens on an abstract Unix socket, dials peers directly (actor-to-actor calls never relay
 through the controller), routes incoming calls to local actor cells and replies to callers.
+Every connection, in or out, proves it belongs to the app before its first frame (_wire.py);
+docs/security.md has the threat model.
 
 Frames are described in _frames.py and docs/wire.md.
 """
@@ -9,14 +11,15 @@ Frames are described in _frames.py and docs/wire.md.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from . import _codec
-from ._addresses import bind, bind_tcp, listen_address
+from . import _codec, _secret
+from ._addresses import bind, bind_tcp, listen_address, tcp_address
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._errors import ActorDiedError, ProtocolError
@@ -33,12 +36,17 @@ from ._frames import (
     remote_error,
 )
 from ._outgoing import Outgoing, ReplyTo
-from ._wire import Connection, authenticate, detach, dial, handshake
+from ._refusals import RefusalLog, describe_peer
+from ._wire import Connection, authenticate, check_same_user, detach, dial, handshake
 
 log = logging.getLogger("otpmesh.node")
 
 
 SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
+#: How long a new incoming connection has to prove it belongs to the app.
+PROOF_TIMEOUT = 10.0
+#: Incoming connections allowed to be proving themselves at once; more are refused at once.
+MAX_UNPROVEN = 64
 
 
 _CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
@@ -66,9 +74,18 @@ class Node(Outgoing):
         *,
         listen: str | None = None,
         secret: bytes | None = None,
+        tcp_secret: bytes | None = None,
     ) -> None:
-        #: The secret TCP connections authenticate with (None: this node speaks Unix only).
-        self.secret = secret
+        #: The app's secret: every Unix connection, in or out, proves it knows it (a node made
+        #: without one gets a fresh secret nobody else knows).
+        self.secret = secret if secret is not None else _secret.new_app_secret()
+        #: The cluster's secret, for TCP connections (None: this node speaks Unix only).
+        self.tcp_secret = tcp_secret
+        #: Node operations accepted only on the connection from this node's parent (its
+        #: controller or host agent): never from another actor's connection.
+        self.parent_ops: frozenset[str] = frozenset()
+        self.refusals = RefusalLog(log)
+        self._unproven = 0  # incoming connections still proving themselves
         self._listener = bind(role, listen)
         self.addr = listen_address(self._listener)
         #: This node's TCP address once ``listen_tcp`` made one (or `listen` asked for TCP).
@@ -105,7 +122,7 @@ class Node(Outgoing):
 
     async def listen_tcp(self, host: str, port: int = 0) -> str:
         """Also accept authenticated TCP connections on `host`:`port`; return that address."""
-        if self.secret is None:
+        if self.tcp_secret is None:
             raise ProtocolError("a node needs the cluster secret before it listens on TCP")
         if self.nursery is None:
             raise RuntimeError("node is not serving")
@@ -136,20 +153,39 @@ class Node(Outgoing):
 
     async def _serve_accepted(self, stream: trio.SocketStream, tcp: bool) -> None:
         sock = detach(stream)
+        peer = "(unknown peer)"
+        self._unproven += 1
         try:
-            peer = sock.getpeername() if tcp else "(local)"
-            await handshake(sock, dialer=False)
-            if tcp:
-                if self.secret is None:
-                    raise ProtocolError("this node has no secret to check TCP peers with")
-                await authenticate(sock, self.secret, dialer=False)
+            peer = describe_peer(sock, tcp)
+            if self._unproven > MAX_UNPROVEN:
+                raise ProtocolError(f"more than {MAX_UNPROVEN} connections are proving themselves")
+            await self._prove(sock, tcp)
         except (ProtocolError, trio.TooSlowError, OSError) as exc:
-            log.warning("refused an incoming connection from %s: %s", peer, exc)
+            if isinstance(exc, trio.TooSlowError):
+                why = f"did not prove itself within {PROOF_TIMEOUT:g} s"
+            else:
+                why = str(exc) or type(exc).__name__
+            self.refusals.refused(peer, why)
             sock.close()
             return
+        finally:
+            self._unproven -= 1
         await self.run_connection(
             Connection(sock, peer="(incoming)", decode=decode_message, on_message=self.dispatch)
         )
+
+    async def _prove(self, sock: socket.socket, tcp: bool) -> None:
+        """The peer of a fresh incoming connection proves it belongs to this app, or is refused:
+        the same user (Unix), the version handshake, then the secret's challenge-response. It
+        costs bounded time and memory: fixed-size reads only, no frame before the proof."""
+        with trio.fail_after(PROOF_TIMEOUT):
+            if not tcp:
+                check_same_user(sock)
+            secret = self.tcp_secret if tcp else self.secret
+            if secret is None:
+                raise ProtocolError("this node has no secret to check TCP peers with")
+            await handshake(sock, dialer=False, timeout=math.inf)
+            await authenticate(sock, secret, dialer=False, timeout=math.inf)
 
     async def run_connection(self, conn: Connection) -> None:
         try:
@@ -191,11 +227,16 @@ class Node(Outgoing):
         """Dial `addr`, keep the connection in `table` and serve it until it closes."""
         if self.nursery is None:
             raise RuntimeError("node is not serving")
-        sock = await dial(addr, self.secret)
+        sock = await dial(addr, self.secret_for(addr))
         conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
         table[addr] = conn
         self.nursery.start_soon(self.run_connection, conn)
         return conn
+
+    def secret_for(self, addr: str) -> bytes | None:
+        """The secret a connection to `addr` authenticates with: the cluster's over TCP, the
+        app's on a Unix socket."""
+        return self.tcp_secret if tcp_address(addr) is not None else self.secret
 
     def register(self, addr: str, conn: Connection) -> None:
         """Use the (already served) incoming `conn` for calls to the node at `addr`."""
@@ -247,6 +288,9 @@ class Node(Outgoing):
         if kind == CAST:
             return self.deliver_local(msg[1], msg[2], msg[3], msg[4], None)
         if kind == SYS:
+            if msg[2] in self.parent_ops and conn is not self.parent:
+                self._refuse_op(conn, msg[1], msg[2])
+                return None
             inline = self.sys_inline.get(msg[2])
             if inline is not None:
                 inline(msg[3])
@@ -289,6 +333,12 @@ class Node(Outgoing):
             if reply is not None:
                 self.reply_dead(reply, cell.describe_exit())
         return None
+
+    def _refuse_op(self, conn: Connection, call_id: Any, op: Any) -> None:
+        why = f"node operation {op!r} refused: only this process's parent may ask for it"
+        self.refusals.refused(f"connection {conn.peer}", why)
+        if isinstance(call_id, int) and call_id >= 0:
+            self.reply_error((conn, call_id), "ProtocolError", why, "")
 
     async def _run_sys(self, conn: Connection, call_id: int, op: str, payload: Any) -> None:
         handler = self.sys_handlers.get(op)

@@ -9,7 +9,6 @@ whose process died gets a fresh one from the fork server, pinned as the old one 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,7 +71,6 @@ def _payload(
         "id": path,
         "incarnation": incarnation,
         "cls": class_path(actor) if isinstance(actor, type) else actor,
-        "main": getattr(sys.modules.get("__main__"), "__file__", None),
         "name": info.name,
         "rank": info.rank,
         "coords": info.coords,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -126,7 +125,6 @@ class ProcMesh:
             return await self._spawn_supervised(name, actor, args, kwargs, supervision)
         payload = {
             "cls": class_path(actor),
-            "main": getattr(sys.modules.get("__main__"), "__file__", None),
             "name": name,
             "shape": self._shape,
             "args": list(args),

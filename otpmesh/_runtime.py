@@ -206,6 +206,9 @@ class Runtime:
     async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
         assert self.nursery is not None
         cfg = self._worker_cfg(proc, self.node.addr)
+        # The secrets ride the fork server's private socket pair, never argv or the environment
+        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
+        cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
         out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
         self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))

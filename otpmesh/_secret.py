@@ -1,13 +1,16 @@
-"""The cluster secret and the challenge-response every TCP connection opens with.
+"""The secrets, and the challenge-response every connection opens with.
 
 Like Erlang's cookie: every node of one application shares a secret; it never crosses the wire.
-After the version handshake both sides prove they know it:
+On one host it is the app's own (made when the controller starts); over TCP it is the cluster's
+(``OTPMESH_SECRET``, a file, see ``load_secret``). After the version handshake both sides prove
+they know it:
 
     acceptor -> dialer    nonce_a                                   (32 random bytes)
     dialer -> acceptor    nonce_d + HMAC(secret, "dialer" + nonce_a + nonce_d)
     acceptor -> dialer    HMAC(secret, "acceptor" + nonce_d + nonce_a)
 
-A peer without the secret gets nothing but the acceptor's nonce, and the attempt is logged.
+A peer without the secret gets nothing but the handshake and the acceptor's nonce, and the
+attempt is logged.
 The proofs are pure functions here; ``_wire.authenticate`` does the I/O.
 """
 
@@ -27,6 +30,12 @@ DEFAULT_SECRET_FILE = Path("~/.otpmesh/secret")
 
 class SecretError(Exception):
     """The secret could not be found or read."""
+
+
+def new_app_secret() -> bytes:
+    """A fresh per-app secret (a controller makes one at start; its workers get it at fork
+    time, over the fork server's private socket pair, never on argv or in the environment)."""
+    return secrets.token_bytes(32)
 
 
 def new_nonce() -> bytes:

@@ -4,7 +4,10 @@ Layout of a connection (see docs/wire.md):
 
     dialer -> acceptor   MAGIC (8 bytes) + version (u16, big-endian) + flags (u16)
     acceptor -> dialer   the same, or the connection is closed
+    both ways            challenge-response: both prove they know the secret (_secret.py)
     both directions      frames: length (u32, big-endian) + msgpack payload
+
+On a Unix socket each side first checks that the peer runs as its own user (SO_PEERCRED).
 
 The decoder is sans-IO (``FrameDecoder.feed``) so garbage can be fed to it directly in tests.
 A broken frame closes that one connection; nothing else is affected.
@@ -13,6 +16,7 @@ A broken frame closes that one connection; nothing else is affected.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -34,6 +38,7 @@ HANDSHAKE = _HELLO.pack(MAGIC, PROTOCOL_VERSION, 0)
 #: Largest frame accepted; bigger tensors belong on the tensor channel, not the control wire.
 MAX_FRAME_SIZE = 1 << 30
 _LEN = struct.Struct(">I")
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _RECV_CHUNK = 1 << 18
 # Frames smaller than this are coalesced into one write; bigger ones are written as they are.
 _COALESCE_LIMIT = 1 << 18
@@ -135,24 +140,40 @@ def detach(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
-async def dial(addr: str, secret: bytes | None = None) -> socket.socket:
-    """Connect to the node listening at `addr` and run the handshake.
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (``SO_PEERCRED``: the
+    kernel's word, which the peer cannot forge)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(creds)
+    return int(pid), int(uid), int(gid)
 
-    `addr` is an abstract Unix address, or ``tcp:HOST:PORT``; a TCP connection then proves it
-    knows `secret` (and checks that the peer does) before anything else is sent.
+
+def check_same_user(sock: socket.socket) -> None:
+    """Raise ProtocolError unless the peer of Unix socket `sock` runs as this process's user."""
+    uid = peer_credentials(sock)[1]
+    if uid != os.getuid():
+        raise ProtocolError(f"peer runs as uid {uid}, not this app's uid {os.getuid()}")
+
+
+async def dial(addr: str, secret: bytes | None) -> socket.socket:
+    """Connect to the node listening at `addr`, run the handshake, then prove that this side
+    knows `secret` and check that the peer does, before any frame is sent.
+
+    `addr` is an abstract Unix address (the peer must also run as this user), or
+    ``tcp:HOST:PORT``. `secret` is the app's secret on Unix sockets, the cluster's on TCP.
     """
+    if secret is None:
+        raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
     tcp = tcp_address(addr)
     if tcp is None:
         sock = detach(await trio.open_unix_socket(addr))
     else:
-        if secret is None:
-            raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
         sock = detach(await trio.open_tcp_stream(*tcp))
     try:
+        if tcp is None:
+            check_same_user(sock)
         await handshake(sock, dialer=True)
-        if tcp is not None:
-            assert secret is not None
-            await authenticate(sock, secret, dialer=True)
+        await authenticate(sock, secret, dialer=True)
     except BaseException:
         sock.close()
         raise
@@ -162,7 +183,7 @@ async def dial(addr: str, secret: bytes | None = None) -> socket.socket:
 async def authenticate(
     sock: socket.socket, secret: bytes, *, dialer: bool, timeout: float = 10.0
 ) -> None:
-    """Challenge-response over a TCP connection (see _secret.py); ProtocolError on failure."""
+    """Challenge-response after the handshake (see _secret.py); ProtocolError on failure."""
     with trio.fail_after(timeout):
         if dialer:
             nonce_a = await _receive_exactly(sock, _secret.NONCE_SIZE)
@@ -173,14 +194,14 @@ async def authenticate(
             except ProtocolError:
                 raise ProtocolError("the peer refused this node's secret") from None
             if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
-                raise ProtocolError("the peer does not know this cluster's secret")
+                raise ProtocolError("the peer does not know this app's secret")
         else:
             nonce_a = _secret.new_nonce()
             await send_all(sock, nonce_a)
             answer = await _receive_exactly(sock, _secret.NONCE_SIZE + _secret.PROOF_SIZE)
             nonce_d, got = answer[: _secret.NONCE_SIZE], answer[_secret.NONCE_SIZE :]
             if not _secret.proof_ok(_secret.dialer_proof(secret, nonce_a, nonce_d), got):
-                raise ProtocolError("wrong secret: the dialer does not know this cluster's secret")
+                raise ProtocolError("wrong secret: the dialer does not know this app's secret")
             await send_all(sock, _secret.acceptor_proof(secret, nonce_a, nonce_d))
 
 

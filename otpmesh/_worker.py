@@ -37,9 +37,17 @@ class Worker:
                 "partition": self._partition,
             },
             listen=cfg.get("listen"),  # a host agent's worker: TCP, reachable from other hosts
-            secret=cfg.get("secret"),
+            secret=cfg["secret"],
+            tcp_secret=cfg.get("tcp_secret"),
         )
-        self.host = ActorHost(self.node, self._actor_exited, self._actor_exiting)
+        # Another actor's connection (authenticated: it is one of ours) may call and cast, but
+        # only the controller or agent that forked this process may run or stop actors in it.
+        self.node.parent_ops = frozenset(
+            {"spawn_actor", "stop_actor", "shutdown", "inject", "partition"}
+        )
+        self.host = ActorHost(
+            self.node, self._actor_exited, self._actor_exiting, main_path=cfg.get("main")
+        )
         self.controller: Connection | None = None
         self._done = trio.Event()
 
@@ -47,7 +55,7 @@ class Worker:
         set_current_node(self.node)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
-            sock = await dial(self.cfg["controller"], self.node.secret)
+            sock = await dial(self.cfg["controller"], self.node.secret_for(self.cfg["controller"]))
             conn = Connection(
                 sock,
                 peer=self.cfg["controller"],

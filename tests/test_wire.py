@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otpmesh
+from otpmesh import _secret
 from otpmesh._codec import pack
 from otpmesh._frames import decode_message
+from otpmesh._runtime import runtime
 from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE, FrameDecoder, check_handshake, frame_header
 from tests.actors import Echo
 from tests.conftest import run_trio
@@ -87,13 +89,29 @@ def test_garbage_inside_a_well_framed_payload_only_raises_protocol_errors(payloa
         pass
 
 
-def _raw_connect(addr: str, handshake: bool = True) -> socket.socket:
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, f"closed after {len(data)} of {n} bytes"
+        data += chunk
+    return data
+
+
+def _raw_connect(addr: str, secret: bytes | None = None) -> socket.socket:
+    """A raw Unix connection to a node; with `secret`, past the handshake and the proof (a
+    peer that belongs to the app: what a compromised worker could send)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     sock.connect(addr)
-    if handshake:
+    if secret is not None:
         sock.sendall(HANDSHAKE)
-        assert sock.recv(len(HANDSHAKE)) == HANDSHAKE
+        assert _recv_exactly(sock, len(HANDSHAKE)) == HANDSHAKE
+        nonce_a = _recv_exactly(sock, _secret.NONCE_SIZE)
+        nonce_d = _secret.new_nonce()
+        sock.sendall(nonce_d + _secret.dialer_proof(secret, nonce_a, nonce_d))
+        expected = _secret.acceptor_proof(secret, nonce_a, nonce_d)
+        assert _recv_exactly(sock, _secret.PROOF_SIZE) == expected
     return sock
 
 
@@ -113,10 +131,11 @@ def test_a_bad_connection_is_closed_and_the_worker_keeps_serving(attack: str) ->
         async with await otpmesh.proc_mesh(procs=1) as procs:
             mesh = await procs.spawn("w", Echo)
             addr = procs._procs[0].addr
-            bystander = _raw_connect(addr)
+            secret = (await runtime()).node.secret
+            bystander = _raw_connect(addr, secret)
 
             def attack_worker() -> bool:
-                sock = _raw_connect(addr, handshake=attack != "bad-handshake")
+                sock = _raw_connect(addr, None if attack == "bad-handshake" else secret)
                 if attack == "bad-handshake":
                     sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
                 elif attack == "oversized":
