@@ -118,10 +118,14 @@ class Agent:
     async def _session(self) -> None:
         """One registration: from dialing the controller until it is lost."""
         with trio.fail_after(DIAL_TIMEOUT):  # a host cut off must not wait out TCP's retries
-            sock = await dial(self.controller, self.secret)
+            sock, mac = await dial(self.controller, self.secret)
         self.host_id = uuid.uuid4().hex
         conn = Connection(
-            sock, peer=self.controller, decode=decode_message, on_message=self.node.dispatch
+            sock,
+            peer=self.controller,
+            decode=decode_message,
+            on_message=self.node.dispatch,
+            mac=mac,
         )
         self.conn = conn
         self.node.parent = conn

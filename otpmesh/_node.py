@@ -18,12 +18,13 @@ from typing import Any
 
 import trio
 
-from . import _codec, _secret
+from . import _codec, _framemac, _secret
 from ._addresses import bind, bind_tcp, listen_address, tcp_address
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._errors import ActorDiedError, ProtocolError
 from ._faults import LinkFaults
+from ._framemac import FrameMac
 from ._frames import (
     CALL,
     CAST,
@@ -37,7 +38,15 @@ from ._frames import (
 )
 from ._outgoing import Outgoing, ReplyTo
 from ._refusals import RefusalLog, describe_peer
-from ._wire import Connection, authenticate, check_same_user, detach, dial, handshake
+from ._wire import (
+    FLAG_FRAME_MAC,
+    Connection,
+    authenticate,
+    check_same_user,
+    detach,
+    dial,
+    handshake,
+)
 
 log = logging.getLogger("otpmesh.node")
 
@@ -159,7 +168,7 @@ class Node(Outgoing):
             peer = describe_peer(sock, tcp)
             if self._unproven > MAX_UNPROVEN:
                 raise ProtocolError(f"more than {MAX_UNPROVEN} connections are proving themselves")
-            await self._prove(sock, tcp)
+            mac = await self._prove(sock, tcp)
         except (ProtocolError, trio.TooSlowError, OSError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 why = f"did not prove itself within {PROOF_TIMEOUT:g} s"
@@ -171,10 +180,12 @@ class Node(Outgoing):
         finally:
             self._unproven -= 1
         await self.run_connection(
-            Connection(sock, peer="(incoming)", decode=decode_message, on_message=self.dispatch)
+            Connection(
+                sock, peer="(incoming)", decode=decode_message, on_message=self.dispatch, mac=mac
+            )
         )
 
-    async def _prove(self, sock: socket.socket, tcp: bool) -> None:
+    async def _prove(self, sock: socket.socket, tcp: bool) -> FrameMac | None:
         """The peer of a fresh incoming connection proves it belongs to this app, or is refused:
         the same user (Unix), the version handshake, then the secret's challenge-response. It
         costs bounded time and memory: fixed-size reads only, no frame before the proof."""
@@ -184,8 +195,11 @@ class Node(Outgoing):
             secret = self.tcp_secret if tcp else self.secret
             if secret is None:
                 raise ProtocolError("this node has no secret to check TCP peers with")
-            await handshake(sock, dialer=False, timeout=math.inf)
-            await authenticate(sock, secret, dialer=False, timeout=math.inf)
+            with_mac = tcp and _framemac.wanted()
+            flags = FLAG_FRAME_MAC if with_mac else 0
+            await handshake(sock, dialer=False, flags=flags, timeout=math.inf)
+            keys = await authenticate(sock, secret, dialer=False, timeout=math.inf)
+        return FrameMac(*keys) if with_mac else None
 
     async def run_connection(self, conn: Connection) -> None:
         try:
@@ -227,8 +241,8 @@ class Node(Outgoing):
         """Dial `addr`, keep the connection in `table` and serve it until it closes."""
         if self.nursery is None:
             raise RuntimeError("node is not serving")
-        sock = await dial(addr, self.secret_for(addr))
-        conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch)
+        sock, mac = await dial(addr, self.secret_for(addr))
+        conn = Connection(sock, peer=addr, decode=decode_message, on_message=self.dispatch, mac=mac)
         table[addr] = conn
         self.nursery.start_soon(self.run_connection, conn)
         return conn

@@ -25,15 +25,18 @@ from typing import Any
 
 import trio
 
-from . import _secret
+from . import _framemac, _secret
 from ._addresses import tcp_address
 from ._errors import ProtocolError
+from ._framemac import FrameMac
 
 log = logging.getLogger("otpmesh.wire")
 
 MAGIC = b"OTPMESH\x00"
 PROTOCOL_VERSION = 1
 _HELLO = struct.Struct(">8sHH")
+#: Handshake flag: this side puts a MAC on every frame (_framemac.py); both sides must agree.
+FLAG_FRAME_MAC = 1
 HANDSHAKE = _HELLO.pack(MAGIC, PROTOCOL_VERSION, 0)
 #: Largest frame accepted; bigger tensors belong on the tensor channel, not the control wire.
 MAX_FRAME_SIZE = 1 << 30
@@ -53,13 +56,14 @@ def frame_header(size: int) -> bytes:
     return _LEN.pack(size)
 
 
-def check_handshake(data: bytes) -> None:
-    """Raise ProtocolError unless `data` is a handshake this version speaks."""
-    magic, version, _flags = _HELLO.unpack(data)
+def check_handshake(data: bytes) -> int:
+    """The peer's flags, or ProtocolError unless `data` is a handshake this version speaks."""
+    magic, version, flags = _HELLO.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad handshake magic {magic!r}, expected {MAGIC!r}")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"peer speaks protocol version {version}, this side {PROTOCOL_VERSION}")
+    return int(flags)
 
 
 class FrameDecoder:
@@ -122,15 +126,27 @@ async def _receive_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(data)
 
 
-async def handshake(sock: socket.socket, *, dialer: bool, timeout: float = 10.0) -> None:
-    """Run the opening handshake on a fresh socket; raise ProtocolError if the peer is not ours."""
+async def handshake(
+    sock: socket.socket, *, dialer: bool, flags: int = 0, timeout: float = 10.0
+) -> None:
+    """Run the opening handshake on a fresh socket; raise ProtocolError if the peer is not ours
+    or does not use the same `flags`."""
+    ours = _HELLO.pack(MAGIC, PROTOCOL_VERSION, flags)
     with trio.fail_after(timeout):
         if dialer:
-            await send_all(sock, HANDSHAKE)
-            check_handshake(await _receive_exactly(sock, _HELLO.size))
+            await send_all(sock, ours)
+            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
         else:
-            check_handshake(await _receive_exactly(sock, _HELLO.size))
-            await send_all(sock, HANDSHAKE)
+            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
+            await send_all(sock, ours)
+    if theirs != flags:
+        def state(f: int) -> str:
+            return "on" if f & FLAG_FRAME_MAC else "off"
+
+        raise ProtocolError(
+            f"the peer has frame MACs {state(theirs)}, this side {state(flags)}: set "
+            f"{_framemac.ENV} the same on every host"
+        )
 
 
 def detach(stream: trio.SocketStream) -> socket.socket:
@@ -155,9 +171,10 @@ def check_same_user(sock: socket.socket) -> None:
         raise ProtocolError(f"peer runs as uid {uid}, not this app's uid {os.getuid()}")
 
 
-async def dial(addr: str, secret: bytes | None) -> socket.socket:
+async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac | None]:
     """Connect to the node listening at `addr`, run the handshake, then prove that this side
-    knows `secret` and check that the peer does, before any frame is sent.
+    knows `secret` and check that the peer does, before any frame is sent. Returns the socket
+    and, over TCP, the MAC its frames carry (give both to a ``Connection``).
 
     `addr` is an abstract Unix address (the peer must also run as this user), or
     ``tcp:HOST:PORT``. `secret` is the app's secret on Unix sockets, the cluster's on TCP.
@@ -172,18 +189,20 @@ async def dial(addr: str, secret: bytes | None) -> socket.socket:
     try:
         if tcp is None:
             check_same_user(sock)
-        await handshake(sock, dialer=True)
-        await authenticate(sock, secret, dialer=True)
+        with_mac = tcp is not None and _framemac.wanted()
+        await handshake(sock, dialer=True, flags=FLAG_FRAME_MAC if with_mac else 0)
+        keys = await authenticate(sock, secret, dialer=True)
     except BaseException:
         sock.close()
         raise
-    return sock
+    return sock, FrameMac(*keys) if with_mac else None
 
 
 async def authenticate(
     sock: socket.socket, secret: bytes, *, dialer: bool, timeout: float = 10.0
-) -> None:
-    """Challenge-response after the handshake (see _secret.py); ProtocolError on failure."""
+) -> tuple[bytes, bytes]:
+    """Challenge-response after the handshake (see _secret.py); ProtocolError on failure.
+    Returns this side's (send, receive) frame-MAC keys for the connection."""
     with trio.fail_after(timeout):
         if dialer:
             nonce_a = await _receive_exactly(sock, _secret.NONCE_SIZE)
@@ -195,6 +214,7 @@ async def authenticate(
                 raise ProtocolError("the peer refused this node's secret") from None
             if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
                 raise ProtocolError("the peer does not know this app's secret")
+            return _framemac.session_keys(secret, nonce_a, nonce_d)
         else:
             nonce_a = _secret.new_nonce()
             await send_all(sock, nonce_a)
@@ -203,6 +223,8 @@ async def authenticate(
             if not _secret.proof_ok(_secret.dialer_proof(secret, nonce_a, nonce_d), got):
                 raise ProtocolError("wrong secret: the dialer does not know this app's secret")
             await send_all(sock, _secret.acceptor_proof(secret, nonce_a, nonce_d))
+            d2a, a2d = _framemac.session_keys(secret, nonce_a, nonce_d)
+            return a2d, d2a
 
 
 MessageHandler = Callable[["Connection", Any], "Awaitable[None] | None"]
@@ -225,8 +247,10 @@ class Connection:
         peer: str,
         decode: Callable[[bytes], Any],
         on_message: MessageHandler,
+        mac: FrameMac | None = None,
     ) -> None:
         self.sock = sock
+        self._mac = mac  # over TCP: every frame carries a MAC (_framemac.py)
         self.peer = peer
         self._decode = decode
         self._on_message = on_message
@@ -256,6 +280,8 @@ class Connection:
         """Write one frame (its payload given as parts), or queue what the socket cannot take."""
         if self.closed:
             raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        if self._mac is not None:
+            parts = (*parts, self._mac.seal(parts))
         size = sum(len(p) for p in parts)
         header = frame_header(size)
         if self._out or self._batching or size > _COALESCE_LIMIT:
@@ -312,6 +338,7 @@ class Connection:
     async def _read_loop(self) -> None:
         decoder = FrameDecoder()
         sock = self.sock
+        mac = self._mac
         streak = 0
         while True:
             try:
@@ -327,7 +354,7 @@ class Connection:
                     )
                 return
             for frame in decoder.feed(data):
-                message = self._decode(frame)
+                message = self._decode(frame if mac is None else mac.open(frame))
                 waiting = self._on_message(self, message)
                 if waiting is not None:
                     await waiting

@@ -55,12 +55,10 @@ class Worker:
         set_current_node(self.node)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
-            sock = await dial(self.cfg["controller"], self.node.secret_for(self.cfg["controller"]))
+            controller = self.cfg["controller"]
+            sock, mac = await dial(controller, self.node.secret_for(controller))
             conn = Connection(
-                sock,
-                peer=self.cfg["controller"],
-                decode=decode_message,
-                on_message=self.node.dispatch,
+                sock, peer=controller, decode=decode_message, on_message=self.node.dispatch, mac=mac
             )
             self.controller = conn
             self.node.parent = conn

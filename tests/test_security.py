@@ -203,7 +203,7 @@ def test_a_main_path_in_a_message_is_never_imported(tmp_path: Path) -> None:
             }
             # Even from the parent, the path in the message is ignored: the worker imports
             # only the main file its parent named when it forked it (this test's runner).
-            with pytest.raises(otpmesh.ActorError, match="Planted|__main__"):
+            with pytest.raises(otpmesh.ActorError, match=r"Planted|__main__"):
                 await rt.node.sys_call(proc.conn, "spawn_actor", request, "planted/0")
             echo = await procs.spawn("e", Echo)  # the worker is unharmed
             assert (await echo.echo(1)).values() == [1]
