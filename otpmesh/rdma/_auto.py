@@ -9,6 +9,7 @@ still delivered in order. A temporary buffer nobody fetched is dropped after ``T
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable
 from typing import Any
 
@@ -20,7 +21,9 @@ from .._frames import ERR, OK, remote_error
 from .._node import Node, current_node
 from .._wire import Connection
 from ._buffer import RDMABuffer
-from ._registry import RDMAError, registry
+from ._error import RDMAError
+from ._handle import Handle, check_matches
+from ._registry import registry
 
 TEMP_TTL = 300.0
 
@@ -30,11 +33,12 @@ def _offer(tensor: Any) -> Any:
     if node is None:
         return None  # no node to serve it from: send inline
     buf = RDMABuffer(tensor)
-    registry(node).expire(buf._handle["id"], trio.current_time() + TEMP_TTL)
+    handle = buf._handle
+    registry(node).expire(handle.buffer, trio.current_time() + TEMP_TTL)
     collecting = _codec.offered.get()
     if collecting is not None:
-        collecting.append(buf._handle["id"])  # a call's arguments: dropped when the call ends
-    return buf._handle
+        collecting.append(handle.buffer)  # a call's arguments: dropped when the call ends
+    return handle.to_wire()
 
 
 def _substitute(value: Any, found: dict[int, Any]) -> Any:
@@ -52,10 +56,31 @@ def _substitute(value: Any, found: dict[int, Any]) -> Any:
     return value
 
 
-def _empty_like(handle: dict[str, Any]) -> Any:
+def _tensor_dtype(handle: Handle) -> Any:
+    """The torch dtype a channel tensor's handle names, checked against its size."""
     import torch
 
-    return torch.empty(handle["shape"], dtype=getattr(torch, handle["dtype"]))
+    dtype = getattr(torch, handle.dtype or "", None)
+    if not isinstance(dtype, torch.dtype) or handle.shape is None:
+        raise RDMAError(
+            f"a channel tensor's handle names no torch dtype and shape: {handle.dtype!r}, "
+            f"{handle.shape!r}"
+        )
+    numel = 1
+    for dim in handle.shape:
+        numel *= dim
+    if numel * dtype.itemsize != handle.nbytes:
+        raise RDMAError(
+            f"a channel tensor's handle says {handle.nbytes} bytes for "
+            f"{handle.dtype}{list(handle.shape)}, which needs {numel * dtype.itemsize}"
+        )
+    return dtype
+
+
+def _empty_like(handle: Handle) -> Any:
+    import torch
+
+    return torch.empty(list(handle.shape or ()), dtype=_tensor_dtype(handle))
 
 
 async def fetch(node: Node, msg: Any, pending: list[Any], drop: bool) -> Any:
@@ -65,7 +90,11 @@ async def fetch(node: Node, msg: Any, pending: list[Any], drop: bool) -> Any:
     found: dict[int, Any] = {}
     for placeholder in pending:
         buf = RDMABuffer._from_handle(placeholder.handle)
-        found[id(placeholder)] = await buf.read_into(_empty_like(placeholder.handle))
+        handle = buf._handle
+        _tensor_dtype(handle)  # a malformed one fails before anything is asked or allocated
+        # Allocated only once the owner vouched for the handle: a forged one cannot make this
+        # process allocate whatever shape it names.
+        found[id(placeholder)] = await buf._read_new(functools.partial(_empty_like, handle))
         if drop:
             buf.drop()
     return _substitute(msg, found)
@@ -85,13 +114,12 @@ def fetch_local(node: Node, msg: Any, pending: list[Any]) -> Any:
     reg = registry(node)
     found: dict[int, Any] = {}
     for placeholder in pending:
-        handle = placeholder.handle
-        entry = reg.buffers.get(handle["id"])
-        if entry is None:
-            raise RDMAError(f"temporary buffer {handle['id']} is gone")
+        handle = Handle.from_wire(placeholder.handle)
+        entry = reg.check(handle.buffer, handle.token)
+        check_matches(handle, entry.region.nbytes, entry.dtype, entry.shape)
         tensor = _empty_like(handle)
-        ctypes.memmove(tensor.data_ptr(), entry.region.address, handle["nbytes"])
-        reg.drop(handle["id"])
+        ctypes.memmove(tensor.data_ptr(), entry.region.address, handle.nbytes)
+        reg.drop(handle.buffer)
         found[id(placeholder)] = tensor
     return _substitute(msg, found)
 

@@ -1,10 +1,12 @@
 """The interface every tensor-channel backend implements (shm, tcp, ibverbs, cuda_ipc).
 
 A registered buffer is a contiguous region of the owner's memory (``Region``: address, size).
-Each backend, in the owner, turns it into one entry of the handle (plain msgpack data); in the
-reader, it moves bytes between that remote region and a local one using its entry. Backends that
-need the owner's help (setting up a queue pair, serving a TCP stream) talk to the owner's
-backend through ``Peer.request``, which runs the owner's ``Backend.serve`` and returns its answer.
+Each backend, in the owner, turns it into one entry (plain msgpack data) that a reader receives
+only in the owner's answer to a pin that presented the buffer's token (``_handle.Grant``), never
+in the handle itself; in the reader, it moves bytes between that remote region and a local one
+using its entry. Backends that need the owner's help (setting up a queue pair, serving a TCP
+stream) talk to the owner's backend through ``Peer.request``, which runs the owner's
+``Backend.serve`` (for token holders only) and returns its answer.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Backend(Protocol):
         """None when this process can use the backend, else why not (said once, in the log)."""
 
     def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
-        """In the owner: make `region` reachable; return this backend's entry of the handle."""
+        """In the owner: make `region` reachable; return this backend's entry (sent to token
+        holders only, in the answer to a pin)."""
 
     def unregister(self, buffer_id: int) -> None:
         """In the owner: forget the buffer (drop)."""

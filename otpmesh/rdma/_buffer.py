@@ -1,30 +1,32 @@
 """RDMABuffer: a registered region of an actor's memory, moved by handle.
 
-The owner registers a contiguous tensor (or writable buffer); the small handle travels in
-messages; any process holding it reads or writes the bytes one-sidedly through the best backend
-both ends can use. Before a transfer the reader pins the buffer with its owner (so a ``drop`` or
-the owner's garbage collector cannot free the memory mid-copy); pins die with the reader's
-connection, so a SIGKILLed reader leaves nothing behind.
+The owner registers a contiguous tensor (or writable buffer); the small handle (``_handle.py``:
+owner, buffer id, token, size) travels in messages; any process holding it reads or writes the
+bytes one-sidedly through the best backend both ends can use. Before a transfer the reader pins
+the buffer with its owner, presenting the token (so a ``drop`` or the owner's garbage collector
+cannot free the memory mid-copy); the owner's answer, not the handle, says which process and
+which memory the copy touches. Pins die with the reader's connection, so a SIGKILLed reader
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
 
 from .. import _codec
 from .._errors import ActorDiedError, OtpmeshError
-from .._hostid import boot_id, pid_namespace
 from .._node import Node, current_node
 from .._wire import Connection
 from ._backend import Backend, Peer, Region
-from ._registry import RDMAError, allowed_backends, registry
+from ._error import RDMAError
+from ._handle import Grant, Handle, check_grant, check_matches, peer_pid
+from ._registry import allowed_backends, registry
 
 log = logging.getLogger("otpmesh.rdma")
 
@@ -85,22 +87,26 @@ class RDMABuffer:
                 "or in a controller after otpmesh.proc_mesh() or otpmesh.start()"
             )
         region, dtype, shape = _describe_target(data)
-        buffer_id, entries = registry(node).register(data, region)
-        self._handle: dict[str, Any] = {
-            "id": buffer_id,
-            "owner": node.addr,
-            "pid": os.getpid(),
-            "boot_id": boot_id(),
-            "pidns": pid_namespace(),
-            "nbytes": region.nbytes,
-            "dtype": dtype,
-            "shape": shape,
-            "entries": entries,
-        }
+        dims = None if shape is None else tuple(shape)
+        buffer_id, reg = registry(node).register(data, region, dtype, dims)
+        self._handle = Handle(
+            buffer=buffer_id,
+            token=reg.token,
+            owner=node.addr,
+            nbytes=region.nbytes,
+            dtype=dtype,
+            shape=dims,
+            backends=tuple(reg.grant["entries"]),
+        )
         self.backend: str | None = None
 
     @classmethod
-    def _from_handle(cls, handle: dict[str, Any]) -> RDMABuffer:
+    def _from_handle(cls, data: Any) -> RDMABuffer:
+        """Decode a handle from the wire: RDMAError if any field is malformed."""
+        return cls._of(Handle.from_wire(data))
+
+    @classmethod
+    def _of(cls, handle: Handle) -> RDMABuffer:
         buf = cls.__new__(cls)
         buf._handle = handle
         buf.backend = None
@@ -108,61 +114,67 @@ class RDMABuffer:
 
     @property
     def nbytes(self) -> int:
-        return int(self._handle["nbytes"])
+        return self._handle.nbytes
 
     @property
     def backends(self) -> list[str]:
         """The backends the owner offered for this buffer."""
-        return list(self._handle["entries"])
+        return list(self._handle.backends)
 
     def __repr__(self) -> str:
         h = self._handle
-        what = f"{h['dtype']}{h['shape']}" if h["dtype"] else f"{h['nbytes']} bytes"
-        return f"RDMABuffer({what}, owner pid {h['pid']}, backends {self.backends})"
+        where = f"buffer {h.buffer} of {h.owner}"
+        return f"RDMABuffer({h.describe()}, {where}, backends {self.backends})"
 
     async def read_into(self, dst: Any, *, timeout: float | None = None) -> Any:
         """Copy the buffer's bytes into `dst` (same size, dtype and shape); return `dst`."""
-        await self._transfer(dst, "read", timeout)
+        self._check(dst)
+        await self._transfer(lambda: dst, "read", timeout)
         return dst
 
     async def write_from(self, src: Any, *, timeout: float | None = None) -> None:
         """Copy `src` (same size, dtype and shape) into the buffer."""
-        await self._transfer(src, "write", timeout)
+        self._check(src)
+        await self._transfer(lambda: src, "write", timeout)
+
+    async def _read_new(self, make: Callable[[], Any]) -> Any:
+        """Read into what `make()` returns, called only once the owner vouched for the handle
+        (so a forged handle cannot make this process allocate what it names)."""
+        return await self._transfer(make, "read", None)
 
     def drop(self) -> None:
         """Release the buffer: it can no longer be read or written (pinned transfers finish)."""
         node = current_node()
         if node is None:
             return
-        if self._handle["owner"] == node.addr:
-            registry(node).drop(self._handle["id"])
+        h = self._handle
+        if h.owner == node.addr:
+            reg = registry(node)
+            if h.buffer in reg.buffers:
+                reg.check(h.buffer, h.token, live=False)
+                reg.drop(h.buffer)
             return
-        conn = node._side.get(self._handle["owner"]) or node._conns.get(self._handle["owner"])
+        conn = node._side.get(h.owner) or node._conns.get(h.owner)
         if conn is not None:
-            node.sys_cast(conn, "rdma", {"op": "drop", "buffer": self._handle["id"]})
+            node.sys_cast(conn, "rdma", {"op": "drop", "buffer": h.buffer, "token": h.token})
 
     # ---------------------------------------------------------------- transfers
 
     def _check(self, local: Any) -> Region:
         region, dtype, shape = _describe_target(local)
         h = self._handle
-        if (
-            dtype is not None
-            and h["dtype"] is not None
-            and (dtype, shape) != (h["dtype"], h["shape"])
-        ):
+        held = None if h.shape is None else list(h.shape)
+        if dtype is not None and h.dtype is not None and (dtype, shape) != (h.dtype, held):
             raise RDMAError(
-                f"buffer {h['id']} holds {h['dtype']}{h['shape']}, "
-                f"the local tensor is {dtype}{shape}"
+                f"buffer {h.buffer} holds {h.dtype}{held}, the local tensor is {dtype}{shape}"
             )
-        if region.nbytes != h["nbytes"]:
+        if region.nbytes != h.nbytes:
             raise RDMAError(
-                f"buffer {h['id']} holds {h['nbytes']} bytes, the local one {region.nbytes}"
+                f"buffer {h.buffer} holds {h.nbytes} bytes, the local one {region.nbytes}"
             )
         return region
 
-    async def _transfer(self, local: Any, op: str, timeout: float | None) -> None:
-        region = self._check(local)
+    async def _transfer(self, make: Callable[[], Any], op: str, timeout: float | None) -> Any:
         node = current_node()
         if node is None:
             raise RDMAError(
@@ -172,83 +184,99 @@ class RDMABuffer:
         h = self._handle
         try:
             with trio.fail_after(timeout if timeout is not None else float("inf")):
-                if h["owner"] == node.addr:
-                    self._copy_locally(node, region, op)
-                    return
-                await self._transfer_remote(node, region, op)
+                if h.owner == node.addr:
+                    return self._copy_locally(node, make, op)
+                return await self._transfer_remote(node, make, op)
         except trio.TooSlowError:
             raise RDMAError(
-                f"{op} of buffer {h['id']} (owner pid {h['pid']}) timed out after {timeout:g} s"
+                f"{op} of buffer {h.buffer} (owner {h.owner}) timed out after {timeout:g} s"
             ) from None
 
-    def _copy_locally(self, node: Node, region: Region, op: str) -> None:
-        reg = registry(node).buffers.get(self._handle["id"])
-        if reg is None or reg.dropped:
-            raise RDMAError(f"buffer {self._handle['id']} was dropped")
+    def _copy_locally(self, node: Node, make: Callable[[], Any], op: str) -> Any:
+        h = self._handle
+        reg = registry(node).check(h.buffer, h.token)
+        check_matches(h, reg.region.nbytes, reg.dtype, reg.shape)
+        local = make()
+        region = self._check(local)
         src, dst = (reg.region, region) if op == "read" else (region, reg.region)
         ctypes.memmove(dst.address, src.address, region.nbytes)
         self.backend = "local"
+        return local
 
-    async def _transfer_remote(self, node: Node, region: Region, op: str) -> None:
+    async def _transfer_remote(self, node: Node, make: Callable[[], Any], op: str) -> Any:
         h = self._handle
         try:
-            conn = await node.connect_side(h["owner"])
-        except OSError as exc:
+            conn = await node.connect_side(h.owner)
+        except (OSError, ValueError, OtpmeshError) as exc:  # ValueError: an address no socket takes
             raise RDMAError(
-                f"the owner of buffer {h['id']} (pid {h['pid']}) is gone: {exc}"
+                f"the owner of buffer {h.buffer} ({h.owner}) is gone or unreachable: {exc}"
             ) from None
-        name, backend = self._choose(node)
 
         async def request(backend_name: str, req: str, payload: Any) -> Any:
             return await node.sys_call(
                 conn,
                 "rdma",
-                {"op": "backend", "backend": backend_name, "request": req, "payload": payload},
-                f"buffer {h['id']}",
+                {
+                    "op": "backend",
+                    "buffer": h.buffer,
+                    "token": h.token,
+                    "backend": backend_name,
+                    "request": req,
+                    "payload": payload,
+                },
+                f"buffer {h.buffer}",
             )
 
-        peer = Peer(h["pid"], h["boot_id"], h["pidns"], request)
-        await self._owner_call(node, conn, "pin")
+        answer = await self._owner_call(node, conn, {"op": "pin", "token": h.token})
         try:
-            entry = h["entries"][name]
-            if op == "read":
-                await backend.read(entry, peer, region, 0)
-            else:
-                await backend.write(entry, peer, region, 0)
-        except (OSError, ConnectionError, RuntimeError, ValueError) as exc:
-            # RuntimeError: the ibverbs backend's errors (remote access, peer lost, timeout).
-            raise RDMAError(f"{op} of buffer {h['id']} over {name} failed: {exc}") from None
+            grant = Grant.from_wire(answer)
+            check_grant(h, grant, peer_pid(conn.sock))
+            local = make()
+            region = self._check(local)
+            peer = Peer(grant.pid, grant.boot_id, grant.pidns, request)
+            name, backend = self._choose(node, grant, peer)
+            entry = grant.entries[name]
+            try:
+                if op == "read":
+                    await backend.read(entry, peer, region, 0)
+                else:
+                    await backend.write(entry, peer, region, 0)
+            except (OSError, ConnectionError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+                # RuntimeError: the ibverbs backend's errors (remote access, peer lost, timeout);
+                # KeyError, TypeError: an entry the backend cannot use.
+                raise RDMAError(f"{op} of buffer {h.buffer} over {name} failed: {exc!s}") from None
         finally:
             if not conn.closed:
-                node.sys_cast(conn, "rdma", {"op": "unpin", "buffer": h["id"]})
+                node.sys_cast(conn, "rdma", {"op": "unpin", "buffer": h.buffer})
         self.backend = name
+        return local
 
-    async def _owner_call(self, node: Node, conn: Connection, op: str) -> None:
+    async def _owner_call(self, node: Node, conn: Connection, request: dict[str, Any]) -> Any:
         h = self._handle
         try:
-            await node.sys_call(conn, "rdma", {"op": op, "buffer": h["id"]}, f"buffer {h['id']}")
+            return await node.sys_call(
+                conn, "rdma", {**request, "buffer": h.buffer}, f"buffer {h.buffer}"
+            )
         except ActorDiedError as exc:
             raise RDMAError(
-                f"the owner of buffer {h['id']} (pid {h['pid']}) is gone: {exc.reason}"
+                f"the owner of buffer {h.buffer} ({h.owner}) is gone: {exc.reason}"
             ) from None
         except OtpmeshError as exc:
             message = getattr(exc, "message", str(exc))
             raise RDMAError(message) from None
 
-    def _choose(self, node: Node) -> tuple[str, Backend]:
-        h = self._handle
+    def _choose(self, node: Node, grant: Grant, peer: Peer) -> tuple[str, Backend]:
         usable = registry(node).usable
-        peer = Peer(h["pid"], h["boot_id"], h["pidns"], _no_request)
         allowed = allowed_backends()
         for name in allowed:
             backend = usable.get(name)
-            entry = h["entries"].get(name)
+            entry = grant.entries.get(name)
             if backend is not None and entry is not None and backend.reaches(entry, peer):
                 self._note_fallback([n for n in allowed if n in usable], name)
                 return name, backend
         raise RDMAError(
-            f"no backend reaches the owner of buffer {h['id']}: it offers "
-            f"{sorted(h['entries'])}, this process can use {sorted(usable)} "
+            f"no backend reaches the owner of buffer {self._handle.buffer}: it offers "
+            f"{sorted(grant.entries)}, this process can use {sorted(usable)} "
             f"(allowed: {allowed})"
         )
 
@@ -265,10 +293,6 @@ class RDMABuffer:
             )
 
 
-async def _no_request(backend: str, op: str, payload: Any) -> Any:
-    raise RDMAError("no request channel here")
-
-
 _codec.register_ext(
-    RDMABuffer, _codec.EXT_RDMA_BUFFER, lambda b: b._handle, RDMABuffer._from_handle
+    RDMABuffer, _codec.EXT_RDMA_BUFFER, lambda b: b._handle.to_wire(), RDMABuffer._from_handle
 )

@@ -1,5 +1,9 @@
 """One node's tensor-channel state: the backends this process can use, the buffers it owns, and
-the pins readers hold on them (tied to their connections, so a dead reader leaves none)."""
+the pins readers hold on them (tied to their connections, so a dead reader leaves none).
+
+Every request about a buffer presents its token: the owner answers a pin with a ``Grant`` (where
+the buffer really is) only for the token it issued, so a forged or stale handle learns nothing
+and moves nothing."""
 
 from __future__ import annotations
 
@@ -11,20 +15,17 @@ from typing import Any
 
 import trio
 
-from .._errors import OtpmeshError
+from .._hostid import boot_id, pid_namespace
 from .._node import Node, current_node
 from .._wire import Connection
 from ._backend import Backend, Region
+from ._error import RDMAError as RDMAError
+from ._handle import Grant, new_token, tokens_match
 from ._shm import ShmBackend
 from ._tcp import TcpBackend
 
 #: Preference order: the first backend both ends can use wins.
 PREFERENCE = ("cuda_ipc", "shm", "ibverbs", "tcp")
-
-
-class RDMAError(OtpmeshError):
-    """Raised by RDMABuffer transfers: size/dtype/shape mismatch, dropped buffer, dead owner,
-    timeout, or no backend that reaches the owner."""
 
 
 def allowed_backends() -> list[str]:
@@ -57,6 +58,10 @@ def _make_backends() -> dict[str, Backend]:
 class _Registered:
     obj: Any  # keeps the memory alive while registered or pinned
     region: Region
+    token: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    grant: dict[str, Any]  # the answer to a pin: the only way the backends' entries leave
     pins: dict[int, int] = field(default_factory=dict)  # id(conn) -> count
     dropped: bool = False
 
@@ -70,19 +75,52 @@ class Registry:
         self.usable = {n: b for n, b in self.backends.items() if b.unavailable() is None}
         self.buffers: dict[int, _Registered] = {}
         self._ids = itertools.count(1)
+        self._issued = 0  # the highest buffer id handed out
+        self._host = (boot_id(), pid_namespace())  # read once: a pin must stay cheap
         self._expiring: dict[int, float] = {}
         node.sys_handlers["rdma"] = self._serve
         node.close_hooks.append(self._release_pins)
 
-    def register(self, obj: Any, region: Region) -> tuple[int, dict[str, Any]]:
-        buffer_id = next(self._ids)
-        self.buffers[buffer_id] = _Registered(obj, region)
-        entries = {
-            n: b.register(buffer_id, region)
-            for n, b in self.usable.items()
-            if n in allowed_backends()
-        }
-        return buffer_id, entries
+    def register(
+        self, obj: Any, region: Region, dtype: str | None, shape: tuple[int, ...] | None
+    ) -> tuple[int, _Registered]:
+        buffer_id = self._issued = next(self._ids)
+        allowed = allowed_backends()
+        entries = {n: b.register(buffer_id, region) for n, b in self.usable.items() if n in allowed}
+        grant = Grant(
+            pid=os.getpid(),
+            boot_id=self._host[0],
+            pidns=self._host[1],
+            nbytes=region.nbytes,
+            dtype=dtype,
+            shape=shape,
+            entries=entries,
+        )
+        reg = _Registered(obj, region, new_token(), dtype, shape, grant.to_wire())
+        self.buffers[buffer_id] = reg
+        return buffer_id, reg
+
+    def check(self, buffer_id: Any, token: Any, *, live: bool = True) -> _Registered:
+        """The buffer `buffer_id` if `token` is the one issued for it (and, when `live`, it is
+        not dropped); else an RDMAError that says which."""
+        if type(buffer_id) is not int or not isinstance(token, str):
+            raise RDMAError(
+                f"malformed tensor-channel request: buffer {buffer_id!r:.40}, token {token!r:.40}"
+            )
+        reg = self.buffers.get(buffer_id)
+        if reg is None and not 0 < buffer_id <= self._issued:
+            raise RDMAError(
+                f"buffer {buffer_id} was never registered by its owner (a forged or stale "
+                "handle); nothing was read or written"
+            )
+        if reg is None or (live and reg.dropped):
+            raise RDMAError(f"buffer {buffer_id} was dropped by its owner")
+        if not tokens_match(token, reg.token):
+            raise RDMAError(
+                f"buffer {buffer_id}: the handle's token is not the one its owner issued (a "
+                "forged or stale handle); nothing was read or written"
+            )
+        return reg
 
     def expire(self, buffer_id: int, deadline: float) -> None:
         """Drop a temporary buffer at `deadline` if nobody fetched it (its reader died)."""
@@ -112,30 +150,43 @@ class Registry:
             if reg.pins.pop(id(conn), None) is not None and reg.dropped and not reg.pins:
                 self._forget(buffer_id)
 
-    async def _serve(self, conn: Connection | None, p: dict[str, Any]) -> Any:
-        op, buffer_id = p["op"], p.get("buffer")
-        if op == "backend":
-            return await self.usable[p["backend"]].serve(p["request"], p["payload"])
-        reg = self.buffers.get(buffer_id) if buffer_id is not None else None
+    async def _serve(self, conn: Connection | None, p: Any) -> Any:
+        if not isinstance(p, dict):
+            raise RDMAError(f"malformed tensor-channel request: {p!r:.80}")
+        op, token = p.get("op"), p.get("token")
+        buffer_id: Any = p.get("buffer")
         key = id(conn)
-        if op == "pin":
-            if reg is None or reg.dropped:
-                raise RDMAError(f"buffer {buffer_id} was dropped by its owner")
+        if op == "pin":  # the token check: only its issuer's token learns where the buffer is
+            reg = self.check(buffer_id, token)
             reg.pins[key] = reg.pins.get(key, 0) + 1
-            return True
-        if op == "unpin" and reg is not None:
-            left = reg.pins.get(key, 0) - 1
-            if left > 0:
-                reg.pins[key] = left
-            else:
-                reg.pins.pop(key, None)
-            if reg.dropped and not reg.pins:
-                self._forget(buffer_id)  # type: ignore[arg-type]
+            return reg.grant
+        if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
+            self.check(buffer_id, token, live=False)
+            name = p.get("backend")
+            backend = self.usable.get(name) if isinstance(name, str) else None
+            if backend is None:
+                raise RDMAError(f"this owner has no tensor-channel backend {name!r:.40}")
+            return await backend.serve(str(p.get("request")), p.get("payload"))
+        found = self.buffers.get(buffer_id) if type(buffer_id) is int else None
+        if op == "unpin":  # only this connection's own pins
+            if found is not None:
+                self._unpin(buffer_id, found, key)
             return True
         if op == "drop":
-            self.drop(buffer_id)  # type: ignore[arg-type]
+            if found is not None:  # dropping twice, or after the owner did, is no error
+                self.check(buffer_id, token, live=False)
+                self.drop(buffer_id)
             return True
-        raise RDMAError(f"unknown tensor-channel request {op!r}")
+        raise RDMAError(f"unknown tensor-channel request {op!r:.40}")
+
+    def _unpin(self, buffer_id: int, reg: _Registered, key: int) -> None:
+        left = reg.pins.get(key, 0) - 1
+        if left > 0:
+            reg.pins[key] = left
+        else:
+            reg.pins.pop(key, None)
+        if reg.dropped and not reg.pins:
+            self._forget(buffer_id)
 
 
 def registry(node: Node) -> Registry:

@@ -4,6 +4,9 @@
 Nothing is allocated or named for it: no shared-memory segment or file exists, so a SIGKILLed
 owner or reader cannot leave one behind. "Same host" is decided by boot id and PID namespace,
 not by hostname.
+
+The entry (address and size) and the pid come from the owner's answer to a pin (``Grant``), never
+from a handle: see ``_handle.py``.
 """
 
 from __future__ import annotations
@@ -53,8 +56,19 @@ def _copy(pid: int, local: Region, remote_address: int, write: bool) -> None:
         done += moved
 
 
+def _remote(entry: dict[str, Any], offset: int, nbytes: int) -> int:
+    """The owner's address to copy at, after checking the copy stays inside its buffer."""
+    address, size = int(entry["address"]), int(entry["nbytes"])
+    if offset < 0 or offset + nbytes > size:
+        raise ValueError(f"{nbytes} bytes at offset {offset} fall outside its {size} bytes")
+    return address + offset
+
+
 class ShmBackend:
     name: ClassVar[str] = "shm"
+
+    def __init__(self) -> None:
+        self._host = (boot_id(), pid_namespace())  # read once: asked on every transfer
 
     def unavailable(self) -> str | None:
         if not hasattr(_libc, "process_vm_readv"):
@@ -62,19 +76,19 @@ class ShmBackend:
         return None
 
     def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
-        return {"address": region.address}
+        return {"address": region.address, "nbytes": region.nbytes}
 
     def unregister(self, buffer_id: int) -> None:
         return None
 
     def reaches(self, entry: dict[str, Any], peer: Peer) -> bool:
-        return peer.boot_id == boot_id() and peer.pid_namespace == pid_namespace()
+        return (peer.boot_id, peer.pid_namespace) == self._host
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
-        await self._run(peer.pid, dst, entry["address"] + offset, write=False)
+        await self._run(peer.pid, dst, _remote(entry, offset, dst.nbytes), write=False)
 
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
-        await self._run(peer.pid, src, entry["address"] + offset, write=True)
+        await self._run(peer.pid, src, _remote(entry, offset, src.nbytes), write=True)
 
     async def serve(self, op: str, payload: Any) -> Any:
         raise ValueError(f"the shm backend has no request {op!r}")
