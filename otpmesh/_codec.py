@@ -13,6 +13,12 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     9  channel tensor  a large tensor left in its sender's memory: the handle of a temporary
                     buffer; the receiver reads it over the tensor channel before delivery
 
+Extension values nest (a tuple of tuples, a tensor in a tuple in a value mesh): each one met
+inside another's payload is one level, and at most MAX_NESTING levels travel. The limit is the
+same both ways: the sender raises EncodeError, the receiver ProtocolError (closing only that
+connection). Plain lists and maps nest within one payload without counting here: msgpack's C
+unpacker walks them iteratively and refuses more than 1024 levels (StackError).
+
 torch is imported only when a tensor is met, so processes that never touch one never pay for it.
 """
 
@@ -22,14 +28,17 @@ import contextvars
 import ctypes
 import importlib
 import os
+import reprlib
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from functools import partial
 from typing import Any
 
 import msgpack
 
 from ._errors import EncodeError, ProtocolError
+from ._wire import MAX_FRAME_SIZE
 
 EXT_TENSOR = 1
 EXT_ACTOR_REF = 2
@@ -42,6 +51,23 @@ EXT_RDMA_BUFFER = 8
 EXT_CHANNEL_TENSOR = 9
 
 _U16 = struct.Struct(">H")
+
+#: How many extension values may nest inside one another (see the module docstring). Each level
+#: is one more msgpack call on the C stack, so the limit is what keeps the stack bounded. Measured
+#: (msgpack 1.2, CPython 3.11, 8 MiB stack: the main thread and Linux's default thread stack):
+#: decoding costs ~43 KiB a level (the C unpacker's context lives on the stack) and 195 levels
+#: died with SIGSEGV; encoding costs up to ~430 KiB a level when each level also holds lists
+#: nested to msgpack's own limit (1024), and 20 such levels died. 8 levels need at most ~3.4 MiB
+#: (0.35 MiB to decode): a wide margin, and deeper than the messages programs send (a value mesh
+#: of tuples of tensors is 3).
+MAX_NESTING = 8
+#: Most dimensions a tensor on the wire may have (torch itself caps tensors at 64 dims).
+MAX_TENSOR_DIMS = 64
+# The cheap size check before packing looks this many containers deep (a call's [method, args,
+# kwargs], its arguments, their items), into containers of at most this many items: a bound on
+# its cost on the hot path. The size after packing is checked too, for what this misses.
+_SCAN_LEVELS = 3
+_SCAN_ITEMS = 32
 
 # Types that travel as extensions besides tensors: type -> (code, to_data); code -> from_data.
 # Filled by the modules that define those types (refs and meshes) when they are imported.
@@ -98,7 +124,7 @@ class PendingTensor:
         self.handle = handle
 
 
-def _encode_tensor(t: Any) -> msgpack.ExtType:
+def _encode_tensor(t: Any, level: int) -> msgpack.ExtType:
     if t.layout is not sys.modules["torch"].strided:
         raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
     t = t.detach()
@@ -109,8 +135,15 @@ def _encode_tensor(t: Any) -> msgpack.ExtType:
     if nbytes >= CHANNEL_THRESHOLD and large_tensor_hook is not None and channel_allowed.get():
         handle = large_tensor_hook(t)
         if handle is not None:
-            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle))
-    header = _pack([str(t.dtype).removeprefix("torch."), list(t.shape)])
+            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle, level + 1))
+    if nbytes > MAX_FRAME_SIZE and channel_allowed.get():
+        raise EncodeError(
+            f"cannot send a tensor of {nbytes} bytes inline: a frame carries at most "
+            f"{MAX_FRAME_SIZE} bytes (otpmesh._wire.MAX_FRAME_SIZE); send it from a running "
+            "otpmesh node (large tensors go over the tensor channel) or as an "
+            "otpmesh.rdma.RDMABuffer"
+        )
+    header = msgpack.packb([str(t.dtype).removeprefix("torch."), list(t.shape)])
     raw: bytes | memoryview = b""
     if nbytes:
         # A view of the tensor's memory: the only copy is the join below.
@@ -121,18 +154,30 @@ def _encode_tensor(t: Any) -> msgpack.ExtType:
 def _decode_tensor(data: bytes) -> Any:
     import torch
 
+    if len(data) < 2:
+        raise ProtocolError(f"malformed frame: a {len(data)}-byte tensor payload has no header")
     (hlen,) = _U16.unpack_from(data, 0)
-    dtype_name, shape = msgpack.unpackb(data[2 : 2 + hlen])
-    dtype = getattr(torch, dtype_name, None)
+    if 2 + hlen > len(data):
+        raise ProtocolError(f"tensor header of {hlen} bytes overruns its {len(data)}-byte payload")
+    header = msgpack.unpackb(data[2 : 2 + hlen])
+    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[1], list)):
+        raise ProtocolError(f"tensor header is not [dtype name, shape]: {brief(header)}")
+    dtype_name, shape = header
+    # The module's own namespace, not getattr: no lazy submodule import, nothing but a dtype.
+    dtype = vars(torch).get(dtype_name) if isinstance(dtype_name, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise ProtocolError(f"unknown tensor dtype {dtype_name!r}")
-    body = memoryview(data)[2 + hlen :]
+        raise ProtocolError(f"unknown tensor dtype {brief(dtype_name)}")
+    if len(shape) > MAX_TENSOR_DIMS:
+        raise ProtocolError(f"tensor of {len(shape)} dims (at most {MAX_TENSOR_DIMS})")
     numel = 1
     for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ProtocolError(f"tensor shape {brief(shape)} has a dim that is not a size")
         numel *= dim
+    body = memoryview(data)[2 + hlen :]
     if len(body) != numel * dtype.itemsize:
         raise ProtocolError(
-            f"tensor of shape {shape} and dtype {dtype_name} needs "
+            f"tensor of shape {brief(shape)} and dtype {dtype_name} needs "
             f"{numel * dtype.itemsize} bytes, frame has {len(body)}"
         )
     if numel == 0:
@@ -141,16 +186,31 @@ def _decode_tensor(data: bytes) -> Any:
     return flat.view(dtype).reshape(shape)
 
 
-def _default(obj: Any) -> Any:
+def _too_deep() -> EncodeError:
+    return EncodeError(
+        f"cannot send a value nested more than {MAX_NESTING} levels deep in tuples, tensors, "
+        "refs and other extension values (otpmesh._codec.MAX_NESTING); flatten it, or nest "
+        "lists instead of tuples"
+    )
+
+
+def _default(level: int, obj: Any) -> Any:
+    """msgpack's hook for what it cannot pack itself, inside `level` extension values."""
     if isinstance(obj, tuple):
-        return msgpack.ExtType(EXT_TUPLE, _pack(list(obj)))
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return msgpack.ExtType(EXT_TUPLE, _pack(list(obj), level + 1))
     entry = _ENCODERS.get(type(obj))
     if entry is not None:
+        if level >= MAX_NESTING:
+            raise _too_deep()
         code, to_data = entry
-        return msgpack.ExtType(code, _pack(to_data(obj)))
+        return msgpack.ExtType(code, _pack(to_data(obj), level + 1))
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
-        return _encode_tensor(obj)
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return _encode_tensor(obj, level)
     # strict_types sends subclasses here (bool-like ints, enums, OrderedDict, ...): use the base.
     bases: tuple[Callable[[Any], Any], ...] = (bool, int, float, str, bytes, dict, list)
     for base in bases:
@@ -164,13 +224,22 @@ def _default(obj: Any) -> Any:
     )
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(level: int, code: int, data: bytes) -> Any:
+    """msgpack's hook for an extension value met inside `level` others."""
+    if level >= MAX_NESTING:
+        raise ProtocolError(
+            f"extension values nested more than {MAX_NESTING} levels deep (code {code} at "
+            f"level {level + 1})"
+        )
     if code == EXT_TUPLE:
-        return tuple(_unpack(data))
+        items = _unpack(data, level + 1)
+        if type(items) is not list:
+            raise ProtocolError(f"tuple payload is not an array: {brief(items)}")
+        return tuple(items)
     if code == EXT_TENSOR:
         return _decode_tensor(data)
     if code == EXT_CHANNEL_TENSOR:
-        placeholder = PendingTensor(_unpack(data))
+        placeholder = PendingTensor(_unpack(data, level + 1))
         _pending.append(placeholder)
         return placeholder
     from_data = _DECODERS.get(code)
@@ -179,32 +248,108 @@ def _ext_hook(code: int, data: bytes) -> Any:
         from_data = _DECODERS.get(code)
     if from_data is None:
         raise ProtocolError(f"unknown extension type {code}")
-    return from_data(_unpack(data))
+    return from_data(_unpack(data, level + 1))
 
 
-def _pack(obj: Any) -> bytes:
+# The hooks for each level, made once: the depth travels in them, not in module state.
+_DEFAULTS = tuple(partial(_default, level) for level in range(MAX_NESTING + 1))
+_EXT_HOOKS = tuple(partial(_ext_hook, level) for level in range(MAX_NESTING + 1))
+
+
+def _pack(obj: Any, level: int) -> bytes:
     try:
-        return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(  # type: ignore[no-any-return]
+            obj, default=_DEFAULTS[level], strict_types=True, use_bin_type=True
+        )
     except EncodeError:
         raise
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # "recursion limit exceeded", ...
         raise EncodeError(f"cannot encode message: {exc}") from exc
+    except RecursionError as exc:
+        raise EncodeError(f"cannot encode message: nested too deeply ({exc})") from exc
 
 
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+def _unpack(data: bytes, level: int) -> Any:
+    return msgpack.unpackb(data, ext_hook=_EXT_HOOKS[level], raw=False, strict_map_key=False)
+
+
+def _too_big(size: int, exact: bool) -> EncodeError:
+    what = f"{size} bytes" if exact else f"more than {size} bytes"
+    return EncodeError(
+        f"cannot send a message of {what}: a frame carries at most {MAX_FRAME_SIZE} bytes "
+        "(otpmesh._wire.MAX_FRAME_SIZE); send large data as a torch tensor (large tensors go "
+        "over the tensor channel) or as an otpmesh.rdma.RDMABuffer"
+    )
+
+
+def _blob_bytes(obj: Any, levels: int) -> int:
+    """A cheap lower bound of obj's encoded size: the bytes and strings in its top `levels`
+    levels of containers (exact types only; the check after packing catches what this misses)."""
+    kind = type(obj)
+    if kind is bytes or kind is str or kind is bytearray:
+        return len(obj)
+    if kind is memoryview:
+        return int(obj.nbytes)
+    items: Collection[Any]
+    if kind is list or kind is tuple:
+        items = obj
+    elif kind is dict:
+        items = obj.values()
+    else:
+        return 0
+    if len(items) > _SCAN_ITEMS:
+        return 0
+    total = 0
+    for item in items:
+        kind = type(item)
+        if kind is bytes or kind is str or kind is bytearray:
+            total += len(item)
+        elif levels > 1 and (kind is list or kind is tuple or kind is dict or kind is memoryview):
+            total += _blob_bytes(item, levels - 1)
+    return total
 
 
 def pack(obj: Any) -> bytes:
-    """Encode one value (a whole message or a part of one)."""
-    return _pack(obj)
+    """Encode one value (a whole message or a part of one); EncodeError if it cannot travel."""
+    if _blob_bytes(obj, _SCAN_LEVELS) > MAX_FRAME_SIZE and channel_allowed.get():
+        raise _too_big(_blob_bytes(obj, _SCAN_LEVELS), exact=False)
+    packed = _pack(obj, 0)
+    if len(packed) > MAX_FRAME_SIZE and channel_allowed.get():
+        raise _too_big(len(packed), exact=True)
+    return packed
 
 
 def unpack(data: bytes) -> Any:
     """Decode one frame payload; any malformation is a ProtocolError."""
+    start = len(_pending)
     try:
-        return _unpack(data)
+        return _unpack(data, 0)
     except ProtocolError:
+        del _pending[start:]  # placeholders of a frame that will never be delivered
         raise
     except Exception as exc:
-        raise ProtocolError(f"malformed frame ({type(exc).__name__}: {exc})") from exc
+        del _pending[start:]
+        if isinstance(exc, msgpack.StackError):
+            why = "arrays and maps nested deeper than msgpack's limit of 1024"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        raise ProtocolError(f"malformed frame ({why})") from exc
+
+
+class _Brief(reprlib.Repr):
+    """reprlib, but bytes are cut before they are repr'd (reprlib would repr them whole)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        cut = x[: self.maxstring]
+        return repr(cut) + ("..." if len(x) > len(cut) else "")
+
+    repr_bytearray = repr_bytes
+
+
+_BRIEF = _Brief()
+_BRIEF.maxstring = _BRIEF.maxother = _BRIEF.maxlong = 80
+
+
+def brief(value: Any) -> str:
+    """A short repr of a received value for an error message, in bounded time and memory."""
+    return _BRIEF.repr(value)

@@ -30,10 +30,10 @@ _ARRAY5 = b"\x95"
 def decode_message(frame: bytes) -> list[Any]:
     msg = _codec.unpack(frame)
     if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
-        raise ProtocolError(f"frame is not a message array: {str(msg)[:80]!r}")
+        raise ProtocolError(f"frame is not a message array: {_codec.brief(msg)}")
     arity = _ARITY.get(msg[0])
     if arity is None:
-        raise ProtocolError(f"unknown frame kind {msg[0]!r}")
+        raise ProtocolError(f"unknown frame kind {_codec.brief(msg[0])}")
     if len(msg) != arity:
         raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
     if msg[0] == REPLIES:
@@ -46,7 +46,7 @@ def decode_message(frame: bytes) -> list[Any]:
                 and reply[0] in (OK, ERR)
                 and len(reply) == _ARITY[reply[0]]
             ):
-                raise ProtocolError(f"not a reply in a REPLIES frame: {str(reply)[:80]!r}")
+                raise ProtocolError(f"not a reply in a REPLIES frame: {_codec.brief(reply)}")
     return msg
 
 

@@ -60,7 +60,7 @@ def _tensor_dtype(handle: Handle) -> Any:
     """The torch dtype a channel tensor's handle names, checked against its size."""
     import torch
 
-    dtype = getattr(torch, handle.dtype or "", None)
+    dtype = vars(torch).get(handle.dtype or "")  # never getattr: it can import submodules
     if not isinstance(dtype, torch.dtype) or handle.shape is None:
         raise RDMAError(
             f"a channel tensor's handle names no torch dtype and shape: {handle.dtype!r}, "

@@ -1,0 +1,512 @@
+"""A codec no input can crash: hostile bytes meet every decoder in a process that must survive.
+
+Decoding once recursed through msgpack's C unpacker for each nested extension value, until the
+C stack ran out (SIGSEGV). A crash cannot be caught in-process, so hostile payloads go to a
+decoder process (``_DECODER``, one per test module, fed many payloads over a pipe) and the tests
+check that it answers each one and never dies. Values the encoder accepts are bounded by the
+same limit, so they are checked in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import otpmesh
+from otpmesh import _codec
+from otpmesh._codec import MAX_NESTING, MAX_TENSOR_DIMS, pack, unpack
+from otpmesh._frames import decode_message
+from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE
+from tests.actors import Echo
+from tests.conftest import run_trio
+
+# Reads records (kind: 1 byte, length: u32, payload) from stdin and answers each with one line:
+# "ok", or "refused <error type>" for a clean ProtocolError/EncodeError. Any other exception
+# ends it with a traceback on stderr; a crash ends it by a signal.
+_DECODER = r"""
+import struct, sys
+from otpmesh import _codec, _frames, _wire
+from otpmesh._errors import EncodeError, ProtocolError
+
+def feed(data):
+    decoder = _wire.FrameDecoder(max_frame_size=1 << 20)
+    for frame in decoder.feed(data):
+        _frames.decode_message(frame)
+
+def lazy_imports(data):
+    print(" ".join(sorted(m for m in sys.modules if m.startswith("torch.") and
+                          m.split(".")[1] in ("_dynamo", "_inductor", "_export", "onnx"))))
+
+DECODERS = {
+    b"u": _codec.unpack,
+    b"m": _frames.decode_message,
+    b"f": feed,
+    b"h": _wire.check_handshake,
+}
+stdin = sys.stdin.buffer
+while True:
+    head = stdin.read(5)
+    if len(head) < 5:
+        break
+    kind, (size,) = head[:1], struct.unpack(">I", head[1:])
+    data = stdin.read(size)
+    if kind == b"i":
+        lazy_imports(data)
+        sys.stdout.flush()
+        continue
+    try:
+        DECODERS[kind](data)
+        answer = "ok"
+    except (ProtocolError, EncodeError) as exc:
+        answer = "refused " + type(exc).__name__
+    _codec.take_pending()  # as a node does after each message
+    print(answer, flush=True)
+"""
+
+
+class DecoderProcess:
+    """A child process that decodes what it is sent; it must answer every payload and live."""
+
+    def __init__(self) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _DECODER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+        )
+        self._pending = b""
+
+    def ask(self, kind: bytes, data: bytes, timeout: float = 30.0) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(kind + struct.pack(">I", len(data)) + data)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._died(data)
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise AssertionError(f"decoder process hung on {data[:80]!r}")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                self._died(data)
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode()
+
+    def decode(self, kind: bytes, data: bytes) -> str:
+        answer = self.ask(kind, data)
+        assert answer in ("ok", "refused ProtocolError"), answer
+        return answer
+
+    def _died(self, data: bytes) -> None:
+        code = self.proc.wait(timeout=10)
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-3000:].decode(errors="replace")
+        raise AssertionError(f"decoder process died ({how}) on {data[:80]!r}:\n{tail}")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+        self.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Iterator[DecoderProcess]:
+    proc = DecoderProcess()
+    yield proc
+    proc.close()
+
+
+# ---------------------------------------------------------------- building payloads by hand
+
+_TUPLE_OF_TWO = msgpack.ExtType(_codec.EXT_TUPLE, msgpack.packb([1, 2]))
+
+
+def _tensor_ext(dtype: Any, shape: Any, body: bytes, hlen: int | None = None) -> bytes:
+    header = msgpack.packb([dtype, shape])
+    size = len(header) if hlen is None else hlen
+    return struct.pack(">H", size) + header + body
+
+
+def _nested(codes: list[int], leaf: Any = 0) -> bytes:
+    """A payload whose extension values nest as `codes` say, outermost first, bypassing the
+    encoder: each level's payload is a one-item array holding the next level."""
+    inner = msgpack.packb(leaf)
+    for code in reversed(codes):
+        inner = msgpack.packb(msgpack.ExtType(code, b"\x91" + inner))
+    return inner
+
+
+def _tuples(depth: int, leaf: Any = 0) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+EXT_CODES = [
+    _codec.EXT_TENSOR,
+    _codec.EXT_ACTOR_REF,
+    _codec.EXT_ACTOR_MESH,
+    _codec.EXT_TUPLE,
+    _codec.EXT_VALUE_MESH,
+    _codec.EXT_ACTOR_CRASH,
+    _codec.EXT_PROCESS_EXIT,
+    _codec.EXT_RDMA_BUFFER,
+    _codec.EXT_CHANNEL_TENSOR,
+]
+# Every extension whose payload is msgpack (so a nested value inside it is decoded too).
+CONTAINER_CODES = [c for c in EXT_CODES if c != _codec.EXT_TENSOR]
+
+_SMALL_TENSOR = msgpack.ExtType(_codec.EXT_TENSOR, _tensor_ext("float32", [2], b"\x00" * 8))
+
+
+# ---------------------------------------------------------------- nesting: decoding
+
+
+def test_300_nested_tuples_built_by_hand_are_a_protocol_error_not_a_crash(
+    decoder: DecoderProcess,
+) -> None:
+    payload = _nested([_codec.EXT_TUPLE] * 300)
+    for kind, data in [
+        (b"u", payload),
+        (b"m", b"\x93\x02\x01" + payload),  # an OK frame with it as the value
+        (b"f", _frame(b"\x93\x02\x01" + payload)),
+    ]:
+        assert decoder.decode(kind, data) == "refused ProtocolError"
+    assert decoder.decode(b"m", b"\x93\x02\x01" + _nested([_codec.EXT_TUPLE] * 3)) == "ok"
+
+
+@pytest.mark.parametrize("code", CONTAINER_CODES)
+def test_every_extension_nested_300_deep_is_a_protocol_error(
+    decoder: DecoderProcess, code: int
+) -> None:
+    assert decoder.decode(b"u", _nested([code] * 300)) == "refused ProtocolError"
+    assert decoder.decode(b"u", _nested([code, _codec.EXT_TUPLE] * 150)) == "refused ProtocolError"
+
+
+def test_tuples_decode_up_to_the_limit_and_not_one_level_more() -> None:
+    # Safe in-process: the limit itself is what bounds the recursion.
+    assert unpack(_nested([_codec.EXT_TUPLE] * MAX_NESTING)) == _tuples(MAX_NESTING)
+    with pytest.raises(otpmesh.ProtocolError, match=f"nested more than {MAX_NESTING} levels"):
+        unpack(_nested([_codec.EXT_TUPLE] * (MAX_NESTING + 1)))
+    with pytest.raises(otpmesh.ProtocolError, match=f"nested more than {MAX_NESTING} levels"):
+        unpack(_nested([_codec.EXT_TUPLE] * MAX_NESTING, leaf=_SMALL_TENSOR))
+
+
+def test_plain_arrays_and_maps_nested_past_msgpacks_limit_are_a_protocol_error() -> None:
+    # msgpack's C unpacker walks them with its own fixed stack (no recursion): 1024 levels.
+    assert unpack(b"\x91" * 1024 + b"\x00") is not None
+    for opener in (b"\x91", b"\x81\x00"):
+        with pytest.raises(otpmesh.ProtocolError, match="nested deeper than msgpack's limit"):
+            unpack(opener * 1_000_000 + b"\x00")
+
+
+def test_a_failed_decode_leaves_no_channel_tensor_placeholders_behind() -> None:
+    channel = msgpack.ExtType(_codec.EXT_CHANNEL_TENSOR, msgpack.packb({"id": 1}))
+    with pytest.raises(otpmesh.ProtocolError, match="unknown extension type 77"):
+        unpack(msgpack.packb([channel, msgpack.ExtType(77, b"")]))
+    assert _codec.take_pending() == []
+
+
+@st.composite
+def nested_payloads(draw: st.DrawFn) -> bytes:
+    """Extension values nested up to 300 deep, any codes, with a leaf that may be a tensor."""
+    depth = draw(st.one_of(st.integers(0, MAX_NESTING + 2), st.integers(0, 300)))
+    codes = draw(st.lists(st.sampled_from(CONTAINER_CODES), min_size=depth, max_size=depth))
+    leaf = draw(st.sampled_from([0, _SMALL_TENSOR, _TUPLE_OF_TWO, [b"\x00" * 3], {"k": None}]))
+    return _nested(codes, leaf)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nested_payloads())
+def test_nested_extensions_of_every_kind_never_crash_a_decoder(
+    decoder: DecoderProcess, payload: bytes
+) -> None:
+    decoder.decode(b"u", payload)
+    decoder.decode(b"m", b"\x93\x02\x01" + payload)
+
+
+def _garbage_exts() -> st.SearchStrategy[Any]:
+    leaves = st.one_of(
+        st.none(),
+        st.integers(-(2**63), 2**64 - 1),
+        st.text(max_size=8),
+        st.binary(max_size=16),
+        st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=24)),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(st.text(max_size=4), inner, max_size=3),
+            st.builds(
+                lambda code, item: msgpack.ExtType(code, msgpack.packb(item)),
+                st.sampled_from([*EXT_CODES, 0, 10, 127]),
+                inner,
+            ),
+        ),
+        max_leaves=30,
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=200), _garbage_exts().map(msgpack.packb)))
+def test_garbage_never_crashes_any_decoder(decoder: DecoderProcess, data: bytes) -> None:
+    decoder.decode(b"u", data)
+    decoder.decode(b"m", data)
+    decoder.decode(b"f", _frame(data) + data[:7])
+    decoder.decode(b"f", data)
+    decoder.decode(b"h", (HANDSHAKE[:8] + data)[:12].ljust(12, b"\x00"))
+    decoder.decode(b"h", data[:12].ljust(12, b"\x00"))
+
+
+# ---------------------------------------------------------------- nesting: encoding
+
+
+def test_tuples_encode_up_to_the_limit_and_refuse_one_level_more() -> None:
+    assert unpack(pack(_tuples(MAX_NESTING))) == _tuples(MAX_NESTING)
+    for depth in (MAX_NESTING + 1, 300, 5000):
+        with pytest.raises(otpmesh.EncodeError, match=f"more than {MAX_NESTING} levels deep"):
+            pack(_tuples(depth))
+
+
+def test_tensors_and_value_meshes_count_as_levels_when_encoding() -> None:
+    inside = _tuples(MAX_NESTING - 1, torch.arange(3))
+    assert torch.equal(_tuples_leaf(unpack(pack(inside)), MAX_NESTING - 1), torch.arange(3))
+    with pytest.raises(otpmesh.EncodeError, match="levels deep"):
+        pack(_tuples(MAX_NESTING, torch.arange(3)))
+    mesh: Any = 0
+    for _ in range(MAX_NESTING):
+        mesh = otpmesh.ValueMesh({}, [mesh])
+    assert _same(unpack(pack(mesh)), mesh)
+    with pytest.raises(otpmesh.EncodeError, match="levels deep"):
+        pack(otpmesh.ValueMesh({}, [mesh]))
+    # A value mesh's shape pairs are tuples: one level below the mesh.
+    with pytest.raises(otpmesh.EncodeError, match="levels deep"):
+        pack(_tuples(MAX_NESTING - 1, otpmesh.ValueMesh({"x": 1}, [0])))
+
+
+def _tuples_leaf(value: Any, depth: int) -> Any:
+    for _ in range(depth):
+        (value,) = value
+    return value
+
+
+def test_msgpacks_own_limits_while_encoding_are_encode_errors() -> None:
+    deep: Any = 0
+    for _ in range(2000):
+        deep = [deep]
+    with pytest.raises(otpmesh.EncodeError, match="recursion limit exceeded"):
+        pack(deep)
+    with pytest.raises(otpmesh.EncodeError, match="recursion limit exceeded"):
+        pack((deep,))
+
+
+def test_pythons_recursion_limit_while_encoding_is_an_encode_error() -> None:
+    depth = 0
+    frame = sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back  # type: ignore[assignment]
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 12)  # room to start packing, not for MAX_NESTING levels
+    try:
+        pack(_tuples(MAX_NESTING))
+    except Exception as exc:
+        error: Exception | None = exc
+    else:
+        error = None
+    finally:
+        sys.setrecursionlimit(old)
+    assert isinstance(error, otpmesh.EncodeError), repr(error)
+    assert "nested too deeply" in str(error)
+
+
+@st.composite
+def nested_values(draw: st.DrawFn) -> tuple[Any, int]:
+    """A value of tuples, lists, dicts, value meshes and tensors, and its extension depth."""
+    value: Any = draw(st.sampled_from([0, "s", b"b", None, torch.ones(2)]))
+    levels = 1 if isinstance(value, torch.Tensor) else 0
+    for wrap in draw(st.lists(st.sampled_from(["tuple", "list", "dict", "mesh"]), max_size=40)):
+        if wrap == "tuple":
+            value, levels = (value, 1), levels + 1
+        elif wrap == "list":
+            value = [value]
+        elif wrap == "dict":
+            value = {"k": value}
+        else:
+            value, levels = otpmesh.ValueMesh({}, [value]), levels + 1
+    return value, levels
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, otpmesh.ValueMesh):
+        return isinstance(b, otpmesh.ValueMesh) and _same(a.values(), b.values())
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested_values())
+def test_encoding_refuses_exactly_the_values_nested_past_the_limit(
+    decoder: DecoderProcess, case: tuple[Any, int]
+) -> None:
+    value, levels = case
+    if levels > MAX_NESTING:
+        with pytest.raises(otpmesh.EncodeError, match="levels deep"):
+            pack(value)
+        return
+    data = pack(value)
+    assert decoder.decode(b"u", data) == "ok"
+    assert _same(unpack(data), value)
+
+
+# ---------------------------------------------------------------- tensor headers
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        (b"\x00", "1-byte tensor payload has no header"),
+        (_tensor_ext("float32", [1], b"\x00" * 4, hlen=200), "header of 200 bytes overruns"),
+        (struct.pack(">H", 1) + b"\x05", r"not \[dtype name, shape\]: 5"),
+        (_tensor_ext("float32", 3, b""), r"not \[dtype name, shape\]"),
+        (_tensor_ext("__class__", [], b""), "unknown tensor dtype '__class__'"),
+        (_tensor_ext("load", [], b""), "unknown tensor dtype 'load'"),
+        (_tensor_ext("_dynamo", [], b""), "unknown tensor dtype '_dynamo'"),
+        (_tensor_ext("has_cuda", [], b""), "unknown tensor dtype 'has_cuda'"),
+        (_tensor_ext(7, [], b""), "unknown tensor dtype 7"),
+        (_tensor_ext("float32", [-1, -4], b"\x00" * 16), r"shape \[-1, -4\] has a dim"),
+        (_tensor_ext("float32", [True], b"\x00" * 4), r"shape \[True\] has a dim"),
+        (_tensor_ext("float32", [1.0], b"\x00" * 4), r"shape \[1.0\] has a dim"),
+        (_tensor_ext("uint8", [1] * 65, b"\x00"), f"65 dims \\(at most {MAX_TENSOR_DIMS}\\)"),
+        (_tensor_ext("float32", [3], b"\x00" * 11), "needs 12 bytes, frame has 11"),
+        (_tensor_ext("int64", [2**62, 2**62], b""), "needs .* bytes, frame has 0"),
+    ],
+)
+def test_tensor_headers_are_validated(payload: bytes, match: str) -> None:
+    with pytest.raises(otpmesh.ProtocolError, match=match):
+        unpack(msgpack.packb(msgpack.ExtType(_codec.EXT_TENSOR, payload)))
+
+
+def test_a_dtype_name_never_reaches_torchs_lazy_imports(decoder: DecoderProcess) -> None:
+    assert decoder.decode(b"u", msgpack.packb(_SMALL_TENSOR)) == "ok"  # torch is imported
+    imported = decoder.ask(b"i", b"")
+    for name in ("_dynamo", "_inductor", "_export", "onnx", "has_cuda"):
+        payload = msgpack.packb(msgpack.ExtType(_codec.EXT_TENSOR, _tensor_ext(name, [], b"")))
+        assert decoder.decode(b"u", payload) == "refused ProtocolError"
+    assert decoder.ask(b"i", b"") == imported
+    assert "torch._dynamo" not in imported.split()
+
+
+def test_every_torch_dtype_decodes_or_is_refused_cleanly(decoder: DecoderProcess) -> None:
+    names = sorted(n for n, v in vars(torch).items() if isinstance(v, torch.dtype))
+    for name in names:
+        size = vars(torch)[name].itemsize
+        for shape in ([], [0], [3], [2, 0, 2]):
+            numel = 1
+            for dim in shape:
+                numel *= dim
+            ext = msgpack.ExtType(
+                _codec.EXT_TENSOR, _tensor_ext(name, shape, b"\x01" * (numel * size))
+            )
+            decoder.decode(b"u", msgpack.packb(ext))
+
+
+# ---------------------------------------------------------------- sizes, over real processes
+
+
+def _vm_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM (Linux >= 4.0)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_too_deep_and_too_big_arguments_fail_fast_in_the_caller_and_the_actor_lives() -> None:
+    big = b"\x00" * (2 << 30)  # 2 GiB, twice the frame limit
+
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            mesh = await procs.spawn("w", Echo)
+            actor = mesh[0]
+            with pytest.raises(otpmesh.EncodeError, match=f"more than {MAX_NESTING} levels"):
+                await actor.echo(_tuples(300))
+            assert await actor.echo(_tuples(MAX_NESTING)) == _tuples(MAX_NESTING)
+
+            for args, kwargs in [((big,), {}), ((), {"x": memoryview(big)}), (([big],), {})]:
+                _reset_peak_rss()
+                before = _vm_kib("VmHWM")
+                started = time.monotonic()
+                with pytest.raises(otpmesh.EncodeError) as info:
+                    await actor.echo(*args, **kwargs)
+                assert time.monotonic() - started < 2.0
+                assert (_vm_kib("VmHWM") - before) * 1024 < 256 << 20  # never copied
+                for words in (str(MAX_FRAME_SIZE), "torch tensor", "otpmesh.rdma.RDMABuffer"):
+                    assert words in str(info.value)
+            assert await actor.echo("still here") == "still here"
+
+    run_trio(body, timeout=100)
+
+
+@pytest.mark.timeout(120)
+def test_a_message_whose_packed_size_passes_the_quick_check_is_still_refused() -> None:
+    # 33 items: more than the quick check looks at; 1.03 GiB once packed.
+    chunk = b"\x00" * (32 << 20)
+    with pytest.raises(otpmesh.EncodeError, match=f"of 1107296[0-9]* bytes: .* {MAX_FRAME_SIZE}"):
+        pack(["echo", [[chunk] * 33], {}])
+
+
+def test_a_tensor_too_big_for_a_frame_is_refused_before_it_is_copied() -> None:
+    huge = torch.empty((MAX_FRAME_SIZE >> 2) + 1, dtype=torch.float32)  # pages never touched
+    with pytest.raises(otpmesh.EncodeError, match=f"tensor of {MAX_FRAME_SIZE + 4} bytes inline"):
+        pack(("weights", huge))
+
+
+def test_error_messages_show_a_received_value_briefly() -> None:
+    started = time.monotonic()
+    for value in (b"x" * (64 << 20), {"k": ["y" * (64 << 20)]}, bytearray(64 << 20)):
+        with pytest.raises(otpmesh.ProtocolError, match="not a message array") as info:
+            decode_message(msgpack.packb(value))
+        assert len(str(info.value)) < 400
+    assert time.monotonic() - started < 5.0
