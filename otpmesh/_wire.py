@@ -140,6 +140,7 @@ async def handshake(
             theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
             await send_all(sock, ours)
     if theirs != flags:
+
         def state(f: int) -> str:
             return "on" if f & FLAG_FRAME_MAC else "off"
 
