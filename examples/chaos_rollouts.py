@@ -1,10 +1,11 @@
 """Chaos rollouts: 4 rollout actors under one-for-one keep serving while a ChaosMonkey kills them.
 
-The controller keeps asking for rollouts; the monkey crashes actors and SIGKILLs their processes
-at random (reproducibly, from a seed). Every call either returns or raises a clear error, and
-``otpmesh.retry`` turns the ones that met a restart into answers from the next incarnation.
+The controller keeps asking for rollouts until the monkey has thrown its faults: it crashes
+actors and SIGKILLs their processes at random (reproducibly, from a seed). Every call either
+returns or raises a clear error, and ``otpmesh.retry`` turns the ones that met a restart into
+answers from the next incarnation.
 
-    python examples/chaos_rollouts.py [--seconds 5] [--rate 4] [--seed 1]
+    python examples/chaos_rollouts.py [--faults 20] [--rate 4] [--seed 1]
 """
 
 from __future__ import annotations
@@ -40,17 +41,23 @@ def make_tree(intensity: int) -> Supervisor:
     return Supervisor("rl", intensity=intensity, period=10.0, children=[rollouts])
 
 
-async def main(seconds: float, rate: float, seed: int) -> dict[str, int]:
+async def main(faults: int, rate: float, seed: int) -> dict[str, int]:
     counts = {"calls": 0, "answered": 0, "retried": 0, "failed": 0}
-    async with otpmesh.start(make_tree(intensity=int(rate * 10) + 10)) as app:
+    # A fault restarts at most one actor: with intensity = faults the tree never gives up.
+    async with otpmesh.start(make_tree(intensity=faults)) as app:
         rollouts = app.mesh("rl/rollouts").with_timeout(5.0)
         monkey = chaos.ChaosMonkey(
-            app, seed=seed, rate=rate, targets=["rl/rollouts/*"], faults={"crash": 1, "kill": 1}
+            app,
+            seed=seed,
+            rate=rate,
+            targets=["rl/rollouts/*"],
+            faults={"crash": 1, "kill": 1},
+            max_faults=faults,
         )
-        async with monkey.running():
-            deadline = trio.current_time() + seconds
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(monkey.run)  # returns after `faults` faults
             prompt = 0
-            while trio.current_time() < deadline:  # every call made runs to its end
+            while len(monkey.injected) < faults:  # every call made runs to its end
                 prompt += 1
                 counts["calls"] += 1
                 try:
@@ -78,8 +85,8 @@ async def main(seconds: float, rate: float, seed: int) -> dict[str, int]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--faults", type=int, default=20, help="faults to throw, then stop")
     parser.add_argument("--rate", type=float, default=4.0, help="faults per second")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    otpmesh.run(main, args.seconds, args.rate, args.seed)
+    otpmesh.run(main, args.faults, args.rate, args.seed)

@@ -39,6 +39,14 @@ class Echo(otpmesh.Actor):
         }
 
     @otpmesh.endpoint
+    async def hold(self, gate: str) -> None:
+        """Busy (this actor answers nothing else) until the file `gate` exists; `gate`.held
+        says it has begun."""
+        open(f"{gate}.held", "w").close()
+        while not os.path.exists(gate):
+            await trio.sleep(0.01)
+
+    @otpmesh.endpoint
     def record(self, x: Any) -> None:
         self.seen.append(x)
 
@@ -162,6 +170,7 @@ class Member(otpmesh.Actor):
     def block(self, seconds: float) -> None:
         import time
 
+        self._note("block", seconds)  # a test waits for this line, not for a guessed delay
         time.sleep(seconds)  # stuck outside trio: only killing the process ends it
 
 
@@ -237,3 +246,19 @@ class TensorReader(otpmesh.Actor):
         import torch
 
         await buf.read_into(torch.zeros(shape, dtype=getattr(torch, dtype)))
+
+
+class Intruder(otpmesh.Actor):
+    """An actor that tries what a compromised worker would: node operations on another worker."""
+
+    @otpmesh.endpoint
+    async def node_op(self, addr: str, op: str, payload: Any) -> str:
+        from otpmesh._node import current_node
+
+        node = current_node()
+        assert node is not None
+        try:
+            result = await node.sys_call(await node.connect(addr), op, payload, addr)
+        except otpmesh.OtpmeshError as exc:
+            return f"refused: {exc}"
+        return f"done: {result!r}"

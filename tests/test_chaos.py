@@ -28,7 +28,7 @@ def _faults(app: otpmesh.App) -> list[str]:
 
 
 async def _until(app: otpmesh.App, kind: str, path: str) -> otpmesh.LogEntry:
-    with trio.fail_after(10):
+    with trio.fail_after(30):  # a hang guard only: the events come in well under a second
         while True:
             for e in app.events:
                 if e.kind == kind and e.child_path == path:
@@ -85,14 +85,20 @@ def test_partition_loses_calls_for_a_while_then_heals() -> None:
     async def body() -> None:
         async with otpmesh.start(TREE) as app:
             mesh = app.mesh("s/m")
-            await chaos.partition(app, "s/m/1", 1.0)
+            # 2 s: the ping below must reach s/m/1 inside the partition, even on a busy machine
+            await chaos.partition(app, "s/m/1", 2.0)
             await trio.sleep(0.1)
             with pytest.raises(otpmesh.CallTimeoutError, match="s/m/1"):
                 await mesh[1].ping.with_timeout(0.3)()
             assert await mesh[0].ping() == "s/m/0"  # the others are unaffected
-            await trio.sleep(1.0)
-            assert await mesh[1].ping() == "s/m/1"  # healed, and never restarted
-            assert not app.events.of_kind(LogKind.CHILD_EXITED)
+            with trio.fail_after(30):  # healed: a ping is answered again
+                while True:
+                    try:
+                        assert await mesh[1].ping.with_timeout(0.5)() == "s/m/1"
+                        break
+                    except otpmesh.CallTimeoutError:
+                        pass
+            assert not app.events.of_kind(LogKind.CHILD_EXITED)  # and never restarted
 
     run_trio(body)
 
@@ -191,18 +197,24 @@ def test_nothing_is_lost_under_a_monkey_killing_processes() -> None:
         ],
     )
     clear = (otpmesh.ActorError, otpmesh.ActorDiedError, otpmesh.CallTimeoutError)
+    faults = 16  # a count, not a duration: the same faults however slow the machine is
 
     async def body() -> None:
         outcomes: dict[str, int] = {"result": 0, "error": 0, "retried_result": 0}
         async with otpmesh.start(tree) as app:
             mesh = app.mesh("s/m").with_timeout(5.0)
             monkey = chaos.ChaosMonkey(
-                app, seed=11, rate=6.0, targets=["s/m/*"], faults={"kill": 2, "crash": 1}
+                app,
+                seed=11,
+                rate=6.0,
+                targets=["s/m/*"],
+                faults={"kill": 2, "crash": 1},
+                max_faults=faults,
             )
 
             async def caller(rank: int) -> None:
-                deadline = trio.current_time() + 3.0
-                while trio.current_time() < deadline:
+                # Calls are in flight from before the first fault (a kill) until after the last.
+                while len(monkey.injected) < faults:
                     try:
                         await mesh[rank].nap(0.01)
                         outcomes["result"] += 1
@@ -211,14 +223,15 @@ def test_nothing_is_lost_under_a_monkey_killing_processes() -> None:
                         await otpmesh.retry(mesh[rank].nap, 0.01, attempts=20)
                         outcomes["retried_result"] += 1
 
-            with trio.fail_after(30):  # nothing hangs
-                async with monkey.running(), trio.open_nursery() as nursery:
+            with trio.fail_after(60):  # nothing hangs
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(monkey.run)
                     for rank in range(4):
                         nursery.start_soon(caller, rank)
             await app.settled()
-            assert len(monkey.injected) >= 8
+            assert len(monkey.injected) == faults
             assert outcomes["error"] >= 1  # the monkey did hit calls in flight
             assert outcomes["retried_result"] == outcomes["error"]
             assert (await mesh.ping()).values() == [f"s/m/{r}" for r in range(4)]
 
-    run_trio(body)
+    run_trio(body, timeout=90)

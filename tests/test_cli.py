@@ -39,12 +39,14 @@ def otpmesh_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """One real run of the RL tree in worker processes, with a chaos monkey crashing rollouts
-    (seed 0: three crashes in the first 0.7 s), recorded to a JSONL file."""
+    """One real run of the RL tree in worker processes, with a chaos monkey crashing rollouts,
+    recorded to a JSONL file. Seed 3395 at 0.5/s crashes rollouts/3 at 0.48 s and rollouts/2 at
+    0.66 s, then nothing until 13.7 s: a slow machine can delay those two and their restarts by
+    3 s and the run is still the same."""
     events = tmp_path_factory.mktemp("run") / "run.jsonl"
     done = otpmesh_cli(
-        *("run", "supervisors/rl_pipeline.py", "--duration", "1.2", "--events", str(events)),
-        *("--chaos", "4", "--chaos-seed", "0", "--chaos-faults", "crash"),
+        *("run", "supervisors/rl_pipeline.py", "--duration", "4", "--events", str(events)),
+        *("--chaos", "0.5", "--chaos-seed", "3395", "--chaos-faults", "crash"),
         *("--chaos-targets", "rl/rollouts/*"),
     )
     assert done.returncode == 0, done.stderr
@@ -56,7 +58,7 @@ def test_run_prints_the_tree_then_events_then_the_tree_when_stdout_is_a_pipe(
 ) -> None:
     out, _ = recorded_run
     lines = out.splitlines()
-    assert lines[0] == "otpmesh run supervisors/rl_pipeline.py (procs, chaos 4/s): started; " + (
+    assert lines[0] == "otpmesh run supervisors/rl_pipeline.py (procs, chaos 0.5/s): started; " + (
         "Ctrl-C stops it"
     )
     assert lines[1].startswith("rl running: 6/6 actors running, 0 actor restarts")
@@ -70,9 +72,9 @@ def test_run_prints_the_tree_then_events_then_the_tree_when_stdout_is_a_pipe(
         "child_exited              rl/rollouts/3 #1  (crashed with ChaosCrash: chaos monkey)" in out
     )
     assert "child_started             rl/rollouts/3 #2" in out
-    assert "stopping (--duration 1.2 s)" in out
+    assert "stopping (--duration 4 s)" in out
     final = lines[lines.index(next(x for x in lines if x.startswith("rl stopped: "))) :]
-    assert "2 actor restarts" in final[0] or "3 actor restarts" in final[0]
+    assert "2 actor restarts, 2 faults injected" in final[0]
     rank3 = next(x for x in final if x.lstrip().startswith("└── 3 "))
     assert "stopped" in rank3 and rank3.endswith("crashed with ChaosCrash: chaos monkey")
 
@@ -196,7 +198,7 @@ def test_ctrl_c_stops_the_tree_with_one_line_and_leaves_no_worker_behind() -> No
     assert proc.returncode == 130
     assert err.strip() == INTERRUPTED
     assert "replicas stopped: 0/4 actors running" in out
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30  # a hang guard: they are gone well within a second
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in workers if alive(p)] == []

@@ -53,12 +53,13 @@ def test_kill_an_actor_shows_the_restarts_while_the_others_keep_answering() -> N
 
 
 def test_chaos_rollouts_answers_every_call_while_actors_are_killed() -> None:
-    out = _run("chaos_rollouts.py", "--seconds", "3", "--rate", "5", "--seed", "3")
+    out = _run("chaos_rollouts.py", "--faults", "15", "--rate", "5", "--seed", "3")
     summary = out.strip().splitlines()[-1]
     faults, restarts = (int(summary.split()[0]), int(summary.split(", ")[1].split()[0]))
-    assert faults >= 5 and restarts >= 1
+    # A count of faults, not a duration: the first (a kill, before any restart) always hits.
+    assert faults == 15 and 1 <= restarts <= 15
     answered, calls = summary.split("; ")[1].split(" calls")[0].split(" of ")
-    assert answered == calls and int(calls) > 50
+    assert answered == calls
     assert summary.endswith("0 failed)")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import trio
@@ -94,19 +95,28 @@ def test_choose_calls_exactly_one_actor_and_balances_load() -> None:
     run_trio(body)
 
 
-def test_stream_yields_replies_as_they_arrive() -> None:
+def test_stream_yields_replies_as_they_arrive(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=3) as procs:
             mesh = await procs.spawn("w", Echo)
             seen = [(c, v) async for c, v in mesh.whoami.stream()]
             assert sorted(c["procs"] for c, _ in seen) == [0, 1, 2]
             assert all(v["coords"] == c for c, v in seen)
-            # rank 0 is made busy first, so its reply must arrive last
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(mesh[0].sleep, 0.5)
-                await trio.sleep(0.1)
-                order = [c["procs"] async for c, _ in mesh.echo.stream(1)]
-            assert order[-1] == 0
+            # Rank 0 stays busy until the stream has yielded the other two replies: a stream
+            # that waited for all three would never get there (the deadline below fails it).
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(mesh[0].hold, str(gate))
+                    while not Path(f"{gate}.held").exists():
+                        await trio.sleep(0.01)
+                    order: list[int] = []
+                    async for c, _ in mesh.echo.stream(1):
+                        order.append(c["procs"])
+                        if len(order) == 2:
+                            gate.touch()
+            assert sorted(order[:2]) == [1, 2] and order[2] == 0
 
     run_trio(body)
 

@@ -15,7 +15,7 @@ import trio
 
 import otpmesh
 from tests.actors import TensorOwner, TensorReader
-from tests.conftest import run_trio
+from tests.conftest import alive, run_trio
 
 
 def _cases() -> list[object]:
@@ -104,7 +104,9 @@ def test_a_dead_owner_is_a_clear_error(backend: str) -> None:
         async with procs:
             buf = await owner.register(1, 16)
             os.kill(procs.pids[0], signal.SIGKILL)
-            await trio.sleep(0.2)
+            with trio.fail_after(30):  # dead, not just signalled
+                while alive(procs.pids[0]):
+                    await trio.sleep(0.01)
             with pytest.raises(
                 otpmesh.ActorError, match=r"RDMAError: the owner of buffer 1 .* is gone"
             ):
