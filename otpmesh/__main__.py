@@ -1,6 +1,6 @@
 """``python -m otpmesh``: the ``otpmesh`` command."""
 
-from ._cli import main
+from ._cli._cli import main
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ import trio
 
 import otpmesh
 from otpmesh import launchers
-from otpmesh._node import current_node
+from otpmesh._node._node import current_node
 from otpmesh.testing import netns
 
 

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._app import App
-from ._exits import ActorCrash
-from ._placement import LocalPlacement
-from ._spec import Worker
-from ._supevents import LogEntry, LogKind
+from ._controller._app import App
+from ._controller._placement import LocalPlacement
+from ._core._exits import ActorCrash
+from ._core._spec import Worker
+from ._core._supevents import LogEntry, LogKind
 
 log = logging.getLogger("otpmesh.chaos")
 

@@ -108,7 +108,7 @@ class Local:
         for rank in range(self.hosts):
             prefix = list(self.prefixes[rank]) if self.prefixes else []
             listen = self.listen[rank] if self.listen else None
-            argv = [*prefix, self.python, "-m", "otpmesh._agent"]
+            argv = [*prefix, self.python, "-m", "otpmesh._hosts._agent"]
             argv += [*agent_args(controller, rank=rank, listen=listen), "--name", f"local{rank}"]
             await self._procs.spawn(argv, secret, env)
 
@@ -221,8 +221,8 @@ def run_agent(
     `controller` is ``tcp:HOST:PORT`` (or ``HOST:PORT``); `secret` defaults to the one
     ``OTPMESH_SECRET`` / ``OTPMESH_SECRET_FILE`` / ``~/.otpmesh/secret`` holds.
     """
-    from ._agent import Agent
-    from ._secret import load_secret
+    from ._hosts._agent import Agent
+    from ._wire._secret import load_secret
 
     address = controller if controller.startswith("tcp:") else f"tcp:{controller}"
     agent = Agent(

@@ -215,14 +215,16 @@ class TensorOwner(otpmesh.Actor):
 
     @otpmesh.endpoint
     def pins(self) -> int:
-        node = otpmesh._node.current_node()
-        assert node is not None and node.rdma is not None
-        return sum(sum(r.pins.values()) for r in node.rdma.buffers.values())
+        node = otpmesh._node._node.current_node()
+        registry = None if node is None else node.channel._registry  # type: ignore[union-attr]
+        assert registry is not None
+        return sum(sum(r.pins.values()) for r in registry.buffers.values())
 
     @otpmesh.endpoint
     def registered(self) -> int:
-        node = otpmesh._node.current_node()
-        return 0 if node is None or node.rdma is None else len(node.rdma.buffers)
+        node = otpmesh._node._node.current_node()
+        registry = None if node is None else node.channel._registry  # type: ignore[union-attr]
+        return 0 if registry is None else len(registry.buffers)
 
 
 class TensorReader(otpmesh.Actor):
@@ -253,7 +255,7 @@ class Intruder(otpmesh.Actor):
 
     @otpmesh.endpoint
     async def node_op(self, addr: str, op: str, payload: Any) -> str:
-        from otpmesh._node import current_node
+        from otpmesh._node._node import current_node
 
         node = current_node()
         assert node is not None
@@ -262,3 +264,14 @@ class Intruder(otpmesh.Actor):
         except otpmesh.OtpmeshError as exc:
             return f"refused: {exc}"
         return f"done: {result!r}"
+
+
+class Configured(otpmesh.Actor):
+    """An actor whose own keywords share names with supervision settings."""
+
+    def __init__(self, strategy: str, period: float) -> None:
+        self.settings = {"strategy": strategy, "period": period}
+
+    @otpmesh.endpoint
+    def settings_seen(self) -> dict[str, Any]:
+        return self.settings

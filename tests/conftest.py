@@ -48,7 +48,7 @@ def _our_forkservers() -> list[int]:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
-        if b"otpmesh._forkserver" in cmd and ppid == os.getpid():
+        if b"otpmesh._runtime._forkserver" in cmd and ppid == os.getpid():
             found.append(int(entry))
     return found
 

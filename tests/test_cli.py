@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from otpmesh import _cli, _cli_events, _specfile, _timeline
-from otpmesh._errors import UsageError
+from otpmesh._cli import _cli, _cli_events, _specfile, _timeline
+from otpmesh._core._errors import UsageError
 from tests.conftest import alive
 
 ROOT = Path(__file__).parent.parent

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otpmesh
-from otpmesh._codec import pack, unpack
+from otpmesh._wire._codec import pack, unpack
 from tests.actors import Echo
 from tests.conftest import run_trio
 
@@ -121,7 +121,7 @@ def test_tensors_round_trip_through_a_worker() -> None:
 def test_a_controller_that_never_touches_a_tensor_never_imports_torch() -> None:
     code = (
         "import sys, otpmesh\n"
-        "from otpmesh._codec import pack, unpack\n"
+        "from otpmesh._wire._codec import pack, unpack\n"
         "unpack(pack({'a': (1, 2)}))\n"
         "print('torch' in sys.modules)\n"
     )

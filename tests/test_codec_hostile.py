@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import otpmesh
-from otpmesh import _codec
-from otpmesh._codec import MAX_NESTING, MAX_TENSOR_DIMS, pack, unpack
-from otpmesh._frames import decode_message
-from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE
+from otpmesh._wire import _codec
+from otpmesh._wire._codec import MAX_NESTING, MAX_TENSOR_DIMS, pack, unpack
+from otpmesh._wire._connection import HANDSHAKE, MAX_FRAME_SIZE
+from otpmesh._wire._frames import decode_message
 from tests.actors import Echo
 from tests.conftest import run_trio
 
@@ -39,8 +39,8 @@ from tests.conftest import run_trio
 # ends it with a traceback on stderr; a crash ends it by a signal.
 _DECODER = r"""
 import struct, sys
-from otpmesh import _codec, _frames, _wire
-from otpmesh._errors import EncodeError, ProtocolError
+from otpmesh._wire import _codec, _frames, _connection as _wire
+from otpmesh._core._errors import EncodeError, ProtocolError
 
 def feed(data):
     decoder = _wire.FrameDecoder(max_frame_size=1 << 20)
@@ -73,7 +73,6 @@ while True:
         answer = "ok"
     except (ProtocolError, EncodeError) as exc:
         answer = "refused " + type(exc).__name__
-    _codec.take_pending()  # as a node does after each message
     print(answer, flush=True)
 """
 
@@ -226,11 +225,16 @@ def test_plain_arrays_and_maps_nested_past_msgpacks_limit_are_a_protocol_error()
             unpack(opener * 1_000_000 + b"\x00")
 
 
-def test_a_failed_decode_leaves_no_channel_tensor_placeholders_behind() -> None:
+def test_unpack_hands_the_channel_tensors_it_met_back_to_its_caller() -> None:
     channel = msgpack.ExtType(_codec.EXT_CHANNEL_TENSOR, msgpack.packb({"id": 1}))
+    value, pending = _codec.unpack_pending(
+        msgpack.packb([channel, msgpack.ExtType(_codec.EXT_TUPLE, msgpack.packb([channel, 2]))])
+    )
+    assert [p.handle for p in pending] == [{"id": 1}, {"id": 1}]
+    assert value[0] is pending[0]
+    # A frame that fails to decode hands nothing to anyone (there is no state to leave behind).
     with pytest.raises(otpmesh.ProtocolError, match="unknown extension type 77"):
-        unpack(msgpack.packb([channel, msgpack.ExtType(77, b"")]))
-    assert _codec.take_pending() == []
+        _codec.unpack_pending(msgpack.packb([channel, msgpack.ExtType(77, b"")]))
 
 
 @st.composite

@@ -21,10 +21,11 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, _codec, launchers
-from otpmesh._errors import ProtocolError
-from otpmesh._frames import HELLO
-from otpmesh._wire import FLAG_FRAME_MAC, HANDSHAKE, dial, frame_header
+from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, launchers
+from otpmesh._core._errors import ProtocolError
+from otpmesh._wire import _codec
+from otpmesh._wire._connection import FLAG_FRAME_MAC, HANDSHAKE, dial, frame_header
+from otpmesh._wire._frames import HELLO
 from otpmesh.testing import netns
 from tests.actors import Echo
 from tests.conftest import alive, run_trio
@@ -101,7 +102,7 @@ def test_broadcast_costs_one_send_per_host(where: Any) -> None:
         async with where(2) as hosts:
             procs = await otpmesh.proc_mesh(hosts=2, procs=3)
             echo = await procs.spawn("echo", Echo)
-            rt_node = otpmesh._node.current_node()
+            rt_node = otpmesh._node._node.current_node()
             assert rt_node is not None
             worker_conns = [p.conn for p in procs._procs]
             before_direct = [c.next_call_id for c in worker_conns]
@@ -303,7 +304,7 @@ def test_ssh_launcher_runs_agents_through_ssh_with_the_secret_on_stdin(tmp_path:
         "shift\n"  # the host name
         'exec sh -c "$1"\n',
     )
-    agent = (sys.executable, "-m", "otpmesh._agent")
+    agent = (sys.executable, "-m", "otpmesh._hosts._agent")
 
     async def main() -> None:
         launcher = launchers.SSH(["gpu-a", "gpu-b"], ssh=(ssh, "-o", "BatchMode=yes"), agent=agent)
@@ -335,7 +336,7 @@ def test_slurm_launcher_starts_one_agent_per_node_with_srun(
         "sleep 0.5; i=$((i-1)); done; wait\n",
     )
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
-    agent = (sys.executable, "-m", "otpmesh._agent")
+    agent = (sys.executable, "-m", "otpmesh._hosts._agent")
 
     async def main() -> None:
         async with otpmesh.cluster(launchers.Slurm(srun=(srun,), agent=agent)) as hosts:
@@ -358,7 +359,7 @@ def test_static_cluster_waits_for_agents_started_elsewhere() -> None:
 
     async def start_agents() -> None:
         while True:  # the address is known once the controller listens
-            node = otpmesh._node.current_node()
+            node = otpmesh._node._node.current_node()
             if node is not None and node.tcp_addr:
                 break
             await trio.sleep(0.01)

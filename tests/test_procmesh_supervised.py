@@ -10,14 +10,14 @@ import trio
 
 import otpmesh
 from otpmesh import ONE_FOR_ALL, ONE_FOR_ONE, LogKind
-from tests.actors import Member
+from tests.actors import Configured, Member
 from tests.conftest import run_trio
 
 
 def test_spawn_with_a_strategy_makes_a_supervisor_group_on_the_proc_mesh() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=3) as procs:
-            mesh = await procs.spawn("w", Member, strategy=ONE_FOR_ONE, intensity=3)
+            mesh = await procs.spawn_supervised("w", Member, strategy=ONE_FOR_ONE, intensity=3)
             pids = (await mesh.pid()).values()
             assert pids == procs.pids  # the group runs on the proc mesh's own processes
             with pytest.raises(otpmesh.ActorError, match="on purpose"):
@@ -45,7 +45,7 @@ def test_spawn_with_a_strategy_makes_a_supervisor_group_on_the_proc_mesh() -> No
 def test_a_supervised_group_that_gives_up_fails_its_calls_and_says_why() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=2) as procs:
-            mesh = await procs.spawn("dp", Member, strategy=ONE_FOR_ALL, intensity=0)
+            mesh = await procs.spawn_supervised("dp", Member, strategy=ONE_FOR_ALL, intensity=0)
             with pytest.raises(otpmesh.ActorError):
                 await mesh[0].crash()
             await procs.supervision("dp").settled()
@@ -71,5 +71,21 @@ def test_an_unsupervised_mesh_failure_is_an_event_and_an_error_never_silent() ->
             assert otpmesh.describe(entry.reason) == "crashed with RuntimeError: lost"
             with pytest.raises(otpmesh.MeshError, match="not spawned as a supervised mesh"):
                 procs.supervision("u")
+
+    run_trio(body)
+
+
+def test_an_actors_own_keywords_are_never_taken_for_supervision_settings() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            plain = await procs.spawn("p", Configured, strategy="greedy", period=0.5)
+            assert await plain[0].settings_seen() == {"strategy": "greedy", "period": 0.5}
+            with pytest.raises(otpmesh.MeshError, match="not spawned as a supervised mesh"):
+                procs.supervision("p")  # plain spawn supervises nothing
+            group = await procs.spawn_supervised(
+                "s", Configured, kwargs={"strategy": "beam", "period": 2.0}, intensity=2
+            )
+            assert await group[0].settings_seen() == {"strategy": "beam", "period": 2.0}
+            assert procs.supervision("s").events.of_kind(LogKind.CHILD_STARTED)
 
     run_trio(body)

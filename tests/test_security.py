@@ -18,11 +18,11 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import _secret
-from otpmesh._node import MAX_UNPROVEN
-from otpmesh._refusals import SUMMARY_EVERY, RefusalLog
-from otpmesh._runtime import runtime
-from otpmesh._wire import HANDSHAKE
+from otpmesh._node._node import MAX_UNPROVEN
+from otpmesh._runtime._controller_runtime import runtime
+from otpmesh._wire import _secret
+from otpmesh._wire._connection import HANDSHAKE
+from otpmesh._wire._refusals import SUMMARY_EVERY, RefusalLog
 from tests.actors import Echo, Intruder
 from tests.conftest import run_trio
 
@@ -64,7 +64,7 @@ ATTACK = textwrap.dedent(
 
 
 def _call_frame(actor: str, method: str) -> bytes:
-    return otpmesh._codec.pack([0, 1, actor, method, [], {}])
+    return otpmesh._wire._codec.pack([0, 1, actor, method, [], {}])
 
 
 def _attack(addr: str, frame: bytes, user: str | None = None) -> tuple[bytes, str]:
@@ -119,7 +119,7 @@ def test_a_peer_that_cannot_prove_itself_gets_nothing_and_the_app_keeps_answerin
                         assert got == b""
                     assert how in ("closed", "reset")
                     got, _ = await trio.to_thread.run_sync(
-                        _attack, addr, otpmesh._codec.pack([4, 1, "shutdown", {}]), user
+                        _attack, addr, otpmesh._wire._codec.pack([4, 1, "shutdown", {}]), user
                     )
                     assert b"shutdown" not in got
             # Nothing was invoked: the actor is the same one, and answers.

@@ -59,7 +59,7 @@ def _our_workers() -> list[int]:
     for pid in _children_of({os.getpid()}):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"otpmesh._forkserver" in f.read():
+                if b"otpmesh._runtime._forkserver" in f.read():
                     servers.add(pid)
         except OSError:
             continue

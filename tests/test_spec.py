@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from otpmesh._spec import (
+from otpmesh._core._spec import (
     ALL_FOR_ONE,
     ANY_SIGNIFICANT,
     BRUTAL_KILL,
@@ -24,7 +24,7 @@ from otpmesh._spec import (
     Worker,
     walk,
 )
-from otpmesh._spec_errors import SpecError
+from otpmesh._core._spec_errors import SpecError
 
 
 class Learner:

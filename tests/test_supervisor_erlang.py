@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otpmesh._spec import (
+from otpmesh._core._spec import (
     TRANSIENT,
     Shutdown,
     Supervisor,

@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from otpmesh._spec import (
+from otpmesh._core._spec import (
     ALL_SIGNIFICANT,
     ANY_SIGNIFICANT,
     BRUTAL_KILL,
@@ -33,8 +33,8 @@ from otpmesh._spec import (
     Supervisor,
     Worker,
 )
-from otpmesh._supervisor import SupervisorCore
-from otpmesh._supevents import (
+from otpmesh._core._supervisor import SupervisorCore
+from otpmesh._core._supevents import (
     ChildExited,
     ChildStarted,
     ChildTerminated,

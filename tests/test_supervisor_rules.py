@@ -10,9 +10,9 @@ from collections import deque
 
 import pytest
 
-from otpmesh._intensity import add_restart, intensity_exceeded
-from otpmesh._reasons import is_normal_exit
-from otpmesh._spec import (
+from otpmesh._core._intensity import add_restart, intensity_exceeded
+from otpmesh._core._reasons import is_normal_exit
+from otpmesh._core._spec import (
     ALL_SIGNIFICANT,
     ANY_SIGNIFICANT,
     BRUTAL_KILL,
@@ -26,9 +26,9 @@ from otpmesh._spec import (
     Supervisor,
     Worker,
 )
-from otpmesh._spec_errors import SupervisorProtocolError
-from otpmesh._supervisor import ChildStatus, SupervisorCore
-from otpmesh._supevents import (
+from otpmesh._core._spec_errors import SupervisorProtocolError
+from otpmesh._core._supervisor import ChildStatus, SupervisorCore
+from otpmesh._core._supevents import (
     ChildExited,
     ChildStarted,
     ChildTerminated,

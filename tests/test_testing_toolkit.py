@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import otpmesh
 import otpmesh.testing
 from otpmesh import BRUTAL_KILL, LogKind, Mesh, Supervisor, Worker, chaos
-from otpmesh._spec import walk
+from otpmesh._core._spec import walk
 from otpmesh.testing import (
     Advance,
     Call,

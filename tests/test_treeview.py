@@ -19,8 +19,8 @@ from otpmesh import (
     Supervisor,
     Worker,
 )
-from otpmesh._screen import OutputTail, frame
-from otpmesh._treeview import TreeView
+from otpmesh._cli._screen import OutputTail, frame
+from otpmesh._cli._treeview import TreeView
 from tests.actors import Member
 
 TREE = Supervisor(

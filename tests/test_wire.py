@@ -12,11 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otpmesh
-from otpmesh import _secret
-from otpmesh._codec import pack
-from otpmesh._frames import decode_message
-from otpmesh._runtime import runtime
-from otpmesh._wire import HANDSHAKE, MAX_FRAME_SIZE, FrameDecoder, check_handshake, frame_header
+from otpmesh._runtime._controller_runtime import runtime
+from otpmesh._wire import _secret
+from otpmesh._wire._codec import pack
+from otpmesh._wire._connection import (
+    HANDSHAKE,
+    MAX_FRAME_SIZE,
+    FrameDecoder,
+    check_handshake,
+    frame_header,
+)
+from otpmesh._wire._frames import decode_message
 from tests.actors import Echo
 from tests.conftest import run_trio
 

@@ -14,11 +14,8 @@ this process can use; ``buf.backend`` says what a transfer used; OTPMESH_RDMA_BA
 once.
 """
 
-from ._auto import install as _install_channel
 from ._buffer import RDMABuffer as RDMABuffer
 from ._registry import PREFERENCE as PREFERENCE
 from ._registry import RDMAError as RDMAError
 from ._registry import allowed_backends as allowed_backends
 from ._registry import backends as backends
-
-_install_channel()  # large tensors in ordinary calls now travel over the channel

@@ -15,14 +15,14 @@ import ctypes
 import logging
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
-from .. import _codec
-from .._errors import ActorDiedError, OtpmeshError
-from .._node import Node, current_node
-from .._wire import Connection
+from .._core._errors import ActorDiedError, OtpmeshError
+from .._node._node import Node, current_node
+from .._wire import _codec
+from .._wire._connection import Connection
 from ._backend import Backend, Peer, Region
 from ._error import RDMAError
 from ._handle import Grant, Handle, check_grant, check_matches, peer_pid
@@ -86,6 +86,16 @@ class RDMABuffer:
                 "RDMABuffer needs a running otpmesh node: create it inside an actor, "
                 "or in a controller after otpmesh.proc_mesh() or otpmesh.start()"
             )
+        self._register_on(node, data)
+
+    @classmethod
+    def _register(cls, node: Node, data: Any) -> RDMABuffer:
+        """A buffer of `data` registered with `node` (its channel offering a large tensor)."""
+        buf = cls.__new__(cls)
+        buf._register_on(node, data)
+        return buf
+
+    def _register_on(self, node: Node, data: Any) -> None:
         region, dtype, shape = _describe_target(data)
         dims = None if shape is None else tuple(shape)
         buffer_id, reg = registry(node).register(data, region, dtype, dims)
@@ -100,8 +110,13 @@ class RDMABuffer:
         )
         self.backend: str | None = None
 
+    _wire_ext: ClassVar[int] = _codec.EXT_RDMA_BUFFER  # how it travels (see _codec)
+
+    def _to_wire(self) -> dict[str, Any]:
+        return self._handle.to_wire()
+
     @classmethod
-    def _from_handle(cls, data: Any) -> RDMABuffer:
+    def _from_wire(cls, data: Any) -> RDMABuffer:
         """Decode a handle from the wire: RDMAError if any field is malformed."""
         return cls._of(Handle.from_wire(data))
 
@@ -291,8 +306,3 @@ class RDMABuffer:
                 used,
                 best,
             )
-
-
-_codec.register_ext(
-    RDMABuffer, _codec.EXT_RDMA_BUFFER, lambda b: b._handle.to_wire(), RDMABuffer._from_handle
-)

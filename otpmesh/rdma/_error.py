@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._errors import OtpmeshError
+from .._core._errors import OtpmeshError
 
 
 class RDMAError(OtpmeshError):

@@ -19,7 +19,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._wire import peer_credentials
+from .._wire._connection import peer_credentials
 from ._error import RDMAError
 
 TOKEN_BYTES = 16

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from .._hostid import boot_id, pid_namespace
+from .._node._hostid import boot_id, pid_namespace
 from ._backend import Peer, Region
 
 # Settings, all optional: which device/port/GID index this process uses.

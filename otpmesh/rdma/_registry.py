@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 
-from .._hostid import boot_id, pid_namespace
-from .._node import Node, current_node
-from .._wire import Connection
+from .._node._hostid import boot_id, pid_namespace
+from .._node._node import Node, current_node
+from .._wire._connection import Connection
 from ._backend import Backend, Region
 from ._error import RDMAError as RDMAError
 from ._handle import Grant, new_token, tokens_match
@@ -190,10 +190,14 @@ class Registry:
 
 
 def registry(node: Node) -> Registry:
-    if node.rdma is None:
-        node.rdma = Registry(node)
-    reg: Registry = node.rdma
-    return reg
+    """`node`'s buffers and backends: its tensor channel's registry."""
+    found = getattr(node.channel, "registry", None)
+    if not isinstance(found, Registry):
+        raise RDMAError(
+            f"this otpmesh node ({node.addr}) was made without a tensor channel; "
+            "RDMABuffer works in the controller and in actors"
+        )
+    return found
 
 
 def backends() -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from .._hostid import boot_id, pid_namespace
+from .._node._hostid import boot_id, pid_namespace
 from ._backend import Peer, Region
 
 _libc = ctypes.CDLL(None, use_errno=True)

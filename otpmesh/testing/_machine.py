@@ -36,12 +36,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from .. import chaos
-from .._actor import Actor
-from .._app import App, start
-from .._errors import ActorDiedError, ActorError, CallTimeoutError, SupervisorError
-from .._exits import ActorCrash, ProcessExit
-from .._spec import Mesh, Supervisor, Worker, walk
-from .._supevents import LogEntry, LogKind
+from .._controller._app import App, start
+from .._core._actor import Actor
+from .._core._errors import ActorDiedError, ActorError, CallTimeoutError, SupervisorError
+from .._core._exits import ActorCrash, ProcessExit
+from .._core._spec import Mesh, Supervisor, Worker, walk
+from .._core._supevents import LogEntry, LogKind
 from ._plugin import format_log
 from ._simulate import Advance, Crash, Simulation, Step, simulate
 

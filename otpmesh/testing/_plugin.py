@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import pytest
 
 if TYPE_CHECKING:
-    from .._app import App
-    from .._spec import Mesh, Supervisor
-    from .._supevents import LogEntry
+    from .._controller._app import App
+    from .._core._spec import Mesh, Supervisor
+    from .._core._supevents import LogEntry
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class AppRunner:
         import trio
         import trio.testing
 
-        from .._app import start
+        from .._controller._app import start
 
         async def main() -> T:
             with trio.fail_after(timeout):
@@ -141,7 +141,7 @@ def _format(app: App) -> str:
 def format_log(entries: Sequence[LogEntry], mark: int | None = None) -> str:
     """An event log one entry a line, times relative to the first; `mark` points at one line.
     (Here rather than in the machine's module so that the plugin never imports hypothesis.)"""
-    from .._exits import describe
+    from .._core._exits import describe
 
     t0 = entries[0].time if entries else 0.0
     lines = []

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from .._reasons import KILLED, SHUTDOWN
-from .._spec import BRUTAL_KILL, ChildSpec, Mesh, Supervisor, Worker
-from .._supervisor import SupervisorCore
-from .._supevents import (
+from .._core._reasons import KILLED, SHUTDOWN
+from .._core._spec import BRUTAL_KILL, ChildSpec, Mesh, Supervisor, Worker
+from .._core._supervisor import SupervisorCore
+from .._core._supevents import (
     ChildExited,
     ChildStarted,
     ChildTerminated,

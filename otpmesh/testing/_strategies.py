@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from .._spec import (
+from .._core._spec import (
     ALL_SIGNIFICANT,
     ANY_SIGNIFICANT,
     BRUTAL_KILL,

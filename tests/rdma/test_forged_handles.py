@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import otpmesh
-from otpmesh import _codec
-from otpmesh._errors import ProtocolError
-from otpmesh._hostid import boot_id, pid_namespace
-from otpmesh._node import current_node
+from otpmesh._core._errors import ProtocolError
+from otpmesh._node._hostid import boot_id, pid_namespace
+from otpmesh._node._node import current_node
+from otpmesh._wire import _codec
 from otpmesh.rdma import RDMABuffer, RDMAError
 from otpmesh.rdma._backend import Region
 from otpmesh.rdma._handle import Handle, new_token
@@ -162,7 +162,7 @@ _GOOD = _wire(_forged())
 )
 def test_a_junk_handle_fails_to_decode_with_a_clear_error(junk: Any, message: str) -> None:
     with pytest.raises(RDMAError, match="malformed RDMABuffer handle: " + message):
-        RDMABuffer._from_handle(junk)
+        RDMABuffer._from_wire(junk)
     # On the wire the frame is refused whole: the error names the handle's fault.
     frame = _codec.pack([msgpack.ExtType(_codec.EXT_RDMA_BUFFER, msgpack.packb(junk))])
     with pytest.raises(ProtocolError, match=r"RDMAError: malformed RDMABuffer handle: "):

@@ -1,0 +1,1 @@
+"""The ``otpmesh`` command: run (live tree view), events (timeline), bench, agent."""

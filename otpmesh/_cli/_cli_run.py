@@ -1,0 +1,360 @@
+"""``otpmesh run TREE``: start a supervision tree from a spec file and watch it.
+
+On a terminal the tree is redrawn in place as its event log grows; otherwise (a pipe, a file,
+``--plain``) it prints the tree when started, one line per event, and the tree when stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+import trio
+
+from .._controller._app import App, PlacementName, start
+from .._controller._events import EventLog
+from .._core._errors import UsageError
+from .._core._spec import Mesh, Supervisor, Worker, walk
+from .._runtime._run import run
+from ..chaos import FAULTS, ChaosMonkey
+from . import _timeline
+from ._screen import LiveScreen, frame
+from ._specfile import load_tree
+from ._timeline import Event
+from ._treeview import TreeView
+
+REDRAW_EVERY = 0.1  # seconds: at most ten frames a second, however busy the log
+CLOCK_EVERY = 1.0  # seconds: redraw at least this often, so the clock moves
+
+DESCRIPTION = """\
+Start the supervision tree TREE names (otpmesh.start) and show it live: every
+supervisor, mesh and actor with its state, incarnation, restarts and last exit,
+as the tree's event log tells them.
+
+On a terminal the view is redrawn in place, with the recent events and the
+output of the actors below it. When stdout is not a terminal (or with --plain)
+it prints the tree, then one line per event as it happens, then the tree again
+when stopped.
+
+Ctrl-C stops the tree (exit status 130); a root supervisor that gives up ends
+the run with status 1 and says why; a TREE that cannot be loaded, status 2.
+"""
+
+EXAMPLES = """\
+examples:
+  otpmesh run supervisors/rl_pipeline.py                  # until Ctrl-C
+  otpmesh run supervisors.serving_replicas --local --duration 5
+  otpmesh run supervisors/rl_pipeline.py --chaos 2 --chaos-targets 'rl/rollouts/*'
+  otpmesh run my_job.py:make_tree --events run.jsonl | tee run.log
+"""
+
+
+def add_to(commands: Any) -> None:
+    parser = commands.add_parser(
+        "run",
+        help="start a supervision tree and watch it live",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "target",
+        metavar="TREE",
+        help="a spec file or module, with :NAME for an attribute other than `tree` (a "
+        "Supervisor or Mesh, or a function returning one): supervisors/rl_pipeline.py, "
+        "supervisors.rl_pipeline, my_job.py:make_tree",
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help='run every actor in this process (placement="local"), not in worker processes',
+    )
+    parser.add_argument(
+        "--events",
+        metavar="FILE",
+        help="also record the event log to FILE, one JSON object per line (read it with "
+        "`otpmesh events FILE`)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop the tree after SECONDS (default: run until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="print lines even on a terminal (the default when stdout is not a terminal)",
+    )
+    parser.add_argument(
+        "--snapshots",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with plain output, also print the tree every SECONDS",
+    )
+    chaos = parser.add_argument_group(
+        "chaos", "throw faults at the actors (otpmesh.chaos.ChaosMonkey) and watch the tree recover"
+    )
+    chaos.add_argument(
+        "--chaos", type=_seconds, metavar="RATE", help="faults per second, on average"
+    )
+    chaos.add_argument(
+        "--chaos-faults",
+        default="crash,kill",
+        metavar="KINDS",
+        help=f"comma-separated, drawn with equal weights, from: {', '.join(FAULTS)} "
+        "(default: crash,kill)",
+    )
+    chaos.add_argument(
+        "--chaos-targets",
+        action="append",
+        metavar="GLOB",
+        help="actor paths to aim at, e.g. 'rl/rollouts/*' (repeatable; default: every actor)",
+    )
+    chaos.add_argument(
+        "--chaos-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the same seed throws the same faults at the same tree (default: 0)",
+    )
+    parser.set_defaults(handler=run_command)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What ``otpmesh run`` was asked to do, checked."""
+
+    target: str
+    placement: PlacementName
+    events_file: IO[str] | None
+    duration: float | None
+    live: bool
+    snapshots: float | None
+    chaos_rate: float | None
+    chaos_faults: tuple[str, ...]
+    chaos_targets: tuple[str, ...]
+    chaos_seed: int
+
+
+def run_command(args: argparse.Namespace) -> int:
+    tree = load_tree(args.target)
+    faults = tuple(f.strip() for f in args.chaos_faults.split(",") if f.strip())
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not faults:
+        raise UsageError(f"--chaos-faults: unknown fault {unknown}; known: {', '.join(FAULTS)}")
+    targets = tuple(args.chaos_targets or ("*",))
+    if args.chaos and not _actors_matching(tree, targets):
+        raise UsageError(f"--chaos-targets {list(targets)} match no actor of {tree.id}")
+    events_file = _open_for_writing(args.events) if args.events else None
+    options = Options(
+        target=args.target,
+        placement="local" if args.local else "procs",
+        events_file=events_file,
+        duration=args.duration,
+        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb" and not args.plain,
+        snapshots=args.snapshots,
+        chaos_rate=args.chaos,
+        chaos_faults=faults,
+        chaos_targets=targets,
+        chaos_seed=args.chaos_seed,
+    )
+    try:
+        run(watch, tree, options)  # Ctrl-C: status 130; a root that gives up: status 1
+    finally:
+        if events_file is not None:
+            events_file.close()
+    return 0
+
+
+def _actors_matching(tree: Supervisor | Mesh, globs: tuple[str, ...]) -> list[str]:
+    actors = [path for path, spec in walk(tree) if isinstance(spec, Worker)]
+    return [p for p in actors if any(fnmatch.fnmatchcase(p, g) for g in globs)]
+
+
+def _open_for_writing(path: str) -> IO[str]:
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--events: cannot write {path}: {exc.strerror}") from None
+
+
+# ---------------------------------------------------------------------- following the log
+
+
+class Watch:
+    """The tree view and the recent events, kept up to date from the app's log."""
+
+    def __init__(self, tree: Supervisor | Mesh, options: Options) -> None:
+        self.tree = tree
+        self.options = options
+        self.view = TreeView(tree)
+        self.recent: deque[Event] = deque(maxlen=100)
+        self.t0: float | None = None
+        self._seen = 0
+
+    def catch_up(self, log: EventLog) -> list[Event]:
+        """Feed the view what the log gained since the last call; return it as events."""
+        new = [log[i] for i in range(self._seen, len(log))]
+        self._seen += len(new)
+        for entry in new:
+            self.view.feed(entry)
+        if new and self.t0 is None:
+            self.t0 = new[0].time
+        events = [Event.of(entry) for entry in new]
+        self.recent.extend(events)
+        return events
+
+    def line(self, event: Event) -> str:
+        return _timeline.line(event, self.t0 or 0.0)
+
+    def heading(self) -> str:
+        chaos = "" if self.options.chaos_rate is None else f", chaos {self.options.chaos_rate:g}/s"
+        return f"otpmesh run {self.options.target} ({self.options.placement}{chaos})"
+
+    def snapshot(self, now: float | None = None) -> list[str]:
+        return [self.view.summary(now), *self.view.lines()]
+
+
+class Display(Protocol):
+    def started(self, watch: Watch) -> None: ...
+    def events(self, watch: Watch, new: list[Event]) -> None: ...
+    async def run(self, watch: Watch) -> None: ...
+    def stopping(self, watch: Watch, why: str) -> None: ...
+    def finished(self, watch: Watch, new: list[Event]) -> None: ...
+
+
+class PlainDisplay:
+    """Lines for a pipe or a log file: the tree, events as they happen, the tree at the end."""
+
+    def __init__(self, out: Callable[[str], None], every: float | None) -> None:
+        self.out = out
+        self.every = every
+
+    def started(self, watch: Watch) -> None:
+        self.out(f"{watch.heading()}: started; Ctrl-C stops it")
+        self._tree(watch)
+
+    def _tree(self, watch: Watch, now: float | None = None) -> None:
+        for text in watch.snapshot(now):
+            self.out(text)
+
+    def events(self, watch: Watch, new: list[Event]) -> None:
+        for event in new:
+            self.out(watch.line(event))
+
+    async def run(self, watch: Watch) -> None:
+        while self.every is not None:
+            await trio.sleep(self.every)
+            self._tree(watch, trio.current_time())
+
+    def stopping(self, watch: Watch, why: str) -> None:
+        self.out(f"{watch.heading()}: stopping ({why})")
+
+    def finished(self, watch: Watch, new: list[Event]) -> None:
+        self.events(watch, new)
+        self._tree(watch)
+
+
+class LiveDisplay:
+    """The tree redrawn in place on a terminal, with the recent events and output below it."""
+
+    def __init__(self) -> None:
+        self.screen = LiveScreen(sys.stdout)
+        self.changed = trio.Event()
+
+    def started(self, watch: Watch) -> None:
+        self.screen.open()
+        self._draw(watch)
+
+    def _frame(self, watch: Watch, rows: int | None, cols: int | None, keep: int) -> list[str]:
+        now = trio.current_time()
+        hint = "    Ctrl-C stops the tree" if rows is not None else ""
+        top = [watch.heading() + hint, *watch.snapshot(now)]
+        events = [watch.line(e) for e in list(watch.recent)[-keep:]]
+        output = list(self.screen.tail.lines)[-keep:]
+        return frame(top, [("recent events", events), ("output", output)], rows, cols)
+
+    def _draw(self, watch: Watch) -> None:
+        rows, cols = self.screen.size()
+        self.screen.draw(self._frame(watch, rows, cols, keep=rows))
+
+    def events(self, watch: Watch, new: list[Event]) -> None:
+        self.changed.set()
+
+    async def run(self, watch: Watch) -> None:
+        while True:
+            self._draw(watch)
+            with trio.move_on_after(CLOCK_EVERY):
+                await self.changed.wait()
+            self.changed = trio.Event()
+            await trio.sleep(REDRAW_EVERY)
+
+    def stopping(self, watch: Watch, why: str) -> None:
+        self.changed.set()
+
+    def finished(self, watch: Watch, new: list[Event]) -> None:
+        self.screen.close(self._frame(watch, None, self.screen.size()[1], keep=10))
+
+
+async def watch(tree: Supervisor | Mesh, options: Options) -> None:
+    """Start the tree, follow its log on the display until the duration ends or Ctrl-C."""
+    state = Watch(tree, options)
+    display: Display = LiveDisplay() if options.live else PlainDisplay(_say, options.snapshots)
+    if options.live:
+        print(f"{state.heading()}: starting {tree.id}...", flush=True)
+    app: App | None = None
+    try:
+        async with start(tree, placement=options.placement, events_file=options.events_file) as app:
+            state.catch_up(app.events)
+            display.started(state)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_follow, app, state, display)
+                nursery.start_soon(display.run, state)
+                if options.chaos_rate is not None:
+                    nursery.start_soon(_monkey(app, options).run)
+                if options.duration is None:
+                    await trio.sleep_forever()
+                await trio.sleep(options.duration)
+                display.stopping(state, f"--duration {options.duration:g} s")
+                nursery.cancel_scope.cancel()
+    finally:
+        if app is not None:
+            display.finished(state, state.catch_up(app.events))
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)  # a line at a time, also into a pipe
+
+
+async def _follow(app: App, state: Watch, display: Display) -> None:
+    # No checkpoint between this catch-up and the subscription: no entry falls between them.
+    display.events(state, state.catch_up(app.events))
+    async for _ in app.events.subscribe():
+        display.events(state, state.catch_up(app.events))
+
+
+def _monkey(app: App, options: Options) -> ChaosMonkey:
+    return ChaosMonkey(
+        app,
+        seed=options.chaos_seed,
+        rate=options.chaos_rate or 1.0,
+        targets=options.chaos_targets,
+        faults=dict.fromkeys(options.chaos_faults, 1.0),
+    )

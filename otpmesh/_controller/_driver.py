@@ -1,0 +1,236 @@
+"""The trio driver around one supervisor core: thin on purpose.
+
+It feeds the core events (from its channel), carries out the core's commands (starting and
+stopping children through the placement, or running child supervisors as drivers of their own)
+and reports back completions. Everything OTP decides — what to restart, in which order, when to
+give up — is the core's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._core._exits import describe
+from .._core._shape import all_coords
+from .._core._spec import Mesh, Shutdown, Supervisor, Worker
+from .._core._supervisor import ChildStatus, SupervisorCore
+from .._core._supevents import (
+    ChildExited,
+    ChildStarted,
+    ChildTerminated,
+    Command,
+    Event,
+    Exit,
+    InitDone,
+    InitFailed,
+    Reply,
+    StartChild,
+    StartFailed,
+    StartIgnored,
+    Stop,
+    TerminateChild,
+)
+from ._placement import SlotInfo, StartError
+
+if TYPE_CHECKING:
+    from ._app import App
+
+
+class SupervisorDriver:
+    """Runs one supervisor core as a trio task of the application."""
+
+    def __init__(
+        self,
+        app: App,
+        spec: Supervisor,
+        path: str,
+        parent: SupervisorDriver | None,
+        incarnation: int = 1,
+    ) -> None:
+        self.app = app
+        self.spec = spec
+        self.path = path
+        self.parent = parent
+        self.incarnation = incarnation
+        self.core = SupervisorCore(spec, path=path, incarnations=app.incarnations(path))
+        self._send, self._receive = trio.open_memory_channel[Event](math.inf)
+        self.children: dict[str, SupervisorDriver] = {}
+        self.started = trio.Event()
+        self.init_failure: object = None
+        self.exited = trio.Event()
+        self.exit_reason: object = None
+        self.mesh_shape = app.mesh_shapes.get(path)
+
+    # ---------------------------------------------------------------- the loop
+
+    def post(self, event: Event) -> None:
+        """Queue an event for the core (from any task, synchronously)."""
+        if self.exited.is_set():
+            return
+        self.app.work_started()
+        self._send.send_nowait(event)
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if not self.exited.is_set():  # cancelled from outside: nobody else will say so
+                self.exit_reason = "killed"
+                self.exited.set()
+
+    async def _run(self) -> None:
+        if self.mesh_shape is not None:
+            await self._prepare_mesh()
+        self._apply(self.core.start(trio.current_time()))
+        while not self.core.done:
+            event = await self._receive.receive()
+            try:
+                self._apply(self.core.handle(event, trio.current_time()))
+            finally:
+                self.app.work_done()
+        self._sync_slots()
+
+    async def _prepare_mesh(self) -> None:
+        infos = [self._slot_info(c.id) for c in self.spec.children]
+        paths = [f"{self.path}/{c.id}" for c in self.spec.children]
+        try:
+            await self.app.placement.prepare(paths, infos)
+        except Exception:  # each start then reports its own failure through the core
+            pass
+
+    def _apply(self, commands: list[Command]) -> None:
+        for entry in self.core.take_log():
+            self.app.events.append(entry)
+        for command in commands:
+            if isinstance(command, StartChild):
+                self._spawn(self._start_child, command)
+            elif isinstance(command, TerminateChild):
+                self._spawn(self._terminate_child, command)
+            elif isinstance(command, InitDone):
+                self.started.set()
+            elif isinstance(command, InitFailed):
+                self.init_failure = command.reason
+                self._finish(command.reason)
+                self.started.set()
+            elif isinstance(command, Exit):
+                self._finish(command.reason)
+            elif isinstance(command, Reply):
+                self.app.reply(command)
+        self._sync_slots()
+
+    def _spawn(self, fn: Any, command: StartChild | TerminateChild) -> None:
+        self.app.work_started()
+        self.app.nursery.start_soon(fn, command)
+
+    def _finish(self, reason: object) -> None:
+        self.exit_reason = reason
+        self.exited.set()
+        if self.parent is not None and self.started.is_set():
+            self.parent.post(ChildExited(self.spec.id, self.incarnation, reason))
+        elif self.parent is None:
+            self.app.root_exited(reason)
+
+    # ---------------------------------------------------------------- commands
+
+    async def _start_child(self, command: StartChild) -> None:
+        try:
+            self.post(await self._start(command))
+        finally:
+            self.app.work_done()
+
+    async def _start(self, command: StartChild) -> Event:
+        path = f"{self.path}/{command.id}"
+        spec = command.spec
+        if isinstance(spec, Mesh):
+            spec = spec.as_supervisor()
+        if isinstance(spec, Supervisor):
+            child = SupervisorDriver(self.app, spec, path, self, command.incarnation)
+            self.children[command.id] = child
+            self.app.nursery.start_soon(child.run)
+            await child.started.wait()
+            if child.init_failure is not None:
+                return StartFailed(command.id, child.init_failure)
+            return ChildStarted(command.id)
+        slot = self.app.slot(path)
+        injected = self.app.injected_start_failure(path)
+        if injected is not None:
+            return StartFailed(command.id, injected)
+        try:
+            result = await self.app.placement.start(
+                slot,
+                command.incarnation,
+                spec.actor,
+                spec.args,
+                spec.kwargs,
+                self._slot_info(command.id),
+            )
+        except StartError as exc:
+            return StartFailed(command.id, exc.reason)
+        if result != "started":
+            return StartIgnored(command.id)
+        self.app.watch(path, self)
+        return ChildStarted(command.id)
+
+    async def _terminate_child(self, command: TerminateChild) -> None:
+        try:
+            reason = await self._terminate(command)
+            self.post(ChildTerminated(command.id, command.incarnation, reason))
+        finally:
+            self.app.work_done()
+
+    async def _terminate(self, command: TerminateChild) -> object:
+        child = self.children.get(command.id)
+        if child is not None and child.incarnation == command.incarnation:
+            child.post(Stop("shutdown"))
+            if command.shutdown is Shutdown.INFINITY or command.shutdown is Shutdown.BRUTAL_KILL:
+                await child.exited.wait()
+                return child.exit_reason
+            with trio.move_on_after(float(command.shutdown)):
+                await child.exited.wait()
+                return child.exit_reason
+            child.kill_subtree()
+            return "killed"
+        slot = self.app.slot(f"{self.path}/{command.id}")
+        slot.mark_down()
+        return await self.app.placement.stop(slot, command.incarnation, command.shutdown)
+
+    def kill_subtree(self) -> None:
+        """A child supervisor ran out of shutdown time: kill everything under it at once."""
+        for child in self.children.values():
+            child.kill_subtree()
+        for spec in self.spec.children:
+            if isinstance(spec, Worker):
+                self.app.placement.kill(self.app.slot(f"{self.path}/{spec.id}"))
+        self._finish("killed")
+
+    # ---------------------------------------------------------------- slots
+
+    def _slot_info(self, child_id: str) -> SlotInfo:
+        if self.mesh_shape is None:
+            return SlotInfo(f"{self.path}/{child_id}", 0, {}, {})
+        rank = int(child_id)
+        return SlotInfo(self.path, rank, all_coords(self.mesh_shape)[rank], dict(self.mesh_shape))
+
+    def _sync_slots(self) -> None:
+        """Tell callers which actors will come back: a child the core will not start again is
+        gone (calls fail fast); one it is restarting is down (calls wait)."""
+        if not (self.core.idle or self.core.done):
+            return
+        statuses = {c.id: c for c in self.core.which_children()} if not self.core.done else {}
+        for child_id, slot in self.app.slots_under(self.path):
+            info = statuses.get(child_id)
+            if info is None or info.status is ChildStatus.UNDEFINED:
+                slot.mark_gone(self._why_gone(child_id))
+            elif info.status is ChildStatus.RESTARTING:
+                slot.mark_down()
+
+    def _why_gone(self, child_id: str) -> str:
+        if self.core.done:
+            return f"its supervisor {self.path} exited ({describe(self.exit_reason)})"
+        last = self.app.last_exit(self.path, child_id)
+        if last is None:
+            return "it is not running (not started)"
+        return f"it is not running and will not be restarted (last exit: {describe(last)})"

@@ -1,0 +1,251 @@
+"""Where supervised actors run: each slot in a worker process of its own (``"procs"``, the
+default), or all of them inside the controller (``"local"``, for fast deterministic tests).
+
+A placement starts and stops one actor incarnation at a time for the supervision driver and
+keeps each slot's process: an actor that crashed is restarted inside its live process; a slot
+whose process died gets a fresh one from the fork server, pinned as the old one was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from .._core._actor import Actor, class_path
+from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._core._exits import ActorCrash, ProcessExit
+from .._core._spec import Shutdown, ShutdownSpec
+from .._node._host import STARTED, ActorHost
+from .._node._mesh import Slot
+from .._runtime._controller_runtime import ExitListener, Proc, Runtime
+from ._slotenv import slot_env, visible_gpus
+
+# How long past its shutdown timeout a worker may take to confirm a stop before its whole
+# process is killed (an actor stuck in code that never yields cannot be cancelled in-process).
+_STOP_GRACE = 1.0
+
+
+class StartError(Exception):
+    """A start failed with `reason` (an exit reason: what the supervisor core records)."""
+
+    def __init__(self, reason: object) -> None:
+        self.reason = reason
+        super().__init__(str(reason))
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """Where one actor sits: its mesh's name and shape, its rank and coordinates."""
+
+    name: str
+    rank: int
+    coords: dict[str, int]
+    shape: dict[str, int]
+
+
+class Placement(Protocol):
+    async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None: ...
+    async def start(
+        self,
+        slot: Slot,
+        incarnation: int,
+        actor: type | str,
+        args: Any,
+        kwargs: Any,
+        info: SlotInfo,
+    ) -> str: ...
+    async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object: ...
+    def kill(self, slot: Slot) -> None: ...
+    async def close(self) -> None: ...
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool: ...
+    def process(self, slot: Slot) -> Proc | None: ...
+
+
+def _payload(
+    path: str, incarnation: int, actor: type | str, args: Any, kwargs: Any, info: SlotInfo
+) -> dict[str, Any]:
+    return {
+        "id": path,
+        "incarnation": incarnation,
+        "cls": class_path(actor) if isinstance(actor, type) else actor,
+        "name": info.name,
+        "rank": info.rank,
+        "coords": info.coords,
+        "shape": info.shape,
+        "args": list(args),
+        "kwargs": dict(kwargs),
+    }
+
+
+def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
+    """(seconds or None for infinity, brutal?) of a shutdown spec."""
+    if shutdown is Shutdown.BRUTAL_KILL:
+        return 0.0, True
+    if shutdown is Shutdown.INFINITY:
+        return None, False
+    return float(shutdown), False
+
+
+class ProcsPlacement:
+    """Every slot in a worker process of its own."""
+
+    def __init__(self, rt: Runtime, procs: dict[str, Proc] | None = None) -> None:
+        self._rt = rt
+        self._procs: dict[str, Proc] = dict(procs or {})  # by actor path: its slot's process
+        self._gpus = visible_gpus()
+
+    async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
+        """Fork the processes of a group's slots all at once (a mesh starts in one go)."""
+        missing = [
+            (p, i)
+            for p, i in zip(paths, infos, strict=True)
+            if p not in self._procs or not self._procs[p].alive
+        ]
+        if not missing:
+            return
+        procs = await self._rt.start_procs(
+            missing[0][1].shape or {"procs": 1},
+            [i.coords for _, i in missing],
+            [slot_env(i.coords, i.rank, self._gpus) for _, i in missing],
+        )
+        for (path, _), proc in zip(missing, procs, strict=True):
+            self._procs[path] = proc
+
+    async def start(
+        self,
+        slot: Slot,
+        incarnation: int,
+        actor: type | str,
+        args: Any,
+        kwargs: Any,
+        info: SlotInfo,
+    ) -> str:
+        path = slot.actor_id
+        try:
+            await self.prepare([path], [info])
+        except SpawnError as exc:
+            raise StartError(ActorCrash("SpawnError", str(exc))) from exc
+        proc = self._procs[path]
+        if proc.conn is None:
+            raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
+        proc.named(path)
+        try:
+            result = await self._rt.node.sys_call(
+                proc.conn,
+                "spawn_actor",
+                _payload(path, incarnation, actor, args, kwargs, info),
+                path,
+            )
+        except ActorError as exc:
+            raise StartError(ActorCrash(exc.type_name, exc.message, exc.traceback)) from exc
+        except ActorDiedError as exc:
+            raise StartError(ProcessExit(proc.pid, proc.exit_reason or exc.reason)) from exc
+        if result == STARTED:
+            proc.hosted(path, incarnation)
+            slot.mark_up(proc.addr, proc)
+        return str(result)
+
+    async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
+        proc = self._procs.get(slot.actor_id)
+        if proc is None or proc.conn is None or not proc.alive:
+            return ProcessExit(proc.pid if proc else 0, (proc and proc.exit_reason) or "is gone")
+        seconds, brutal = _timeout(shutdown)
+        request = {
+            "id": slot.actor_id,
+            "incarnation": incarnation,
+            "reason": "shutdown",
+            "timeout": seconds,
+            "brutal": brutal,
+        }
+        deadline = math.inf if seconds is None else seconds + _STOP_GRACE
+        with trio.move_on_after(deadline):
+            try:
+                return await self._rt.node.sys_call(proc.conn, "stop_actor", request, slot.actor_id)
+            except ActorDiedError:
+                return ProcessExit(proc.pid, proc.exit_reason or "is gone")
+        # The worker did not confirm in time (stuck outside trio, or stopped): kill the process.
+        self._rt.kill(proc)
+        await proc.exited.wait()
+        return "killed"
+
+    def kill(self, slot: Slot) -> None:
+        proc = self._procs.get(slot.actor_id)
+        if proc is not None:
+            self._rt.kill(proc)
+
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
+        proc = self._procs.get(slot.actor_id)
+        if proc is None or proc.conn is None or not proc.alive:
+            return False
+        request = {"id": slot.actor_id, "kind": kind, "reason": reason}
+        try:
+            return bool(await self._rt.node.sys_call(proc.conn, "inject", request, slot.actor_id))
+        except (ActorDiedError, trio.ClosedResourceError):
+            return False  # its process is going: the exit is on its way
+
+    def process(self, slot: Slot) -> Proc | None:
+        proc = self._procs.get(slot.actor_id)
+        return proc if proc is not None and proc.alive else None
+
+    async def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.alive and proc.conn is not None:
+                self._rt.node.sys_cast(proc.conn, "shutdown", {"timeout": 1.0})
+        with trio.move_on_after(3.0):
+            for proc in self._procs.values():
+                await proc.exited.wait()
+        for proc in self._procs.values():
+            self._rt.kill(proc)
+
+
+class LocalPlacement:
+    """Every actor inside the controller process: the same supervision, no processes."""
+
+    def __init__(self, rt: Runtime, listener: ExitListener, nursery: trio.Nursery) -> None:
+        self._node = rt.node
+        # Actor tasks run in the application's nursery: their fate is the app's, not the node's.
+        self._host = ActorHost(rt.node, listener.actor_exited, listener.actor_exiting, nursery)
+
+    async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
+        return None
+
+    async def start(
+        self,
+        slot: Slot,
+        incarnation: int,
+        actor: type | str,
+        args: Any,
+        kwargs: Any,
+        info: SlotInfo,
+    ) -> str:
+        payload = _payload(slot.actor_id, incarnation, actor, args, kwargs, info)
+        if isinstance(actor, type) and issubclass(actor, Actor):
+            payload["cls"] = actor
+        try:
+            result = await self._host.spawn(payload)
+        except Exception as exc:
+            raise StartError(ActorCrash.of(exc)) from exc
+        if result == STARTED:
+            slot.mark_up(self._node.addr, None)
+        return result
+
+    async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
+        seconds, brutal = _timeout(shutdown)
+        return await self._host.stop(slot.actor_id, incarnation, "shutdown", seconds, brutal)
+
+    def kill(self, slot: Slot) -> None:
+        cell = self._node.actors.get(slot.actor_id)
+        if cell is not None:
+            cell.kill()
+
+    async def close(self) -> None:
+        return None
+
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
+        return self._host.inject(slot.actor_id, kind, reason)
+
+    def process(self, slot: Slot) -> Proc | None:
+        return None  # in-process: there is no process of its own to signal

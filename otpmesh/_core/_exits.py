@@ -1,0 +1,76 @@
+"""How actors end, in OTP's vocabulary, as data that crosses the wire.
+
+An actor's exit reason is one of:
+
+- ``"normal"`` / ``"shutdown"`` / ``("shutdown", detail)``: it stopped (``self.stop(reason)``,
+  or its supervisor stopped it); OTP calls these normal exits;
+- ``"killed"``: it was killed outright (``BRUTAL_KILL``, or its shutdown timeout ran out);
+- an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop``;
+- a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._reasons import is_normal_exit
+
+
+class Ignore(Exception):
+    """Raise from an actor's constructor or ``on_start`` to return OTP's ``ignore``: the child is
+    not started, and its supervisor keeps its spec (a temporary child's spec is dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActorCrash:
+    """An exception escaped the actor: its type name, message and traceback text."""
+
+    type_name: str
+    message: str
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        return f"crashed with {self.type_name}: {self.message}"
+
+    @classmethod
+    def of(cls, exc: BaseException, *, skip_frames: int = 0) -> ActorCrash:
+        """Describe `exc`; `skip_frames` drops otpmesh's own calling frames from the traceback."""
+        import traceback
+
+        tb = exc.__traceback__
+        for _ in range(skip_frames):
+            if tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        return cls(type(exc).__qualname__, str(exc), text)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    """The actor's worker process died: e.g. 'killed by signal 9 (SIGKILL)'."""
+
+    pid: int
+    how: str
+
+    def __str__(self) -> str:
+        return f"its process (pid {self.pid}) {self.how}"
+
+
+def describe(reason: object) -> str:
+    """A reason in words, for error messages and logs."""
+    if isinstance(reason, ActorCrash | ProcessExit):
+        return str(reason)
+    if (
+        isinstance(reason, tuple)
+        and len(reason) == 2
+        and isinstance(reason[1], tuple)
+        and len(reason[1]) == 3
+        and reason[1][0] == "failed_to_start_child"
+    ):
+        _, (_, child, why) = reason
+        return f"child {child} failed to start ({describe(why)})"
+    if reason == "killed":
+        return "killed"
+    if is_normal_exit(reason):
+        return f"stopped ({reason!r})" if not isinstance(reason, str) else f"stopped ({reason})"
+    return f"exited with {reason!r}"

@@ -1,0 +1,331 @@
+"""The host agent: one per host, dials the controller and forks that host's worker processes.
+
+``otpmesh agent --controller tcp:HOST:PORT`` (or ``python -m otpmesh._hosts._agent``) runs it. It
+authenticates with the cluster secret, registers, and then serves the controller's requests:
+
+    spawn_proc {id, env, cfg}   fork a worker from this host's pre-warmed fork server
+    kill_proc {id}              SIGKILL one
+    fanout {...}                relay one broadcast to several local workers (_fanout.py)
+    shutdown                    kill every worker and exit
+
+and reports what it sees: ``proc_spawned``, ``proc_exit`` (from the fork server's SIGCHLD, not
+polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT_INTERVAL.
+
+The controller's heartbeats are its lifeline: when none came for AGENT_TIMEOUT (shorter than the
+controller's HOST_TIMEOUT), the agent kills its workers *before* the controller declares the host
+dead and restarts their actors elsewhere, so no actor runs twice; then it registers afresh, as a
+new host, for up to `reconnect` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import uuid
+from functools import partial
+from typing import Any
+
+import trio
+
+from .._core._errors import ProtocolError
+from .._node._fanout import Relay
+from .._node._node import Node
+from .._runtime._forkclient import ForkServer, forward_lines, watch_heartbeat
+from .._wire import _codec
+from .._wire._connection import Connection, dial
+from .._wire._frames import HELLO, decode_frame
+from .._wire._secret import SecretError, load_secret
+from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
+
+log = logging.getLogger("otpmesh.agent")
+
+#: The agent gives up on the controller sooner, so its workers are gone before any restart.
+AGENT_TIMEOUT = 0.75 * HOST_TIMEOUT
+DIAL_TIMEOUT = 5.0
+WORKER_HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
+
+
+class _Proc:
+    def __init__(self, proc_id: str) -> None:
+        self.proc_id = proc_id
+        self.pid = 0
+        self.alive = True
+        self.hang_reason: str | None = None
+
+
+class Agent:
+    """One host's agent. ``await agent.run()`` serves until shut down or out of retries."""
+
+    def __init__(
+        self,
+        controller: str,
+        secret: bytes,
+        *,
+        listen: str | None = None,
+        rank: int | None = None,
+        name: str | None = None,
+        reconnect: float = 60.0,
+    ) -> None:
+        self.controller = controller
+        self.secret = secret
+        self.listen = listen
+        self.rank = rank
+        self.name = name or socket.gethostname()
+        self.reconnect = reconnect
+        self.node = Node(
+            "agent",
+            sys_handlers={
+                "spawn_proc": self._spawn_proc,
+                "kill_proc": self._kill_proc,
+                "shutdown": self._shutdown,
+            },
+            secret=secret,
+            tcp_secret=secret,
+        )
+        self.node.parent_ops = frozenset({"spawn_proc", "kill_proc", "shutdown", "fanout", "beat"})
+        self.relay = Relay(self.node)
+        self.node.sys_inline["beat"] = self._beat
+        self.forkserver = ForkServer(self._report, self._forkserver_gone)
+        self.procs: dict[str, _Proc] = {}
+        self._by_pid: dict[int, _Proc] = {}
+        self.conn: Connection | None = None
+        self.host_id = ""
+        self._last_beat = 0.0
+        self._stopping = False
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.node.serve)
+            await nursery.start(self.forkserver.run)
+            nursery.start_soon(self.relay.run)
+            await self.forkserver.ready.wait()
+            give_up = trio.current_time() + self.reconnect
+            while not self._stopping:
+                try:
+                    await self._session()
+                    give_up = trio.current_time() + self.reconnect
+                except (OSError, ProtocolError, trio.TooSlowError) as exc:
+                    log.warning("agent %s: cannot reach the controller: %s", self.name, exc)
+                self._kill_all()
+                if self._stopping or trio.current_time() > give_up:
+                    break
+                await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+
+    async def _session(self) -> None:
+        """One registration: from dialing the controller until it is lost."""
+        with trio.fail_after(DIAL_TIMEOUT):  # a host cut off must not wait out TCP's retries
+            sock, mac = await dial(self.controller, self.secret)
+        self.host_id = uuid.uuid4().hex
+        conn = Connection(
+            sock,
+            peer=self.controller,
+            decode=decode_frame,
+            on_message=self.node.dispatch,
+            mac=mac,
+        )
+        self.conn = conn
+        self.node.parent = conn
+        self.node.register(self.controller, conn)
+        hello = {
+            "agent": self.name,
+            "host_id": self.host_id,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "listen": self._listen_host(),
+        }
+        conn.send_nowait(_codec.pack([HELLO, hello]))
+        self._last_beat = trio.current_time()
+        log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._beat_loop, conn)
+            await self.node.run_connection(conn)
+            nursery.cancel_scope.cancel()
+        if not self._stopping:
+            log.warning("agent %s lost the controller: %s", self.name, conn.close_reason)
+
+    async def _beat_loop(self, conn: Connection) -> None:
+        while not conn.closed:
+            self.node.sys_cast(conn, "beat", {"host_id": self.host_id})
+            await trio.sleep(HEARTBEAT_INTERVAL)
+            if trio.current_time() - self._last_beat > AGENT_TIMEOUT:
+                log.warning("agent %s: no heartbeat from the controller; fencing", self.name)
+                self._kill_all()  # before the controller restarts our actors elsewhere
+                conn.abort("the controller stopped answering")
+                return
+
+    def _beat(self, payload: Any) -> None:
+        self._last_beat = trio.current_time()
+
+    # ------------------------------------------------------------ requests
+
+    async def _spawn_proc(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        proc = _Proc(p["id"])
+        self.procs[proc.proc_id] = proc
+        host = self._listen_host()
+        cfg = dict(p["cfg"], listen=f"tcp:{host}", secret=self.secret, tcp_secret=self.secret)
+        # Which host a worker is on; and its tensor channel's TCP fallback must be reachable
+        # from other hosts, not only on loopback.
+        env = dict(p["env"], OTPMESH_HOST=self.name)
+        env.setdefault("OTPMESH_RDMA_TCP_HOST", host.strip("[]"))
+        out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        assert self.node.nursery is not None
+        start = self.node.nursery.start_soon
+        start(forward_lines, out_r, partial(self._output, proc, 1))
+        start(forward_lines, err_r, partial(self._output, proc, 2))
+        start(self._watch, proc, beat_r)
+
+    def _listen_host(self) -> str:
+        if self.listen:
+            return self.listen
+        assert self.conn is not None
+        host: str = self.conn.sock.getsockname()[0]
+        return f"[{host}]" if ":" in host else host
+
+    async def _kill_proc(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        proc = self.procs.get(p["id"])
+        if proc is not None and proc.alive:
+            self.forkserver.kill(proc.pid)
+
+    async def _shutdown(self, conn: Connection | None, p: Any) -> None:
+        self._stopping = True
+        self._kill_all()
+        if self.conn is not None:
+            self.conn.abort("shut down by the controller")
+
+    def _kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.alive:
+                self.forkserver.kill(proc.pid)
+
+    # ------------------------------------------------------------ reports
+
+    def _send(self, op: str, payload: dict[str, Any]) -> None:
+        if self.conn is not None and not self.conn.closed:
+            self.node.sys_cast(self.conn, op, dict(payload, host_id=self.host_id))
+
+    def _report(self, msg: dict[str, Any]) -> None:
+        if msg["op"] == "spawned":
+            proc = self.procs.get(msg["id"])
+            if proc is not None:
+                proc.pid = msg["pid"]
+                self._by_pid[proc.pid] = proc
+                self._send("proc_spawned", {"id": proc.proc_id, "pid": proc.pid})
+        elif msg["op"] == "exit":
+            proc = self._by_pid.pop(msg["pid"], None)
+            if proc is not None:
+                proc.alive = False
+                del self.procs[proc.proc_id]
+                reason = proc.hang_reason or msg["reason"]
+                self._send("proc_exit", {"id": proc.proc_id, "reason": reason})
+
+    def _forkserver_gone(self) -> None:
+        for proc in self.procs.values():
+            proc.alive = False
+            self._send(
+                "proc_exit", {"id": proc.proc_id, "reason": "its host's fork server stopped"}
+            )
+        self.procs.clear()
+
+    def _output(self, proc: _Proc, stream: int, line: bytes) -> None:
+        self._send("proc_output", {"id": proc.proc_id, "stream": stream, "line": line})
+
+    async def _watch(self, proc: _Proc, fd: int) -> None:
+        def hung() -> None:
+            proc.hang_reason = (
+                f"hung (no heartbeat for {WORKER_HEARTBEAT_TIMEOUT:g} s) and was killed"
+            )
+            self.forkserver.kill(proc.pid)
+
+        await watch_heartbeat(fd, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung)
+
+
+async def _exit_on_stdin_eof() -> None:
+    """A launcher that holds our stdin (local, SSH) ends us by closing it, or by dying."""
+    stream = trio.lowlevel.FdStream(os.dup(0))
+    try:
+        while await stream.receive_some(4096):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="otpmesh agent", description=__doc__.split("\n")[0])
+    p.add_argument("--controller", required=True, help="the controller, tcp:HOST:PORT")
+    p.add_argument(
+        "--listen",
+        help="the address this host's workers listen on (default: the "
+        "address this host reaches the controller from)",
+    )
+    p.add_argument("--rank", type=int, help="this host's index in the mesh's hosts dimension")
+    p.add_argument(
+        "--rank-from-env",
+        metavar="VAR",
+        help="take the rank from this environment variable (SLURM_NODEID, GROUP_RANK)",
+    )
+    p.add_argument("--name", help="this host's name in logs and exit reasons (default: hostname)")
+    p.add_argument(
+        "--secret-stdin",
+        action="store_true",
+        help="read the secret from the first line of stdin; exit when stdin closes",
+    )
+    p.add_argument(
+        "--reconnect",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying to register again after losing the controller",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log registrations and spawns")
+    return p
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """Run an agent as the parsed command line `args` says; return the exit status."""
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    controller = args.controller if args.controller.startswith("tcp:") else f"tcp:{args.controller}"
+    rank = args.rank
+    if args.rank_from_env:
+        try:
+            rank = int(os.environ[args.rank_from_env])
+        except (KeyError, ValueError):
+            print(f"otpmesh agent: ${args.rank_from_env} is not set to a number", file=sys.stderr)
+            return 2
+    try:
+        secret = sys.stdin.buffer.readline().strip() if args.secret_stdin else load_secret()
+    except SecretError as exc:
+        print(f"otpmesh agent: {exc}", file=sys.stderr)
+        return 2
+    agent = Agent(
+        controller, secret, listen=args.listen, rank=rank, name=args.name, reconnect=args.reconnect
+    )
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            if args.secret_stdin:
+
+                async def lifeline() -> None:
+                    await _exit_on_stdin_eof()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(lifeline)
+            await agent.run()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_agent(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

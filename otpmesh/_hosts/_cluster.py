@@ -1,0 +1,298 @@
+"""Hosts past this one: the controller's side of the host agents (_agent.py).
+
+``otpmesh.cluster(launcher)`` listens on TCP, has the launcher start one agent per host, waits for
+them to register, and attaches the hosts to the runtime: from then on a mesh slot's ``hosts``
+coordinate names the host whose agent forks its process (``proc_mesh(hosts=2, gpus=4)``).
+
+Host failure: controller and agents beat every HEARTBEAT_INTERVAL. A host whose agent connection
+closes, or which is silent for HOST_TIMEOUT, is declared dead: every process on it exits with a
+reason naming the host, so each actor's supervisor sees a process failure and restarts it, on the
+same host index if that host is back, else on the live host with the fewest workers (a spare),
+unless ``relocate=False``. A dead host's registration stays refused; its agent registers afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._runtime._controller_runtime import Proc, runtime
+from .._wire._connection import Connection
+from .._wire._secret import load_secret
+
+if TYPE_CHECKING:
+    from .._runtime._controller_runtime import Runtime
+    from ..launchers import Launcher
+
+log = logging.getLogger("otpmesh.cluster")
+
+REGISTER_TIMEOUT = 60.0
+#: Controller and agents beat this often; a host silent for HOST_TIMEOUT is declared dead.
+HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HOST_HEARTBEAT_INTERVAL", "0.2"))
+HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
+
+
+@dataclass(eq=False)
+class Host:
+    """One registered host agent, as the controller sees it."""
+
+    name: str
+    rank: int
+    host_id: str
+    conn: Connection
+    last_seen: float
+    procs: dict[str, Proc] = field(default_factory=dict)
+    dead_reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_reason is None
+
+    def live_procs(self) -> int:
+        return sum(1 for p in self.procs.values() if p.alive)
+
+
+class Cluster:
+    """The hosts of one ``otpmesh.cluster`` block, attached to the controller runtime."""
+
+    def __init__(self, rt: Runtime, *, relocate: bool = True) -> None:
+        self._rt = rt
+        self.relocate = relocate
+        self.hosts: list[Host] = []  # every registration, in order, dead ones included
+        self._by_rank: dict[int, Host] = {}
+        self._registered = trio.Event()
+        node = rt.node
+        node.sys_inline["beat"] = self._beat
+        node.sys_inline["proc_spawned"] = self._proc_spawned
+        node.sys_inline["proc_exit"] = self._proc_exit
+        node.sys_inline["proc_output"] = self._proc_output
+        self.address = ""  # what agents dial: tcp:HOST:PORT
+        self.launcher: Launcher | None = None
+
+    # ------------------------------------------------------------ membership
+
+    @property
+    def live(self) -> list[Host]:
+        """The hosts alive now, by rank."""
+        return sorted((h for h in self.hosts if h.alive), key=lambda h: h.rank)
+
+    def on_agent_hello(self, conn: Connection, hello: dict[str, Any]) -> None:
+        host_id = str(hello.get("host_id", ""))
+        if any(h.host_id == host_id for h in self.hosts):
+            log.warning("refused agent %s: host %s was declared dead", hello.get("agent"), host_id)
+            conn.abort("refused: this registration was declared dead; register afresh")
+            return
+        rank = hello.get("rank")
+        if not isinstance(rank, int) or (rank in self._by_rank and self._by_rank[rank].alive):
+            rank = next(i for i in range(len(self.hosts) + 1) if not self._rank_taken(i))
+        host = Host(
+            name=str(hello.get("agent")),
+            rank=rank,
+            host_id=host_id,
+            conn=conn,
+            last_seen=trio.current_time(),
+        )
+        conn.peer = f"agent {host.name}"
+        self.hosts.append(host)
+        self._by_rank[rank] = host
+        log.info(
+            "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
+        )
+        self._registered.set()
+
+    def _rank_taken(self, rank: int) -> bool:
+        host = self._by_rank.get(rank)
+        return host is not None and host.alive
+
+    async def wait_for(self, launcher: Launcher, timeout: float = REGISTER_TIMEOUT) -> None:
+        """Wait until the launcher's hosts are registered and alive; SpawnError on failure."""
+        n = launcher.hosts
+        deadline = trio.current_time() + timeout
+        while len(self.live) < n:
+            failure = launcher.failure()
+            if failure is not None:
+                raise SpawnError(f"a host agent failed before registering: {failure}")
+            if trio.current_time() > deadline:
+                raise SpawnError(
+                    f"only {len(self.live)} of {n} host agents registered within {timeout:g} s "
+                    f"(controller at {self.address}; see the launcher's output above)"
+                )
+            with trio.move_on_after(0.2):
+                self._registered = trio.Event()
+                await self._registered.wait()
+
+    def host_for(self, index: int) -> Host:
+        """The host a slot with ``hosts=index`` runs on (see the module docstring)."""
+        host = self._by_rank.get(index)
+        if host is None:
+            raise SpawnError(
+                f"a slot asks for hosts={index}, but this cluster's hosts are "
+                f"0..{len(self._by_rank) - 1}"
+            )
+        if host.alive:
+            return host
+        if not self.relocate:
+            raise SpawnError(f"host {host.name} (hosts={index}) {host.dead_reason}")
+        live = self.live
+        if not live:
+            raise SpawnError("no live host to start a worker on: every host agent is gone")
+        return min(live, key=lambda h: (h.live_procs(), h.rank))
+
+    # ------------------------------------------------------------ heartbeats, failure
+
+    def _host(self, payload: Any) -> Host | None:
+        host_id = payload.get("host_id") if isinstance(payload, dict) else None
+        host = next((h for h in self.hosts if h.host_id == host_id), None)
+        return host if host is not None and host.alive else None
+
+    def _beat(self, payload: Any) -> None:
+        host = self._host(payload)
+        if host is not None:
+            host.last_seen = trio.current_time()
+
+    async def watch(self) -> None:
+        """Beat to every live agent; declare dead those silent for HOST_TIMEOUT."""
+        while True:
+            now = trio.current_time()
+            for host in self.live:
+                if now - host.last_seen > HOST_TIMEOUT:
+                    self.declare_dead(
+                        host, f"stopped answering (no heartbeat for {HOST_TIMEOUT:g} s)"
+                    )
+                else:
+                    self._rt.node.sys_cast(host.conn, "beat", None)
+            await trio.sleep(HEARTBEAT_INTERVAL / 2)
+
+    def connection_lost(self, conn: Connection) -> bool:
+        host = next((h for h in self.hosts if h.conn is conn), None)
+        if host is None:
+            return False
+        if host.alive:
+            self.declare_dead(host, f"lost its agent ({conn.close_reason})")
+        else:  # shut down, or already declared dead: what still runs there is gone now
+            self._procs_lost(host)
+        self._rt.node.fail_pending(conn, f"its host {host.name} is gone")
+        return True
+
+    def declare_dead(self, host: Host, why: str) -> None:
+        """Every process on `host` exits with a reason naming it; its connections close."""
+        if not host.alive:
+            return
+        host.dead_reason = why
+        log.warning("host %s (hosts=%d) declared dead: %s", host.name, host.rank, why)
+        host.conn.abort(f"host declared dead: {why}")
+        self._procs_lost(host)
+
+    def _procs_lost(self, host: Host) -> None:
+        for proc in host.procs.values():
+            if proc.alive:
+                self._rt.mark_exited(
+                    proc, f"was lost with host {host.name}, which {host.dead_reason}"
+                )
+                if proc.conn is not None:
+                    proc.conn.abort(f"host {host.name} is gone")
+
+    # ------------------------------------------------------------ agent reports
+
+    def _proc(self, payload: Any) -> Proc | None:
+        host = self._host(payload)
+        return host.procs.get(payload["id"]) if host is not None else None
+
+    def _proc_spawned(self, payload: Any) -> None:
+        proc = self._proc(payload)
+        if proc is not None:
+            proc.pid = payload["pid"]
+
+    def _proc_exit(self, payload: Any) -> None:
+        proc = self._proc(payload)
+        if proc is not None:
+            self._rt.mark_exited(proc, payload["reason"])
+
+    def _proc_output(self, payload: Any) -> None:
+        proc = self._proc(payload)
+        if proc is not None:
+            sink = sys.stdout if payload["stream"] == 1 else sys.stderr
+            self._rt.output(proc, sink, payload["line"])
+
+    async def spawn(self, host: Host, proc: Proc, env: dict[str, str], cfg: dict[str, Any]) -> None:
+        host.procs[proc.proc_id] = proc
+        request = {"id": proc.proc_id, "env": env, "cfg": cfg}
+        try:
+            await self._rt.node.sys_call(host.conn, "spawn_proc", request, proc.proc_id)
+        except (ActorError, ActorDiedError, trio.ClosedResourceError) as exc:
+            self._rt.mark_exited(proc, f"could not be forked on host {host.name}: {exc}")
+
+    def kill(self, proc: Proc) -> None:
+        host = proc.host
+        if host is not None and host.alive:
+            self._rt.node.sys_cast(host.conn, "kill_proc", {"id": proc.proc_id})
+
+    async def shutdown(self) -> None:
+        """Stop every agent (each kills its workers first) and wait for the workers' exits."""
+        for host in self.live:
+            host.dead_reason = "was shut down"
+            for proc in host.procs.values():
+                proc.shut_down = True
+            self._rt.node.sys_cast(host.conn, "shutdown", None)
+        with trio.move_on_after(3.0):
+            for host in self.hosts:
+                for proc in host.procs.values():
+                    await proc.exited.wait()
+
+
+@asynccontextmanager
+async def cluster(
+    launcher: Launcher,
+    *,
+    listen: str = "127.0.0.1",
+    port: int = 0,
+    advertise: str | None = None,
+    relocate: bool = True,
+    timeout: float = REGISTER_TIMEOUT,
+) -> AsyncIterator[Cluster]:
+    """Start host agents with `launcher`, wait until they register, and run meshes on them.
+
+    The controller listens on `listen`:`port` (loopback unless told otherwise; ``0.0.0.0`` for a
+    real cluster, with `advertise` the address agents dial). Inside the block a mesh slot's
+    ``hosts`` coordinate picks its host. On exit every agent and worker is stopped.
+    """
+    rt = await runtime()
+    if rt.cluster is not None:
+        raise SpawnError("a cluster is already attached to this controller")
+    rt.node.tcp_secret = load_secret(create=True)
+    bound = await rt.node.listen_tcp(listen, port)
+    if advertise is None and listen in ("0.0.0.0", "::"):
+        advertise = socket.gethostname()  # a wildcard is no address to dial
+    address = bound if advertise is None else f"tcp:{advertise}:{bound.rpartition(':')[2]}"
+    hosts = Cluster(rt, relocate=relocate)
+    hosts.address = address
+    hosts.launcher = launcher
+    rt.cluster = hosts
+    watching = trio.CancelScope()
+
+    async def watch() -> None:
+        with watching:
+            await hosts.watch()
+
+    assert rt.nursery is not None
+    rt.nursery.start_soon(watch)
+    try:
+        await launcher.start(address, rt.node.tcp_secret)
+        await hosts.wait_for(launcher, timeout)
+        yield hosts
+    finally:
+        with trio.CancelScope(shield=True):
+            await hosts.shutdown()
+            await launcher.stop()
+        watching.cancel()
+        rt.cluster = None
+        rt.node.stop_tcp()

@@ -1,0 +1,233 @@
+"""An actor's cell: its instance, its bounded mailbox, the task serving one message at a time."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._core._actor import ActorContext, EndpointInfo, set_context
+from .._core._exits import ActorCrash, describe
+
+if TYPE_CHECKING:
+    from ._node import Node
+    from ._outgoing import ReplyTo
+
+log = logging.getLogger("otpmesh.actor")
+
+MAILBOX_CAPACITY = 1024
+KILLED = "killed"
+
+# A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast).
+Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None"]
+
+
+class ActorCell:
+    """Hosts one started actor instance inside a node, from its first message to its exit."""
+
+    def __init__(
+        self,
+        node: Node,
+        ctx: ActorContext,
+        incarnation: int,
+        instance: Any,
+        endpoints: dict[str, EndpointInfo],
+        on_exit: Callable[[ActorCell], None],
+        on_exiting: Callable[[ActorCell], None] | None = None,
+        capacity: int = MAILBOX_CAPACITY,
+    ) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.incarnation = incarnation
+        self.instance = instance
+        self.endpoints = endpoints
+        self._on_exit = on_exit
+        self._on_exiting = on_exiting
+        self.send, self._receive = trio.open_memory_channel[Message](capacity)
+        self.exit_reason: object = None
+        self.exited = False
+        self.finished = trio.Event()
+        self.busy = False
+        self._kill_scope = trio.CancelScope()
+        self._serve_scope = trio.CancelScope()
+        self._idle_scope: trio.CancelScope | None = None
+        # Plain-def endpoints may run in the connection's task; they still see this actor's context.
+        self._pyctx = contextvars.copy_context()
+        self._pyctx.run(set_context, ctx, self.request_stop)
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_reason is None
+
+    def describe_exit(self) -> str:
+        return "running" if self.exit_reason is None else describe(self.exit_reason)
+
+    # ---------------------------------------------------------------- stopping
+
+    def request_stop(self, reason: object) -> None:
+        """Stop after the current message (run ``on_stop``); queued messages are not handled."""
+        if self.exit_reason is None:
+            self._set_exit(reason)
+            if self._idle_scope is not None:
+                self._idle_scope.cancel()
+
+    def crash(self, reason: object) -> None:
+        """Exit now with `reason`, interrupting the current message; ``on_stop`` still runs."""
+        if self.exit_reason is None:
+            self._set_exit(reason)
+        self._serve_scope.cancel()
+
+    def kill(self) -> None:
+        """Stop at once: cancel whatever the actor is doing, skip ``on_stop``."""
+        if self.exit_reason is None:
+            self._set_exit(KILLED)
+        elif not self.exited:
+            self.exit_reason = KILLED
+        self._kill_scope.cancel()
+
+    def _set_exit(self, reason: object) -> None:
+        # Announced at once (before any reply to the message that caused it), so the supervisor
+        # knows an exit is coming while on_stop still runs.
+        self.exit_reason = reason
+        if self._on_exiting is not None:
+            self._on_exiting(self)
+
+    # ---------------------------------------------------------------- serving
+
+    async def run(self) -> None:
+        set_context(self.ctx, self.request_stop)
+        try:
+            with self._kill_scope:
+                with self._serve_scope:
+                    while self.exit_reason is None and await self._serve_batch():
+                        pass
+                if self.exit_reason != KILLED:
+                    await self._call_on_stop()
+        finally:
+            self.exited = True
+            self._drain()
+            self.finished.set()
+            self._on_exit(self)
+
+    async def _call_on_stop(self) -> None:
+        try:
+            await self.instance.on_stop(self.exit_reason)
+        except Exception as exc:
+            log.error("%s: on_stop raised:\n%s", self.ctx.path, ActorCrash.of(exc).traceback)
+
+    async def _serve_batch(self) -> bool:
+        """Handle what is queued (at least one message); return False when the actor is done."""
+        receive = self._receive
+        with trio.CancelScope() as idle:
+            self._idle_scope = idle
+            try:
+                item = await receive.receive()
+            except trio.EndOfChannel:
+                return False
+            finally:
+                self._idle_scope = None
+        if idle.cancelled_caught:
+            return False
+        # Drain without a scheduler round trip per message, but yield now and then.
+        for _ in range(64):
+            if not await self._handle_one(*item) or self.exit_reason is not None:
+                return False
+            try:
+                item = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return True
+        return await self._handle_one(*item)
+
+    async def _handle_one(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        self.busy = True
+        try:
+            return await self._handle(method, args, kwargs, reply)
+        except trio.Cancelled:
+            # Killed or crashed from outside mid-message: its caller still gets an answer.
+            if reply is not None:
+                self.node.reply_dead(reply, self.describe_exit())
+            raise
+        finally:
+            self.busy = False
+
+    def _drain(self) -> None:
+        self.send.close()
+        reason = self.describe_exit()
+        while True:
+            try:
+                _, _, _, reply = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if reply is not None:
+                self.node.reply_dead(reply, reason)
+        self._receive.close()
+
+    def handle_inline(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """Run a plain-def endpoint at once if the actor is idle with an empty mailbox (no task
+        switch on the hot path). Return False when the message must be queued instead."""
+        if self.busy or self.exit_reason is not None:
+            return False
+        if self._receive.statistics().current_buffer_used:
+            return False
+        info = self.endpoints.get(method)
+        if info is None or info.is_async:
+            return False
+        try:
+            result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
+        except Exception as exc:
+            if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
+                self._idle_scope.cancel()
+            return True
+        if reply is not None:
+            self.node.reply_ok(reply, result)
+        if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
+            self._idle_scope.cancel()
+        return True
+
+    async def _handle(
+        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """Run one message; return False when the actor crashed."""
+        info = self.endpoints.get(method)
+        if info is None:
+            known = ", ".join(sorted(self.endpoints)) or "none"
+            cls = type(self.instance).__qualname__
+            self.node.reply_error(
+                reply,
+                "AttributeError",
+                f"{cls} has no endpoint {method!r} (endpoints: {known})",
+                "",
+            )
+            return True
+        try:
+            result = getattr(self.instance, method)(*args, **kwargs)
+            if info.is_async:
+                result = await result
+        except Exception as exc:
+            return self._failed(info, method, exc, reply)
+        if reply is not None:
+            self.node.reply_ok(reply, result)
+        return True
+
+    def _failed(
+        self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
+    ) -> bool:
+        """Report an endpoint's exception; return False when it crashes the actor."""
+        crash = ActorCrash.of(exc, skip_frames=1)  # the user's frames, not the cell's
+        # Log and announce the exit before replying: the caller must not see the error before
+        # the supervisor can know of the crash.
+        if info.let_it_crash:
+            log.error("%s crashed in %s:\n%s", self.ctx.path, method, crash.traceback)
+            if self.exit_reason is None:
+                self._set_exit(crash)
+        elif reply is None:
+            log.error("%s: %s raised (actor lives on):\n%s", self.ctx.path, method, crash.traceback)
+        self.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
+        return not info.let_it_crash

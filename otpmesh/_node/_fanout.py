@@ -1,0 +1,159 @@
+"""Broadcast as a tree: controller -> host agent -> that host's workers.
+
+A call to several actors on one agent host costs the caller one frame to that host's agent, not
+one per actor: a SYS ``fanout`` cast carrying the call body once, the target actors and a call id
+for each, allocated on the caller's connection to the agent. The agent relays the call to each
+worker on its host and sends every reply back on that connection under the caller's call id, so
+the caller's reply handling is unchanged; replies that reach the agent together travel back
+together, in one REPLIES frame. A worker that dies with the call in flight answers ``ERR`` of
+kind ``lost``: it died after delivery (not safe to resend blindly).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._core._errors import ActorDiedError, ActorError
+from .._wire import _codec
+from .._wire._frames import _ARRAY6, _P_CALL, ERR, OK, REPLIES, _pack_uint
+
+if TYPE_CHECKING:
+    from .._wire._connection import Connection
+    from ._node import Node
+    from ._outgoing import Outgoing, Target
+
+log = logging.getLogger("otpmesh.fanout")
+
+#: Fewer targets than this on one host go direct: relaying one call would only add a hop.
+MIN_FANOUT = 2
+
+
+def plan(relays: dict[str, Connection], targets: Sequence[Target]) -> dict[Connection, list[int]]:
+    """Target indices to relay, by agent connection (hosts with at least MIN_FANOUT targets)."""
+    by_agent: dict[Connection, list[int]] = {}
+    for index, target in enumerate(targets):
+        agent = relays.get(target.addr)
+        if agent is not None and not agent.closed and target.dead_reason() is None:
+            by_agent.setdefault(agent, []).append(index)
+    return {agent: idx for agent, idx in by_agent.items() if len(idx) >= MIN_FANOUT}
+
+
+class _Forward:
+    """Replies of one relayed call: each goes back to the caller under its own call id.
+
+    Quacks like a CallGroup for the node's reply path (``paths``, ``deliver``, ``cancels``)."""
+
+    __slots__ = ("caller", "cancels", "ids", "paths", "relay")
+
+    def __init__(self, relay: Relay, caller: Connection, ids: list[int], paths: list[str]) -> None:
+        self.relay, self.caller, self.ids, self.paths = relay, caller, ids, paths
+        self.cancels: list[Any] = [None] * len(ids)
+
+    def deliver(self, index: int, ok: bool, value: Any) -> None:
+        call_id = self.ids[index]
+        if ok:
+            reply = [OK, call_id, value]
+        elif isinstance(value, ActorDiedError):
+            kind = "lost" if value.delivered else "dead"
+            reply = [ERR, call_id, kind, "ActorDiedError", value.reason, ""]
+        elif isinstance(value, ActorError):
+            reply = [ERR, call_id, "raised", value.type_name, value.message, value.traceback]
+        else:
+            reply = [ERR, call_id, "raised", type(value).__qualname__, str(value), ""]
+        self.relay.reply(self.caller, reply)
+
+    def send(self, conn: Connection, index: int, body: bytes) -> None:
+        """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
+        call_id = conn.expect_reply(self, index)
+        actor_id = self.paths[index]
+        conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+
+
+def send(
+    node: Outgoing, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
+) -> None:
+    """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
+    payload = {
+        "ids": [agent.expect_reply(group, index) for index in indices],
+        "actors": [targets[i].actor_id for i in indices],
+        "addrs": [targets[i].addr for i in indices],
+        "body": body,
+    }
+    node.sys_cast(agent, "fanout", payload)
+
+
+class Relay:
+    """The agent's side: relays ``fanout`` casts to local workers, in the order they came, and
+    batches the replies that arrive together into one REPLIES frame per caller.
+    ``nursery.start_soon(relay.run)`` once."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._send, self._receive = trio.open_memory_channel["tuple[Connection, Any]"](1024)
+        self._out: dict[Connection, list[list[Any]]] = {}
+        self._queued = 0  # fanouts waiting in the channel (a worker to dial first)
+        node.sys_inline["fanout"] = self._enqueue
+
+    def _enqueue(self, payload: Any) -> None:
+        parent = self.node.parent
+        if parent is None:
+            return
+        if self._queued == 0 and self._relay_now(parent, payload):
+            return  # the usual case: every worker already connected, nothing queued before it
+        self._queued += 1
+        self._send.send_nowait((parent, payload))
+
+    def _relay_now(self, caller: Connection, p: dict[str, Any]) -> bool:
+        conns = [self.node.connected(addr) for addr in p["addrs"]]
+        if any(conn is None for conn in conns):
+            return False
+        forward = _Forward(self, caller, p["ids"], p["actors"])
+        for index, conn in enumerate(conns):
+            assert conn is not None
+            forward.send(conn, index, p["body"])
+        return True
+
+    async def run(self) -> None:
+        async for caller, p in self._receive:
+            await self.relay(caller, p["ids"], p["actors"], p["addrs"], p["body"])
+            self._queued -= 1
+
+    async def relay(
+        self, caller: Connection, ids: list[int], actors: list[str], addrs: list[str], body: bytes
+    ) -> None:
+        forward = _Forward(self, caller, ids, actors)
+        for index, (actor_id, addr) in enumerate(zip(actors, addrs, strict=True)):
+            try:
+                conn = await self.node.connect(addr)
+            except OSError as exc:
+                forward.deliver(index, False, ActorDiedError(actor_id, str(exc), delivered=False))
+                continue
+            forward.send(conn, index, body)
+
+    def reply(self, caller: Connection, reply: list[Any]) -> None:
+        """Queue one reply; replies queued in the same scheduler pass go out as one frame."""
+        batch = self._out.get(caller)
+        if batch is None:
+            self._out[caller] = [reply]
+            assert self.node.nursery is not None
+            self.node.nursery.start_soon(self._flush, caller)
+        else:
+            batch.append(reply)
+
+    async def _flush(self, caller: Connection) -> None:
+        batch = self._out.pop(caller)
+        if caller.closed:
+            return
+        try:
+            caller.send_nowait(_codec.pack([REPLIES, batch]))
+        except Exception as exc:  # a value the wire cannot carry: say so for that call alone
+            for reply in batch:
+                try:
+                    caller.send_nowait(_codec.pack(reply))
+                except Exception:
+                    error = [ERR, reply[1], "raised", type(exc).__qualname__, str(exc), ""]
+                    caller.send_nowait(_codec.pack(error))

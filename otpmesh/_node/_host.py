@@ -1,0 +1,158 @@
+"""Starting and stopping actors inside one node: a worker process's, or the controller's own
+(``placement="local"``). The supervision driver talks to hosts; hosts talk to cells."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .._core._actor import Actor, ActorContext, set_context
+from .._core._errors import SpawnError
+from .._core._exits import Ignore
+from ._cell import ActorCell
+from ._node import Node
+
+_MAIN_ALIAS = "__otpmesh_main__"
+STARTED = "started"
+IGNORED = "ignored"
+
+ExitCallback = Callable[[str, int, object], None]
+ExitingCallback = Callable[[str, int], None]
+
+
+def import_class(path: str, main_path: str | None) -> type[Actor]:
+    """Import an actor class by 'module:QualName' (the controller's __main__ by file path)."""
+    module_name, _, qualname = path.partition(":")
+    if module_name == "__main__":
+        module = sys.modules.get(_MAIN_ALIAS)
+        if module is None:
+            if not main_path:
+                raise SpawnError(f"{path}: the controller's __main__ has no file to import from")
+            spec = importlib.util.spec_from_file_location(_MAIN_ALIAS, main_path)
+            if spec is None or spec.loader is None:
+                raise SpawnError(f"cannot import the controller's main file {main_path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[_MAIN_ALIAS] = module
+            spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Actor)):
+        raise SpawnError(f"{path} is not an otpmesh.Actor subclass")
+    return obj
+
+
+class ActorHost:
+    """The actors of one node. ``on_exit(path, incarnation, reason)`` hears every exit."""
+
+    def __init__(
+        self,
+        node: Node,
+        on_exit: ExitCallback,
+        on_exiting: ExitingCallback | None = None,
+        nursery: trio.Nursery | None = None,
+        main_path: str | None = None,
+    ) -> None:
+        self.node = node
+        # The controller's main file, for classes defined in it: given at fork time by this
+        # process's parent, never taken from a message (a path on the wire is code to run).
+        self._main_path = main_path
+        self._on_exit = on_exit
+        self._on_exiting = on_exiting
+        self._nursery = nursery  # where actor tasks run (default: the node's)
+
+    async def spawn(self, p: dict[str, Any]) -> str:
+        """Construct and start an actor; return 'started' or 'ignored'; raise if it failed."""
+        cls: type[Actor] = (
+            p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main_path)
+        )
+        ctx = ActorContext(
+            name=p["name"],
+            path=p["id"],
+            rank=p["rank"],
+            coords=p["coords"],
+            shape=p["shape"],
+            pid=os.getpid(),
+        )
+        old = self.node.actors.get(ctx.path)
+        if old is not None and old.alive:
+            raise SpawnError(f"{ctx.path} is already running (incarnation {old.incarnation})")
+        set_context(ctx)  # this task only: the constructor and on_start see the actor's context
+        try:
+            instance = cls(*p["args"], **p["kwargs"])
+            await instance.on_start()
+        except Ignore:
+            return IGNORED
+        cell = ActorCell(
+            self.node,
+            ctx,
+            p.get("incarnation", 1),
+            instance,
+            cls.endpoints(),
+            self._exited,
+            self._exiting,
+        )
+        nursery = self._nursery or self.node.nursery
+        if nursery is None:
+            raise SpawnError("the node is not serving")
+        self.node.actors[ctx.path] = cell
+        self.node.exited.pop(ctx.path, None)
+        nursery.start_soon(cell.run)
+        return STARTED
+
+    async def stop(
+        self, actor_id: str, incarnation: int, reason: object, timeout: float | None, brutal: bool
+    ) -> object:
+        """Stop an actor: kill at once (brutal), or ask and kill after `timeout` (None: wait).
+        Returns the reason it exited with (which may be an earlier crash, as in OTP)."""
+        cell = self.node.actors.get(actor_id)
+        if cell is None or cell.incarnation != incarnation:
+            last = self.node.last_exit.get(actor_id)
+            return last[1] if last is not None and last[0] == incarnation else "noproc"
+        if brutal:
+            cell.kill()
+        else:
+            cell.request_stop(reason)
+            if timeout is not None:
+                with trio.move_on_after(timeout):
+                    await cell.finished.wait()
+                if not cell.finished.is_set():
+                    cell.kill()
+        await cell.finished.wait()
+        return cell.exit_reason
+
+    def inject(self, actor_id: str, kind: str, reason: object) -> bool:
+        """otpmesh.chaos: make a running actor crash (at once) or exit (after its current
+        message) with `reason`, or kill it. False when no such actor is running."""
+        cell = self.node.actors.get(actor_id)
+        if cell is None or not cell.alive:
+            return False
+        if kind == "crash":
+            cell.crash(reason)
+        elif kind == "exit":
+            cell.request_stop(reason)
+        elif kind == "kill":
+            cell.kill()
+        else:
+            raise ValueError(f"unknown fault {kind!r}")
+        return True
+
+    def _exiting(self, cell: ActorCell) -> None:
+        if self._on_exiting is not None:
+            self._on_exiting(cell.ctx.path, cell.incarnation)
+
+    def _exited(self, cell: ActorCell) -> None:
+        path = cell.ctx.path
+        if self.node.actors.get(path) is cell:
+            del self.node.actors[path]
+        self.node.exited[path] = cell.describe_exit()
+        self.node.last_exit[path] = (cell.incarnation, cell.exit_reason)
+        self._on_exit(path, cell.incarnation, cell.exit_reason)

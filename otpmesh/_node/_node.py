@@ -1,0 +1,409 @@
+"""A node: one process's endpoint on the wire (the controller and every worker run one).
+
+It listens on an abstract Unix socket, dials peers directly (actor-to-actor calls never relay
+through the controller), routes incoming calls to local actor cells and replies to callers.
+Every connection, in or out, proves it belongs to the app before its first frame (_wire.py);
+docs/security.md has the threat model.
+
+Frames are described in _frames.py and docs/wire.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+
+from .._core._errors import ActorDiedError, ProtocolError
+from .._wire import _codec, _framemac, _secret
+from .._wire._addresses import bind, bind_tcp, listen_address, tcp_address
+from .._wire._codec import PendingTensor
+from .._wire._connection import (
+    FLAG_FRAME_MAC,
+    Connection,
+    authenticate,
+    check_same_user,
+    detach,
+    dial,
+    handshake,
+)
+from .._wire._framemac import FrameMac
+from .._wire._frames import (
+    CALL,
+    CAST,
+    ERR,
+    HELLO,
+    OK,
+    REPLIES,
+    SYS,
+    decode_frame,
+    remote_error,
+)
+from .._wire._refusals import RefusalLog, describe_peer
+from ._calls import CallGroup
+from ._cell import ActorCell
+from ._channel import TensorChannel
+from ._faults import LinkFaults
+from ._outgoing import Outgoing, ReplyTo
+
+log = logging.getLogger("otpmesh.node")
+
+
+SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
+#: How long a new incoming connection has to prove it belongs to the app.
+PROOF_TIMEOUT = 10.0
+#: Incoming connections allowed to be proving themselves at once; more are refused at once.
+MAX_UNPROVEN = 64
+
+
+_CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
+
+
+def current_node() -> Node | None:
+    """The node of this trio run (a worker's, or the controller's once started), if any."""
+    try:
+        return _CURRENT.get()
+    except (LookupError, RuntimeError):  # RuntimeError: not inside a trio run at all
+        return None
+
+
+def set_current_node(node: Node) -> None:
+    _CURRENT.set(node)
+
+
+class Node(Outgoing):
+    """The wire endpoint of one process. Create it, then ``await nursery.start(node.serve)``."""
+
+    def __init__(
+        self,
+        role: str,
+        sys_handlers: dict[str, SysHandler] | None = None,
+        *,
+        listen: str | None = None,
+        secret: bytes | None = None,
+        tcp_secret: bytes | None = None,
+        channel: Callable[[Node], TensorChannel] | None = None,
+    ) -> None:
+        #: The app's secret: every Unix connection, in or out, proves it knows it (a node made
+        #: without one gets a fresh secret nobody else knows).
+        self.secret = secret if secret is not None else _secret.new_app_secret()
+        #: The cluster's secret, for TCP connections (None: this node speaks Unix only).
+        self.tcp_secret = tcp_secret
+        #: Node operations accepted only on the connection from this node's parent (its
+        #: controller or host agent): never from another actor's connection.
+        self.parent_ops: frozenset[str] = frozenset()
+        self.refusals = RefusalLog(log)
+        self._unproven = 0  # incoming connections still proving themselves
+        self._listener = bind(role, listen)
+        self.addr = listen_address(self._listener)
+        #: This node's TCP address once ``listen_tcp`` made one (or `listen` asked for TCP).
+        self.tcp_addr: str | None = self.addr if listen else None
+        self._tcp_scope: trio.CancelScope | None = None
+        self.actors: dict[str, ActorCell] = {}
+        self.exited: dict[str, str] = {}  # actor id -> why it stopped, for fast failures
+        self.last_exit: dict[str, tuple[int, object]] = {}  # id -> (incarnation, reason)
+        # Node operations run inline by the connection reader (casts whose order matters).
+        self.sys_inline: dict[str, Callable[[Any], None]] = {}
+        self.sys_handlers = sys_handlers or {}
+        self.on_hello: Callable[[Connection, Any], None] | None = None
+        # Returns True when it takes over failing the connection's pending calls.
+        self.on_connection_lost: Callable[[Connection], bool] | None = None
+        self._conns: dict[str, Connection] = {}
+        self._side: dict[str, Connection] = {}
+        self._dialing: dict[str, trio.Event] = {}
+        self.nursery: trio.Nursery | None = None
+        self.parent: Connection | None = None  # a worker's controller connection
+        self.close_hooks: list[Callable[[Connection], None]] = []  # e.g. release RDMA pins
+        self.faults = LinkFaults()  # what otpmesh.chaos did to this node's links
+        self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
+        #: Worker address -> its host agent's connection: broadcasts go through it (_fanout.py).
+        self.relays: dict[str, Connection] = {}
+        #: This node's tensor channel (otpmesh.rdma's, passed in by the process that runs the
+        #: node); None: large tensors travel inline.
+        self.channel: TensorChannel | None = channel(self) if channel is not None else None
+
+    # ---------------------------------------------------------------- serving
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            await self._accept_loop(self._listener)
+
+    async def listen_tcp(self, host: str, port: int = 0) -> str:
+        """Also accept authenticated TCP connections on `host`:`port`; return that address."""
+        if self.tcp_secret is None:
+            raise ProtocolError("a node needs the cluster secret before it listens on TCP")
+        if self.nursery is None:
+            raise RuntimeError("node is not serving")
+        raw = bind_tcp(host, port)
+        self.tcp_addr = listen_address(raw)
+        self._tcp_scope = trio.CancelScope()
+        self.nursery.start_soon(self._accept_tcp, raw, self._tcp_scope)
+        return self.tcp_addr
+
+    async def _accept_tcp(self, raw: socket.socket, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._accept_loop(raw)
+
+    def stop_tcp(self) -> None:
+        """Stop accepting TCP connections (those already made stay open)."""
+        if self._tcp_scope is not None:
+            self._tcp_scope.cancel()
+            self._tcp_scope = None
+            self.tcp_addr = None
+
+    async def _accept_loop(self, raw: socket.socket) -> None:
+        tcp = raw.family != socket.AF_UNIX
+        async with trio.SocketListener(trio.socket.from_stdlib_socket(raw)) as listener:
+            assert self.nursery is not None
+            while True:
+                stream = await listener.accept()
+                self.nursery.start_soon(self._serve_accepted, stream, tcp)
+
+    async def _serve_accepted(self, stream: trio.SocketStream, tcp: bool) -> None:
+        sock = detach(stream)
+        peer = "(unknown peer)"
+        self._unproven += 1
+        try:
+            peer = describe_peer(sock, tcp)
+            if self._unproven > MAX_UNPROVEN:
+                raise ProtocolError(f"more than {MAX_UNPROVEN} connections are proving themselves")
+            mac = await self._prove(sock, tcp)
+        except (ProtocolError, trio.TooSlowError, OSError) as exc:
+            if isinstance(exc, trio.TooSlowError):
+                why = f"did not prove itself within {PROOF_TIMEOUT:g} s"
+            else:
+                why = str(exc) or type(exc).__name__
+            self.refusals.refused(peer, why)
+            sock.close()
+            return
+        finally:
+            self._unproven -= 1
+        await self.run_connection(
+            Connection(
+                sock, peer="(incoming)", decode=decode_frame, on_message=self.dispatch, mac=mac
+            )
+        )
+
+    async def _prove(self, sock: socket.socket, tcp: bool) -> FrameMac | None:
+        """The peer of a fresh incoming connection proves it belongs to this app, or is refused:
+        the same user (Unix), the version handshake, then the secret's challenge-response. It
+        costs bounded time and memory: fixed-size reads only, no frame before the proof."""
+        with trio.fail_after(PROOF_TIMEOUT):
+            if not tcp:
+                check_same_user(sock)
+            secret = self.tcp_secret if tcp else self.secret
+            if secret is None:
+                raise ProtocolError("this node has no secret to check TCP peers with")
+            with_mac = tcp and _framemac.wanted()
+            flags = FLAG_FRAME_MAC if with_mac else 0
+            await handshake(sock, dialer=False, flags=flags, timeout=math.inf)
+            keys = await authenticate(sock, secret, dialer=False, timeout=math.inf)
+        return FrameMac(*keys) if with_mac else None
+
+    async def run_connection(self, conn: Connection) -> None:
+        try:
+            await conn.run()
+        finally:
+            self._connection_closed(conn)
+
+    async def connect(self, addr: str) -> Connection:
+        """The connection to the node at `addr`, dialing it the first time."""
+        conn = self.connected(addr)
+        if conn is not None:
+            return conn
+        while addr in self._dialing:
+            await self._dialing[addr].wait()
+            conn = self.connected(addr)
+            if conn is not None:
+                return conn
+        self._dialing[addr] = done = trio.Event()
+        try:
+            return await self._open(addr, self._conns)
+        finally:
+            del self._dialing[addr]
+            done.set()
+
+    def connected(self, addr: str) -> Connection | None:
+        """The open connection to the node at `addr`, if there is one already."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and not conn.closed else None
+
+    async def connect_side(self, addr: str) -> Connection:
+        """A second connection to `addr`, for the tensor channel's own requests. It must not share
+        the call connection: that one's reader may be waiting for a transfer these requests make."""
+        conn = self._side.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        return await self._open(addr, self._side)
+
+    async def _open(self, addr: str, table: dict[str, Connection]) -> Connection:
+        """Dial `addr`, keep the connection in `table` and serve it until it closes."""
+        if self.nursery is None:
+            raise RuntimeError("node is not serving")
+        sock, mac = await dial(addr, self.secret_for(addr))
+        conn = Connection(sock, peer=addr, decode=decode_frame, on_message=self.dispatch, mac=mac)
+        table[addr] = conn
+        self.nursery.start_soon(self.run_connection, conn)
+        return conn
+
+    def secret_for(self, addr: str) -> bytes | None:
+        """The secret a connection to `addr` authenticates with: the cluster's over TCP, the
+        app's on a Unix socket."""
+        return self.tcp_secret if tcp_address(addr) is not None else self.secret
+
+    def register(self, addr: str, conn: Connection) -> None:
+        """Use the (already served) incoming `conn` for calls to the node at `addr`."""
+        conn.peer = addr
+        self._conns[addr] = conn
+
+    def _connection_closed(self, conn: Connection) -> None:
+        if self._conns.get(conn.peer) is conn:
+            del self._conns[conn.peer]
+        if self._side.get(conn.peer) is conn:
+            del self._side[conn.peer]
+        for hook in self.close_hooks:
+            hook(conn)
+        if self.on_connection_lost is None or not self.on_connection_lost(conn):
+            self.fail_pending(conn, conn.close_reason or "connection lost")
+
+    def fail_pending(self, conn: Connection, reason: str) -> None:
+        """Fail every call still waiting on `conn` with an ActorDiedError carrying `reason`."""
+        pending, conn.pending = conn.pending, {}
+        for group, index in pending.values():
+            group.deliver(index, False, ActorDiedError(group.paths[index], reason))
+
+    # ---------------------------------------------------------------- incoming
+
+    def dispatch(
+        self, conn: Connection, msg: list[Any], pending: Sequence[PendingTensor] = ()
+    ) -> Awaitable[None] | None:
+        if pending and self.channel is not None:  # large tensors to fetch over the channel first
+            return self.channel.deliver_later(conn, msg, list(pending))
+        # (A node without a channel, a host agent relaying a reply, passes them on as they came.)
+        kind = msg[0]
+        if kind != SYS and kind != HELLO and self.faults.partitioned():
+            return None  # cut off: calls and replies are lost (supervision messages still flow)
+        if kind == OK or kind == ERR:
+            entry = conn.pending.pop(msg[1], None)
+            if entry is None:
+                return None  # the caller gave up (timeout) before the reply came
+            group, index = entry
+            if kind == OK:
+                group.deliver(index, True, msg[2])
+            else:
+                group.deliver(index, False, remote_error(group.paths[index], msg))
+            return None
+        if kind == REPLIES:  # a host agent's batch (_fanout.py): each as if it came alone
+            for reply in msg[1]:
+                self.dispatch(conn, reply)
+            return None
+        if kind == CALL:
+            return self.deliver_local(msg[2], msg[3], msg[4], msg[5], (conn, msg[1]))
+        if kind == CAST:
+            return self.deliver_local(msg[1], msg[2], msg[3], msg[4], None)
+        if kind == SYS:
+            if msg[2] in self.parent_ops and conn is not self.parent:
+                self._refuse_op(conn, msg[1], msg[2])
+                return None
+            inline = self.sys_inline.get(msg[2])
+            if inline is not None:
+                inline(msg[3])
+            elif self.nursery is not None:
+                self.nursery.start_soon(self._run_sys, conn, msg[1], msg[2], msg[3])
+            return None
+        if self.on_hello is None:
+            raise ProtocolError("unexpected HELLO frame")
+        self.on_hello(conn, msg[1])
+        return None
+
+    def deliver_local(
+        self,
+        actor_id: str,
+        method: str,
+        args: Any,
+        kwargs: Any,
+        reply: ReplyTo | None,
+    ) -> Awaitable[None] | None:
+        if (
+            not isinstance(method, str)
+            or not isinstance(args, list)
+            or not isinstance(kwargs, dict)
+        ):
+            raise ProtocolError("call frame needs a method name, an args array and a kwargs map")
+        cell = self.actors.get(actor_id)
+        if cell is None or not cell.alive:
+            if reply is not None:
+                why = cell.describe_exit() if cell else self.exited.get(actor_id, "no such actor")
+                self.reply_dead(reply, why)
+            return None
+        if cell.handle_inline(method, args, kwargs, reply):
+            return None
+        item = (method, args, kwargs, reply)
+        try:
+            cell.send.send_nowait(item)
+        except trio.WouldBlock:
+            return cell.send.send(item)
+        except trio.ClosedResourceError:
+            if reply is not None:
+                self.reply_dead(reply, cell.describe_exit())
+        return None
+
+    def _refuse_op(self, conn: Connection, call_id: Any, op: Any) -> None:
+        why = f"node operation {op!r} refused: only this process's parent may ask for it"
+        self.refusals.refused(f"connection {conn.peer}", why)
+        if isinstance(call_id, int) and call_id >= 0:
+            self.reply_error((conn, call_id), "ProtocolError", why, "")
+
+    async def _run_sys(self, conn: Connection, call_id: int, op: str, payload: Any) -> None:
+        handler = self.sys_handlers.get(op)
+        reply: ReplyTo | None = (conn, call_id) if call_id >= 0 else None
+        if handler is None:
+            self.reply_error(reply, "ProtocolError", f"unknown node operation {op!r}", "")
+            return
+        try:
+            result = await handler(conn, payload)
+        except Exception as exc:
+            import traceback
+
+            self.reply_error(reply, type(exc).__qualname__, str(exc), traceback.format_exc())
+            if reply is None:
+                log.exception("node operation %s failed", op)
+            return
+        if reply is not None:
+            self.reply_ok(reply, result)
+
+    # ---------------------------------------------------------------- replies
+
+    def reply_ok(self, reply: ReplyTo, value: Any) -> None:
+        target, call_id = reply
+        local = isinstance(target, CallGroup)
+        try:  # same process: no channel needed, no frame to fit in
+            payload = _codec.pack([OK, call_id, value], self.offer(None), local=local)
+        except Exception as exc:
+            self.reply_error(reply, type(exc).__qualname__, f"cannot send the result: {exc}", "")
+            return
+        if isinstance(target, CallGroup):
+            target.deliver(call_id, True, _codec.unpack(payload)[2])
+        elif not target.closed and not self.faults.partitioned():
+            target.send_nowait(payload)
+
+    def reply_error(
+        self, reply: ReplyTo | None, type_name: str, message: str, tb: str, kind: str = "raised"
+    ) -> None:
+        if reply is None:
+            return
+        target, call_id = reply
+        msg = [ERR, call_id, kind, type_name, message, tb]
+        if isinstance(target, CallGroup):
+            target.deliver(call_id, False, remote_error(target.paths[call_id], msg))
+        elif not target.closed and not self.faults.partitioned():
+            target.send_nowait(_codec.pack(msg))
+
+    def reply_dead(self, reply: ReplyTo, reason: str) -> None:
+        self.reply_error(reply, "ActorDiedError", reason, "", kind="dead")

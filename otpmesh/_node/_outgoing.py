@@ -1,0 +1,202 @@
+"""A node's outgoing side: calls, casts and node operations to other nodes (see _node.py).
+
+``Node`` inherits it; it is apart only to keep each module about one thing. What it uses of the
+node is declared below.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from .._core._errors import ActorDiedError
+from .._wire import _codec
+from .._wire._connection import Connection
+from .._wire._frames import _ARRAY5, _ARRAY6, _P_CALL, _P_CAST, SYS, _call_body, _pack_uint
+from . import _fanout
+from ._calls import CallGroup
+from ._channel import TensorChannel
+from ._faults import LinkFaults
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("otpmesh.node")
+
+ReplyTo = tuple[Connection | CallGroup, int]
+
+
+class Target(Protocol):
+    """Where an actor lives: what a call needs to reach it."""
+
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def addr(self) -> str: ...
+    def dead_reason(self) -> str | None: ...
+
+
+class Outgoing:
+    """Calls, casts and node operations from this node (the first half of ``Node``)."""
+
+    addr: str
+    inflight: dict[str, int]
+    relays: dict[str, Connection]
+    faults: LinkFaults
+    nursery: trio.Nursery | None
+    parent: Connection | None
+    _conns: dict[str, Connection]
+    channel: TensorChannel | None
+
+    def offer(self, collect: list[int] | None) -> _codec.Offer | None:
+        """What ``pack`` offers large tensors to: this node's channel (the buffer ids go to
+        `collect`, for the sender to drop), or None when it has none (they go inline)."""
+        if self.channel is None:
+            return None
+        return functools.partial(self.channel.offer, collect=collect)
+
+    async def connect(self, addr: str) -> Connection:
+        raise NotImplementedError
+
+    def deliver_local(
+        self, actor_id: str, method: str, args: Any, kwargs: Any, reply: ReplyTo | None
+    ) -> Awaitable[None] | None:
+        raise NotImplementedError
+
+    async def call(
+        self, targets: Sequence[Target], paths: list[str], method: str, args: Any, kwargs: Any
+    ) -> CallGroup:
+        """Send one call to every target; the returned group collects the replies."""
+        group = CallGroup(paths)
+        offered: list[int] = []  # large tensors: dropped when this call ends
+        body = _call_body(method, args, kwargs, self.offer(offered))
+        group.offered = offered
+        inflight = self.inflight
+        relayed: set[int] = set()
+        if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
+            for agent, indices in _fanout.plan(self.relays, targets).items():
+                _fanout.send(self, agent, group, indices, targets, body)
+                relayed.update(indices)
+        for index, target in enumerate(targets):
+            actor_id = target.actor_id
+            inflight[actor_id] = inflight.get(actor_id, 0) + 1
+            if index in relayed:
+                continue
+            dead = target.dead_reason()
+            if dead is not None:
+                group.deliver(index, False, ActorDiedError(paths[index], dead, delivered=False))
+                continue
+            if target.addr == self.addr:
+                self._call_local(group, index, actor_id, body)
+                continue
+            try:
+                conn = await self.connect(target.addr)
+            except OSError as exc:
+                reason = f"its process cannot be reached ({exc})"
+                error = ActorDiedError(paths[index], reason, delivered=False)
+                group.deliver(index, False, error)
+                continue
+            call_id = conn.expect_reply(group, index)
+            self._send(conn, _ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+        for target in targets:
+            used = self._conns.get(target.addr)
+            if used is not None:
+                await used.drain()
+        return group
+
+    def done(self, targets: Sequence[Target]) -> None:
+        """Forget the in-flight counts of a finished call (used for load balancing)."""
+        inflight = self.inflight
+        for target in targets:
+            n = inflight.get(target.actor_id, 0) - 1
+            if n > 0:
+                inflight[target.actor_id] = n
+            else:
+                inflight.pop(target.actor_id, None)
+
+    def _call_local(self, group: CallGroup, index: int, actor_id: str, body: bytes) -> None:
+        # Same process: still encode and decode, so arguments are copies as they would be remotely.
+        method, args, kwargs = self._unpack_local(body)
+        waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index))
+        if waiting is not None and self.nursery is not None:
+            self.nursery.start_soon(_await, waiting)
+
+    def _unpack_local(self, body: bytes) -> list[Any]:
+        """A call body for an actor of this process, decoded: large tensors this node offered
+        are copied back out of its own buffers."""
+        unpacked, pending = _codec.unpack_pending(b"\x93" + body)
+        if pending and self.channel is not None:
+            unpacked = self.channel.fetch_local(unpacked, pending)
+        return unpacked  # type: ignore[no-any-return]
+
+    async def cast(self, targets: Sequence[Target], method: str, args: Any, kwargs: Any) -> None:
+        """Fire-and-forget to every target, FIFO with later calls from this node."""
+        body = _call_body(method, args, kwargs, self.offer(None))
+        for target in targets:
+            if target.addr == self.addr:
+                m, a, k = self._unpack_local(body)
+                waiting = self.deliver_local(target.actor_id, m, a, k, None)
+                if waiting is not None:
+                    await waiting
+                continue
+            try:
+                conn = await self.connect(target.addr)
+            except OSError:
+                log.warning("cast to %s dropped: its process cannot be reached", target.actor_id)
+                continue
+            self._send(conn, _ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
+
+    async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
+        """Run node operation `op` on the peer behind `conn` and return its result."""
+        if conn.closed:  # its process is gone: say so as a death, like any call to it
+            raise ActorDiedError(path, f"its connection is closed ({conn.close_reason})")
+        group = CallGroup([path])
+        call_id = conn.expect_reply(group, 0)
+        try:
+            conn.send_nowait(_codec.pack([SYS, call_id, op, payload], self.offer(None)))
+            await group.wait_all()
+        finally:
+            group.forget()
+        return group.outcome(0)
+
+    def _send(self, conn: Connection, *parts: bytes) -> None:
+        """Send a call or cast frame, unless chaos delays or drops it."""
+        faults = self.faults
+        if faults.partitioned():
+            return
+        delay = faults.delay_to(conn.peer) if faults.links else 0.0
+        if delay == 0.0:
+            conn.send_nowait(*parts)
+        elif delay != math.inf and self.nursery is not None:
+            self.nursery.start_soon(_send_later, conn, delay, parts)
+
+    async def resolve(self, slot: Any) -> None:
+        """Ask the controller where a supervised actor lives now (a ref that came in a message
+        and found its old address dead); waits while the actor restarts."""
+        if self.parent is None:
+            slot.mark_gone("its supervisor cannot be asked (no controller connection)")
+            return
+        found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
+        if found.get("gone") is not None:
+            slot.mark_gone(found["gone"])
+        else:
+            slot.mark_up(found["addr"], None)
+
+    def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
+        if not conn.closed:
+            conn.send_nowait(_codec.pack([SYS, -1, op, payload], self.offer(None)))
+
+
+async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:
+    await trio.sleep(delay)
+    if not conn.closed:
+        conn.send_nowait(*parts)
+
+
+async def _await(waiting: Awaitable[None]) -> None:
+    await waiting

@@ -1,0 +1,339 @@
+"""The controller's runtime: its node, the fork server, and the worker processes it started.
+
+One runtime per trio run (a RunVar, not a process-wide global), created on first use. Its tasks
+are trio system tasks: they live as long as the run and are cancelled when it ends, which closes
+every socket, so the workers and the fork server notice and exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import trio
+
+from .._core._errors import SpawnError
+from .._core._exits import ProcessExit, describe
+from .._core._reasons import is_normal_exit
+from .._node._node import Node, set_current_node
+from .._wire._connection import Connection
+from ..rdma._channel import Channel
+from ._forkclient import ForkServer, forward_lines, watch_heartbeat
+
+log = logging.getLogger("otpmesh.runtime")
+
+
+class ExitListener(Protocol):
+    """Hears of actor exits: first that one is coming, then the exit itself with its reason."""
+
+    def actor_exiting(self, path: str, incarnation: int) -> None: ...
+    def actor_exited(self, path: str, incarnation: int, reason: object) -> None: ...
+    async def resolve(self, path: str) -> dict[str, Any]: ...
+
+
+_RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
+_STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
+SPAWN_TIMEOUT = 60.0
+#: Workers beat this often; one silent for HEARTBEAT_TIMEOUT is hung (SIGSTOP, wedged) and killed.
+HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HEARTBEAT_INTERVAL", "0.2"))
+HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
+# How long a lost connection waits for the fork server's exit status before reporting.
+_EXIT_STATUS_WAIT = 1.0
+
+
+@dataclass(eq=False)
+class Proc:
+    """One worker process of a proc mesh, as the controller sees it."""
+
+    rank: int
+    coords: dict[str, int]
+    proc_id: str
+    pid: int = 0
+    addr: str = ""
+    conn: Connection | None = None
+    exit_reason: str | None = None
+    actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
+    names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
+    hang_reason: str | None = None  # set when the heartbeat watchdog killed it
+    shut_down: bool = False  # stopped on purpose, with its host (its actors exit 'shutdown')
+    host: Any = None  # the agent host that forked it (None: this host's own fork server)
+    ready: trio.Event = field(default_factory=trio.Event)
+    exited: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_reason is None
+
+    def label(self) -> str:
+        return ",".join(self.names) if self.names else f"proc/{self.rank}"
+
+    def hosted(self, path: str, incarnation: int) -> None:
+        self.actors[path] = incarnation
+        self.named(path)
+
+    def named(self, path: str) -> None:
+        """Prefix this process's output with `path` (from its constructor's first print on)."""
+        if path not in self.names:
+            self.names.append(path)
+
+    def death(self) -> str:
+        return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
+
+
+class Runtime:
+    """Everything the controller owns for one trio run."""
+
+    def __init__(self) -> None:
+        self.node = Node(
+            "ctl", sys_handlers={"resolve_actor": self._resolve_actor}, channel=Channel
+        )
+        self.node.sys_inline["actor_exited"] = self._actor_exited
+        self.node.sys_inline["actor_exiting"] = self._actor_exiting
+        self.node.on_hello = self._on_hello
+        self.node.on_connection_lost = self._on_connection_lost
+        self.procs: dict[str, Proc] = {}
+        self._by_pid: dict[int, Proc] = {}
+        self.forkserver = ForkServer(self._fork_server_report, self._fork_server_gone)
+        #: The hosts of ``otpmesh.cluster``, when one is attached (else every worker is local).
+        self.cluster: Any = None
+        self._next_proc = 0
+        # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
+        self.exit_listeners: dict[str, ExitListener] = {}
+        self._fork_server_started = False
+        self.nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------ life cycle
+
+    async def _main(self, started: trio.Event) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                await nursery.start(self.node.serve)
+                started.set()
+        except Exception:
+            log.exception("otpmesh runtime failed")
+            started.set()
+
+    def _fork_server_report(self, msg: dict[str, Any]) -> None:
+        if msg["op"] == "spawned":
+            proc = self.procs.get(msg["id"])
+            if proc is not None:
+                proc.pid = msg["pid"]
+                self._by_pid[proc.pid] = proc
+        elif msg["op"] == "exit":
+            proc = self._by_pid.pop(msg["pid"], None)
+            if proc is not None:
+                self.mark_exited(proc, msg["reason"])
+
+    def _fork_server_gone(self) -> None:
+        for proc in self.procs.values():
+            if proc.host is None:
+                self.mark_exited(proc, "was killed: the fork server stopped")
+
+    def mark_exited(self, proc: Proc, reason: str) -> None:
+        """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
+        if proc.exit_reason is None:
+            proc.exit_reason = proc.hang_reason or reason
+        self.node.relays.pop(proc.addr, None)
+        proc.exited.set()
+        proc.ready.set()
+
+    # ------------------------------------------------------------ processes
+
+    async def start_procs(
+        self, shape: dict[str, int], coords: list[dict[str, int]], envs: list[dict[str, str]]
+    ) -> list[Proc]:
+        """Fork one worker per slot and wait until each has dialed back (or died).
+
+        With a cluster attached (``otpmesh.cluster``), a slot's ``hosts`` coordinate names the
+        host whose agent forks it; otherwise every worker is forked on this host.
+        """
+        hosts = [self._host_for(point) for point in coords]
+        if any(h is None for h in hosts):
+            await self._start_fork_server()
+        procs = []
+        for rank, (point, env, host) in enumerate(zip(coords, envs, hosts, strict=True)):
+            self._next_proc += 1
+            proc = Proc(rank=rank, coords=point, proc_id=f"p{self._next_proc}", host=host)
+            self.procs[proc.proc_id] = proc
+            procs.append(proc)
+            if host is None:
+                await self._fork(proc, env)
+            else:
+                cfg = self._worker_cfg(proc, self.cluster.address)
+                await self.cluster.spawn(host, proc, env, cfg)
+        with trio.move_on_after(SPAWN_TIMEOUT):
+            for proc in procs:
+                await proc.ready.wait()
+        failed = [p for p in procs if p.conn is None]
+        if failed:
+            for proc in procs:
+                self.kill(proc)
+            why = "; ".join(
+                f"rank {p.rank}: {p.exit_reason or f'no answer within {SPAWN_TIMEOUT:g} s'}"
+                for p in failed
+            )
+            raise SpawnError(f"could not start {len(failed)} worker process(es): {why}")
+        return procs
+
+    def _host_for(self, point: dict[str, int]) -> Any:
+        if self.cluster is None or "hosts" not in point:
+            return None
+        return self.cluster.host_for(point["hosts"])
+
+    async def _start_fork_server(self) -> None:
+        if not self._fork_server_started and self.nursery is not None:
+            # Started on first use: a tree run with placement="local" never needs one.
+            self._fork_server_started = True
+            await self.nursery.start(self.forkserver.run)
+        await self.forkserver.ready.wait()
+        if self.forkserver.gone:
+            raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
+
+    def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
+        main = sys.modules.get("__main__")
+        return {
+            "controller": controller,
+            "proc": proc.proc_id,
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
+            "main": getattr(main, "__file__", None),
+            "heartbeat_interval": HEARTBEAT_INTERVAL,
+        }
+
+    async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
+        assert self.nursery is not None
+        cfg = self._worker_cfg(proc, self.node.addr)
+        # The secrets ride the fork server's private socket pair, never argv or the environment
+        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
+        cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
+        out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
+        self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
+        self.nursery.start_soon(self._watch_heartbeat, proc, beat_r)
+
+    async def _watch_heartbeat(self, proc: Proc, fd: int) -> None:
+        """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
+        await proc.ready.wait()
+        await watch_heartbeat(fd, HEARTBEAT_TIMEOUT, lambda: proc.alive, partial(self.hung, proc))
+
+    def hung(self, proc: Proc) -> None:
+        """`proc` stopped beating while alive: kill it, and make its exit say why."""
+        how = f"hung (no heartbeat for {HEARTBEAT_TIMEOUT:g} s) and was killed"
+        log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
+        proc.hang_reason = how
+        self.kill(proc)
+
+    @staticmethod
+    def output(proc: Proc, sink: Any, line: bytes) -> None:
+        """Write one line of a worker's output to ours, prefixed with its actors' paths."""
+        try:
+            sink.write(f"[{proc.label()}] {line.decode(errors='replace')}\n")
+            sink.flush()
+        except (OSError, ValueError):
+            pass
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL a worker (through its fork server, its parent, so the exit is reported)."""
+        if not proc.alive:
+            return
+        if proc.host is not None:
+            self.cluster.kill(proc)
+        else:
+            self.forkserver.kill(proc.pid)
+
+    # ------------------------------------------------------------ node hooks
+
+    def _on_hello(self, conn: Connection, payload: Any) -> None:
+        if isinstance(payload, dict) and "agent" in payload and self.cluster is not None:
+            self.cluster.on_agent_hello(conn, payload)
+            return
+        proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
+        if proc is None or proc.conn is not None or not proc.alive:
+            log.error("refused a worker hello for an unknown or dead process: %r", payload)
+            conn.abort("refused: unknown or dead worker process")
+            return
+        proc.conn = conn
+        proc.addr = payload["addr"]
+        proc.pid = proc.pid or payload["pid"]
+        self.node.register(proc.addr, conn)
+        if proc.host is not None:
+            self.node.relays[proc.addr] = proc.host.conn
+        proc.ready.set()
+
+    def _on_connection_lost(self, conn: Connection) -> bool:
+        if self.cluster is not None and self.cluster.connection_lost(conn):
+            return True
+        proc = next((p for p in self.procs.values() if p.conn is conn), None)
+        if proc is None or self.nursery is None:
+            return False
+        self.nursery.start_soon(self._report_death, proc, conn)
+        return True
+
+    async def _report_death(self, proc: Proc, conn: Connection) -> None:
+        # EOF comes first; the exit status follows from the fork server within milliseconds.
+        with trio.move_on_after(_EXIT_STATUS_WAIT):
+            await proc.exited.wait()
+        if proc.exit_reason is None:
+            proc.exit_reason = f"lost its connection ({conn.close_reason})"
+        self.node.fail_pending(conn, proc.death())
+        actors, proc.actors = proc.actors, {}
+        # A process stopped on purpose (its host shut down with its cluster) ends its actors
+        # with the normal 'shutdown'; anything else is a process failure.
+        reason = "shutdown" if proc.shut_down else ProcessExit(proc.pid, proc.exit_reason)
+        for path, incarnation in actors.items():
+            self.actor_exit(path, incarnation, reason)
+
+    async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
+        listener = self.exit_listeners.get(path)
+        if listener is None:
+            return {"gone": f"{path} is not supervised by a running application"}
+        return await listener.resolve(path)
+
+    def _actor_exiting(self, payload: dict[str, Any]) -> None:
+        listener = self.exit_listeners.get(payload["id"])
+        if listener is not None:
+            listener.actor_exiting(payload["id"], payload["incarnation"])
+
+    def _actor_exited(self, payload: dict[str, Any]) -> None:
+        # Inline in the connection reader: the exit is known before any later "dead" reply.
+        path, incarnation = payload["id"], payload["incarnation"]
+        for proc in self.procs.values():
+            if proc.actors.get(path) == incarnation:
+                del proc.actors[path]
+        self.actor_exit(path, incarnation, payload["reason"])
+
+    def actor_exit(self, path: str, incarnation: int, reason: object) -> None:
+        listener = self.exit_listeners.get(path)
+        if listener is not None:
+            listener.actor_exited(path, incarnation, reason)
+        elif not is_normal_exit(reason):
+            log.warning("%s exited: %s", path, describe(reason))
+
+
+async def runtime() -> Runtime:
+    """The controller runtime of the current trio run, started on first use."""
+    try:
+        return _RUNTIME.get()
+    except LookupError:
+        pass
+    try:
+        starting = _STARTING.get()
+    except LookupError:
+        starting = trio.Event()
+        _STARTING.set(starting)
+        rt = Runtime()
+        trio.lowlevel.spawn_system_task(rt._main, starting, name="otpmesh-runtime")
+        await starting.wait()
+        if rt.nursery is None:
+            raise SpawnError("the otpmesh runtime failed to start (see the log above)") from None
+        _RUNTIME.set(rt)
+        set_current_node(rt.node)
+        return rt
+    await starting.wait()
+    return _RUNTIME.get()

@@ -1,0 +1,165 @@
+"""The client side of the fork server (_forkserver.py): start it, ask it to fork, hear its reports.
+
+The controller runs one for the processes of its own host; a host agent (_agent.py) runs one for
+the processes of its host. Both read a worker's output and heartbeats from pipes this module makes.
+"""
+
+from __future__ import annotations
+
+import array
+import importlib.util
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import trio
+
+
+def preload_modules() -> list[str]:
+    """What the fork server imports before it forks (torch, when installed)."""
+    configured = os.environ.get("OTPMESH_PRELOAD")
+    if configured is not None:
+        return [m for m in configured.split(",") if m]
+    return ["torch"] if importlib.util.find_spec("torch") is not None else []
+
+
+class ForkServer:
+    """A running fork server. ``await nursery.start(fs.run)``, then ``spawn`` and ``kill``.
+
+    `on_report` hears its reports: ``{"op": "spawned", "id", "pid"}`` and
+    ``{"op": "exit", "pid", "reason"}``; `on_gone` is called once when it stops.
+    """
+
+    def __init__(
+        self, on_report: Callable[[dict[str, Any]], None], on_gone: Callable[[], None]
+    ) -> None:
+        self._on_report = on_report
+        self._on_gone = on_gone
+        self._sock: trio.socket.SocketType | None = None
+        self._raw: socket.socket | None = None
+        self.ready = trio.Event()
+        self.gone = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
+        env["OTPMESH_PRELOAD"] = ",".join(preload_modules())
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "otpmesh._runtime._forkserver"],
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,  # Ctrl-C reaches the controller only; it stops the rest.
+            env=env,
+        )
+        theirs.close()
+        sock = trio.socket.from_stdlib_socket(ours)
+        self._sock, self._raw = sock, ours
+        task_status.started()
+        try:
+            while True:
+                data = await sock.recv(1 << 16)
+                if not data:
+                    break
+                msg = msgpack.unpackb(data)
+                if msg["op"] == "ready":
+                    self.ready.set()
+                else:
+                    self._on_report(msg)
+        finally:
+            self.gone = True
+            self.ready.set()
+            sock.close()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            self._on_gone()
+
+    async def spawn(
+        self, proc_id: str, env: dict[str, str], cfg: dict[str, Any]
+    ) -> tuple[int, int, int]:
+        """Fork a worker; return the read ends of its stdout, stderr and heartbeat pipes."""
+        assert self._sock is not None
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        beat_r, beat_w = os.pipe()
+        request = msgpack.packb({"op": "spawn", "id": proc_id, "env": env, "cfg": cfg})
+        fds = array.array("i", [out_w, err_w, beat_w])
+        try:
+            await self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except BaseException:
+            for fd in (out_r, err_r, beat_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+            os.close(beat_w)
+        return out_r, err_r, beat_r
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL a worker (the fork server, its parent, then reports the exit)."""
+        if pid and self._raw is not None and not self.gone:
+            try:
+                self._raw.send(msgpack.packb({"op": "kill", "pid": pid}))
+            except OSError:
+                pass
+
+
+async def watch_heartbeat(
+    fd: int, timeout: float, alive: Callable[[], bool], on_silent: Callable[[], None]
+) -> None:
+    """Call `on_silent` when a live worker writes no heartbeat to `fd` for `timeout` seconds."""
+    stream = trio.lowlevel.FdStream(fd)
+    try:
+        while alive():
+            with trio.move_on_after(timeout) as silent:
+                if not await stream.receive_some(4096):
+                    return  # the process exited: its exit is reported elsewhere
+            if silent.cancelled_caught and alive():
+                on_silent()
+                return
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def forward_lines(fd: int, write_line: Callable[[bytes], None]) -> None:
+    """Call `write_line` for each line the worker writes to `fd`, until it closes it."""
+    stream = trio.lowlevel.FdStream(fd)
+    pending = b""
+    data = b""
+    try:
+        while True:
+            try:
+                data = await stream.receive_some(1 << 16)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                break
+            pending = _split(pending + data, write_line)
+    finally:
+        # The run may be ending: copy what the worker already wrote before closing.
+        try:
+            while data := os.read(fd, 1 << 16):
+                pending = _split(pending + data, write_line)
+        except OSError:
+            pass
+        if pending:
+            write_line(pending)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def _split(data: bytes, write_line: Callable[[bytes], None]) -> bytes:
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        write_line(line)
+    return rest

@@ -1,0 +1,169 @@
+"""The pre-warmed fork server: worker processes are forked from it, not started from scratch.
+
+It is started once per controller with a fresh interpreter, imports the heavy modules (trio,
+msgpack, otpmesh, torch when installed) and then forks a worker per request, so a mesh starts in
+milliseconds. It never initialises CUDA, so a forked child can. It watches its children with
+SIGCHLD and reports each exit status, and it is the controller's insurance against orphans: when
+the controller's socket closes, it SIGKILLs every child and exits.
+
+Requests and reports are msgpack packets on a SOCK_SEQPACKET socket pair; a spawn request carries
+the child's stdout and stderr pipe ends as SCM_RIGHTS file descriptors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+import msgpack
+
+_PR_SET_PDEATHSIG = 1
+_MAX_PACKET = 1 << 20
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def describe_status(status: int) -> str:
+    """A waitpid status in words: 'exited with code 1', 'killed by signal 9 (SIGKILL)'."""
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    sock.send(msgpack.packb(msg))
+
+
+def _child(
+    sock: socket.socket,
+    wake_r: int,
+    wake_w: int,
+    req: dict[str, Any],
+    fds: list[int],
+    server_pid: int,
+) -> None:
+    code = 1
+    try:
+        sock.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(wake_r)
+        os.close(wake_w)
+        out, err, heartbeat = fds
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        req["cfg"]["heartbeat_fd"] = heartbeat
+        set_parent_death_signal()
+        if os.getppid() != server_pid:
+            os._exit(1)
+        os.environ.update(req["env"])
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        from ._worker import main
+
+        code = main(req["cfg"])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(sock: socket.socket, preload: list[str]) -> None:
+    """Fork workers on request until the controller's socket closes."""
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing optional module must not stop the server
+            print(f"otpmesh fork server: cannot preload {name}: {exc}", file=sys.stderr)
+    # No parent-death signal here: Linux sends it when the parent *thread* exits, and the
+    # controller starts this process from one of trio's worker threads, which retire when idle.
+    # The controller's socket closing (below) is what ends this server, SIGKILL included.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    children: set[int] = set()
+    server_pid = os.getpid()
+    _send(sock, {"op": "ready", "pid": server_pid})
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj is sock:
+                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 3)
+                    if not data:
+                        return
+                    req = msgpack.unpackb(data)
+                    if req["op"] == "kill":
+                        if req["pid"] in children:
+                            os.kill(req["pid"], req.get("sig", signal.SIGKILL))
+                        continue
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(sock, wake_r, wake_w, req, fds, server_pid)
+                    for fd in fds:
+                        os.close(fd)
+                    children.add(pid)
+                    _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
+                else:
+                    os.read(wake_r, 4096)
+                    _reap(sock, children)
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        _send(sock, {"op": "exit", "pid": pid, "status": status, "reason": describe_status(status)})
+
+
+def main() -> None:
+    fd = int(os.environ.pop("OTPMESH_FORKSERVER_FD"))
+    preload = [m for m in os.environ.pop("OTPMESH_PRELOAD", "").split(",") if m]
+    sock = socket.socket(fileno=fd)
+    try:
+        serve(sock, ["otpmesh._runtime._worker", *preload])
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The worker process: a node that hosts actors, started by the fork server for one mesh slot."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import trio
+
+from .._core._errors import EncodeError
+from .._node._host import ActorHost
+from .._node._node import Node, set_current_node
+from .._wire import _codec
+from .._wire._connection import Connection, dial
+from .._wire._frames import HELLO, decode_frame
+from ..rdma._channel import Channel
+
+log = logging.getLogger("otpmesh.worker")
+
+
+class Worker:
+    """The state of one worker process: its node, its actors and the controller connection."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.node = Node(
+            "w",
+            sys_handlers={
+                "spawn_actor": self._spawn_actor,
+                "stop_actor": self._stop_actor,
+                "shutdown": self._shutdown,
+                "inject": self._inject,
+                "partition": self._partition,
+            },
+            listen=cfg.get("listen"),  # a host agent's worker: TCP, reachable from other hosts
+            secret=cfg["secret"],
+            tcp_secret=cfg.get("tcp_secret"),
+            channel=Channel,
+        )
+        # Another actor's connection (authenticated: it is one of ours) may call and cast, but
+        # only the controller or agent that forked this process may run or stop actors in it.
+        self.node.parent_ops = frozenset(
+            {"spawn_actor", "stop_actor", "shutdown", "inject", "partition"}
+        )
+        self.host = ActorHost(
+            self.node, self._actor_exited, self._actor_exiting, main_path=cfg.get("main")
+        )
+        self.controller: Connection | None = None
+        self._done = trio.Event()
+
+    async def main(self) -> None:
+        set_current_node(self.node)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.node.serve)
+            controller = self.cfg["controller"]
+            sock, mac = await dial(controller, self.node.secret_for(controller))
+            conn = Connection(
+                sock, peer=controller, decode=decode_frame, on_message=self.node.dispatch, mac=mac
+            )
+            self.controller = conn
+            self.node.parent = conn
+            self.node.register(self.cfg["controller"], conn)
+            hello = {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}
+            conn.send_nowait(_codec.pack([HELLO, hello]))
+            nursery.start_soon(self._serve_controller, conn)
+            await self._done.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _serve_controller(self, conn: Connection) -> None:
+        # The controller's connection is this process's lifeline: when it goes, so do we.
+        try:
+            await self.node.run_connection(conn)
+        finally:
+            self._done.set()
+
+    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str:
+        return await self.host.spawn(p)
+
+    async def _stop_actor(self, conn: Connection | None, p: dict[str, Any]) -> object:
+        return await self.host.stop(
+            p["id"],
+            p["incarnation"],
+            p.get("reason", "shutdown"),
+            p.get("timeout"),
+            p.get("brutal", False),
+        )
+
+    async def _inject(self, conn: Connection | None, p: dict[str, Any]) -> bool:
+        return self.host.inject(p["id"], p["kind"], p["reason"])
+
+    async def _partition(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        self.node.faults.cut_off(float(p["seconds"]))
+
+    async def _shutdown(self, conn: Connection | None, p: Any) -> None:
+        with trio.move_on_after(p.get("timeout", 5.0) if isinstance(p, dict) else 5.0):
+            async with trio.open_nursery() as nursery:
+                for cell in list(self.node.actors.values()):
+                    nursery.start_soon(
+                        self.host.stop, cell.ctx.path, cell.incarnation, "shutdown", None, False
+                    )
+        self._done.set()
+
+    def _actor_exiting(self, path: str, incarnation: int) -> None:
+        if self.controller is not None and not self.controller.closed:
+            self.node.sys_cast(
+                self.controller, "actor_exiting", {"id": path, "incarnation": incarnation}
+            )
+
+    def _actor_exited(self, path: str, incarnation: int, reason: object) -> None:
+        if self.controller is None or self.controller.closed:
+            return
+        try:
+            _codec.pack(reason)
+            wire_reason = reason
+        except EncodeError:
+            wire_reason = repr(reason)  # a reason the wire cannot carry travels as its repr
+        self.node.sys_cast(
+            self.controller,
+            "actor_exited",
+            {"id": path, "incarnation": incarnation, "reason": wire_reason},
+        )
+
+
+def _beat(fd: int, interval: float) -> None:
+    """Heartbeats from a thread of their own: a busy event loop (a long plain-def endpoint) still
+    beats; a stopped or wedged process does not, and its controller replaces it."""
+    try:
+        while True:
+            os.write(fd, b".")
+            time.sleep(interval)
+    except OSError:
+        return  # the controller is gone
+
+
+def main(cfg: dict[str, Any]) -> int:
+    """Run a worker until its controller goes away. Called in the forked child."""
+    if cfg.get("heartbeat_fd") is not None:
+        threading.Thread(
+            target=_beat, args=(cfg["heartbeat_fd"], cfg["heartbeat_interval"]), daemon=True
+        ).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from . import _run
+
+    _run.IN_WORKER = True
+    sys.path[:] = cfg["sys_path"]
+    os.chdir(cfg["cwd"])
+    logging.basicConfig(
+        level=cfg.get("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
+    )
+    trio.run(Worker(cfg).main)
+    return 0

@@ -1,0 +1,383 @@
+"""msgpack encoding of messages: plain data, tuples, torch tensors and actor refs. Never pickle.
+
+Extension types (codes are part of the wire protocol, see docs/wire.md):
+
+    1  tensor     u16 header length, msgpack header [dtype name, shape], raw little-endian bytes
+    2  actor ref  msgpack of the ref's fields
+    3  actor mesh msgpack of the mesh's fields
+    4  tuple      msgpack array of the items
+    5  value mesh msgpack [shape pairs, values]
+    6  actor crash  msgpack [type name, message, traceback] (an exit reason)
+    7  process exit msgpack [pid, how] (an exit reason)
+    8  rdma buffer  msgpack map: the buffer's handle (owner, size, dtype, one entry per backend)
+    9  channel tensor  a large tensor left in its sender's memory: the handle of a temporary
+                    buffer; the receiver reads it over the tensor channel before delivery
+
+Extension values nest (a tuple of tuples, a tensor in a tuple in a value mesh): each one met
+inside another's payload is one level, and at most MAX_NESTING levels travel. The limit is the
+same both ways: the sender raises EncodeError, the receiver ProtocolError (closing only that
+connection). Plain lists and maps nest within one payload without counting here: msgpack's C
+unpacker walks them iteratively and refuses more than 1024 levels (StackError).
+
+torch is imported only when a tensor is met, so processes that never touch one never pay for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import reprlib
+import struct
+import sys
+from collections.abc import Callable, Collection, Mapping
+from functools import partial
+from types import MappingProxyType
+from typing import Any
+
+import msgpack
+
+from .._core._errors import EncodeError, ProtocolError
+from .._core._exits import ActorCrash, ProcessExit
+from .._core._valuemesh import ValueMesh
+from ._connection import MAX_FRAME_SIZE
+
+EXT_TENSOR = 1
+EXT_ACTOR_REF = 2
+EXT_ACTOR_MESH = 3
+EXT_TUPLE = 4
+EXT_VALUE_MESH = 5
+EXT_ACTOR_CRASH = 6
+EXT_PROCESS_EXIT = 7
+EXT_RDMA_BUFFER = 8
+EXT_CHANNEL_TENSOR = 9
+
+_U16 = struct.Struct(">H")
+
+#: How many extension values may nest inside one another (see the module docstring). Each level
+#: is one more msgpack call on the C stack, so the limit is what keeps the stack bounded. Measured
+#: (msgpack 1.2, CPython 3.11, 8 MiB stack: the main thread and Linux's default thread stack):
+#: decoding costs ~43 KiB a level (the C unpacker's context lives on the stack) and 195 levels
+#: died with SIGSEGV; encoding costs up to ~430 KiB a level when each level also holds lists
+#: nested to msgpack's own limit (1024), and 20 such levels died. 8 levels need at most ~3.4 MiB
+#: (0.35 MiB to decode): a wide margin, and deeper than the messages programs send (a value mesh
+#: of tuples of tensors is 3).
+MAX_NESTING = 8
+#: Most dimensions a tensor on the wire may have (torch itself caps tensors at 64 dims).
+MAX_TENSOR_DIMS = 64
+# The cheap size check before packing looks this many containers deep (a call's [method, args,
+# kwargs], its arguments, their items), into containers of at most this many items: a bound on
+# its cost on the hot path. The size after packing is checked too, for what this misses.
+_SCAN_LEVELS = 3
+_SCAN_ITEMS = 32
+
+#: Tensors at least this big travel over the tensor channel (otpmesh.rdma), not inline.
+CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)))
+
+#: Offers a large tensor to the sending node's tensor channel: its handle data, or None to send
+#: it inline. A node passes its own to ``pack``; nothing is installed here.
+Offer = Callable[[Any], Any]
+
+# The core's values that travel as extensions: code -> (type, to data, from data). The codec
+# sits above the core, so it knows them itself.
+_CORE_EXTS: Mapping[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = (
+    MappingProxyType(
+        {
+            EXT_ACTOR_CRASH: (
+                ActorCrash,
+                lambda c: [c.type_name, c.message, c.traceback],
+                lambda d: ActorCrash(*d),
+            ),
+            EXT_PROCESS_EXIT: (ProcessExit, lambda p: [p.pid, p.how], lambda d: ProcessExit(*d)),
+            EXT_VALUE_MESH: (
+                ValueMesh,
+                lambda vm: [list(vm.shape.items()), vm.values()],
+                lambda d: ValueMesh(dict(d[0]), d[1]),
+            ),
+        }
+    )
+)
+_CORE_CODES: Mapping[type, int] = MappingProxyType({t: c for c, (t, _, _) in _CORE_EXTS.items()})
+# Values of the layers above (refs, meshes, buffers), by code. Each such class says how it
+# travels (``_wire_ext``, ``_to_wire()``, ``_from_wire(data)``); the codec looks it up by name
+# when it meets one, so it never imports the layers above it (they import the codec).
+_UPPER_EXTS: Mapping[int, str] = MappingProxyType(
+    {
+        EXT_ACTOR_REF: "otpmesh._node._mesh:ActorRef",
+        EXT_ACTOR_MESH: "otpmesh._node._mesh:ActorMesh",
+        EXT_RDMA_BUFFER: "otpmesh.rdma._buffer:RDMABuffer",
+    }
+)
+
+
+class PendingTensor:
+    """A tensor still in its sender's memory: ``handle`` says where (the receiving node's tensor
+    channel reads it). Packed again (a host agent relaying a reply), it travels as it came."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+
+class _Packing:
+    """What one ``pack`` call needs below its top level: the channel offer, and whether the
+    receiver is in this same process (then nothing is offered and no size limit applies)."""
+
+    __slots__ = ("local", "offer")
+
+    def __init__(self, offer: Offer | None, local: bool) -> None:
+        self.offer = offer
+        self.local = local
+
+
+_PLAIN = _Packing(None, False)
+
+
+def _encode_tensor(t: Any, level: int, how: _Packing) -> msgpack.ExtType:
+    if t.layout is not sys.modules["torch"].strided:
+        raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    nbytes = t.numel() * t.element_size()
+    if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
+        handle = how.offer(t)
+        if handle is not None:
+            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle, level + 1, _PLAIN))
+    if nbytes > MAX_FRAME_SIZE and not how.local:
+        raise EncodeError(
+            f"cannot send a tensor of {nbytes} bytes inline: a frame carries at most "
+            f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large tensors go "
+            "over the tensor channel) or as an otpmesh.rdma.RDMABuffer"
+        )
+    header = msgpack.packb([str(t.dtype).removeprefix("torch."), list(t.shape)])
+    raw: bytes | memoryview = b""
+    if nbytes:
+        # A view of the tensor's memory: the only copy is the join below.
+        raw = memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
+    return msgpack.ExtType(EXT_TENSOR, b"".join((_U16.pack(len(header)), header, raw)))
+
+
+def _decode_tensor(data: bytes) -> Any:
+    import torch
+
+    if len(data) < 2:
+        raise ProtocolError(f"malformed frame: a {len(data)}-byte tensor payload has no header")
+    (hlen,) = _U16.unpack_from(data, 0)
+    if 2 + hlen > len(data):
+        raise ProtocolError(f"tensor header of {hlen} bytes overruns its {len(data)}-byte payload")
+    header = msgpack.unpackb(data[2 : 2 + hlen])
+    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[1], list)):
+        raise ProtocolError(f"tensor header is not [dtype name, shape]: {brief(header)}")
+    dtype_name, shape = header
+    # The module's own namespace, not getattr: no lazy submodule import, nothing but a dtype.
+    dtype = vars(torch).get(dtype_name) if isinstance(dtype_name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ProtocolError(f"unknown tensor dtype {brief(dtype_name)}")
+    if len(shape) > MAX_TENSOR_DIMS:
+        raise ProtocolError(f"tensor of {len(shape)} dims (at most {MAX_TENSOR_DIMS})")
+    numel = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ProtocolError(f"tensor shape {brief(shape)} has a dim that is not a size")
+        numel *= dim
+    body = memoryview(data)[2 + hlen :]
+    if len(body) != numel * dtype.itemsize:
+        raise ProtocolError(
+            f"tensor of shape {brief(shape)} and dtype {dtype_name} needs "
+            f"{numel * dtype.itemsize} bytes, frame has {len(body)}"
+        )
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
+
+
+def _too_deep() -> EncodeError:
+    return EncodeError(
+        f"cannot send a value nested more than {MAX_NESTING} levels deep in tuples, tensors, "
+        "refs and other extension values (otpmesh._wire._codec.MAX_NESTING); flatten it, or nest "
+        "lists instead of tuples"
+    )
+
+
+def _default(level: int, how: _Packing, obj: Any) -> Any:
+    """msgpack's hook for what it cannot pack itself, inside `level` extension values."""
+    if isinstance(obj, tuple):
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return msgpack.ExtType(EXT_TUPLE, _pack(list(obj), level + 1, how))
+    kind = type(obj)
+    code = _CORE_CODES.get(kind)
+    if code is None:
+        code = getattr(kind, "_wire_ext", None)
+    if code is not None:
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        data = _CORE_EXTS[code][1](obj) if code in _CORE_EXTS else obj._to_wire()
+        return msgpack.ExtType(code, _pack(data, level + 1, how))
+    if kind is PendingTensor:  # relayed as it came: its reader fetches it from its owner
+        return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(obj.handle, level + 1, _PLAIN))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return _encode_tensor(obj, level, how)
+    # strict_types sends subclasses here (bool-like ints, enums, OrderedDict, ...): use the base.
+    bases: tuple[Callable[[Any], Any], ...] = (bool, int, float, str, bytes, dict, list)
+    for base in bases:
+        if isinstance(obj, base):  # type: ignore[arg-type]
+            return base(obj)
+    if isinstance(obj, bytearray | memoryview):
+        return bytes(obj)
+    raise EncodeError(
+        f"cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}: "
+        "messages carry msgpack data, tuples, torch tensors and actor refs (never pickle)"
+    )
+
+
+def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) -> Any:
+    """msgpack's hook for an extension value met inside `level` others; the channel tensors it
+    meets are appended to `pending`, for the caller of ``unpack``."""
+    if level >= MAX_NESTING:
+        raise ProtocolError(
+            f"extension values nested more than {MAX_NESTING} levels deep (code {code} at "
+            f"level {level + 1})"
+        )
+    if code == EXT_TUPLE:
+        items = _unpack(data, level + 1, pending)
+        if type(items) is not list:
+            raise ProtocolError(f"tuple payload is not an array: {brief(items)}")
+        return tuple(items)
+    if code == EXT_TENSOR:
+        return _decode_tensor(data)
+    if code == EXT_CHANNEL_TENSOR:
+        placeholder = PendingTensor(_unpack(data, level + 1, pending))
+        pending.append(placeholder)
+        return placeholder
+    core = _CORE_EXTS.get(code)
+    if core is not None:
+        return core[2](_unpack(data, level + 1, pending))
+    where = _UPPER_EXTS.get(code)
+    if where is None:
+        raise ProtocolError(f"unknown extension type {code}")
+    module, _, name = where.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls._from_wire(_unpack(data, level + 1, pending))
+
+
+# The plain hooks for each level, made once: the depth travels in them, not in module state.
+_DEFAULTS = tuple(partial(_default, level, _PLAIN) for level in range(MAX_NESTING + 1))
+
+
+def _pack(obj: Any, level: int, how: _Packing) -> bytes:
+    default = _DEFAULTS[level] if how is _PLAIN else partial(_default, level, how)
+    try:
+        return msgpack.packb(  # type: ignore[no-any-return]
+            obj, default=default, strict_types=True, use_bin_type=True
+        )
+    except EncodeError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # "recursion limit exceeded", ...
+        raise EncodeError(f"cannot encode message: {exc}") from exc
+    except RecursionError as exc:
+        raise EncodeError(f"cannot encode message: nested too deeply ({exc})") from exc
+
+
+def _unpack(data: bytes, level: int, pending: list[PendingTensor]) -> Any:
+    hook = partial(_ext_hook, level, pending)
+    return msgpack.unpackb(data, ext_hook=hook, raw=False, strict_map_key=False)
+
+
+def _too_big(size: int, exact: bool) -> EncodeError:
+    what = f"{size} bytes" if exact else f"more than {size} bytes"
+    return EncodeError(
+        f"cannot send a message of {what}: a frame carries at most {MAX_FRAME_SIZE} bytes; "
+        "send large data as a torch tensor (large tensors go over the tensor channel) or as an "
+        "otpmesh.rdma.RDMABuffer"
+    )
+
+
+def _blob_bytes(obj: Any, levels: int) -> int:
+    """A cheap lower bound of obj's encoded size: the bytes and strings in its top `levels`
+    levels of containers (exact types only; the check after packing catches what this misses)."""
+    kind = type(obj)
+    if kind is bytes or kind is str or kind is bytearray:
+        return len(obj)
+    if kind is memoryview:
+        return int(obj.nbytes)
+    items: Collection[Any]
+    if kind is list or kind is tuple:
+        items = obj
+    elif kind is dict:
+        items = obj.values()
+    else:
+        return 0
+    if len(items) > _SCAN_ITEMS:
+        return 0
+    total = 0
+    for item in items:
+        kind = type(item)
+        if kind is bytes or kind is str or kind is bytearray:
+            total += len(item)
+        elif levels > 1 and (kind is list or kind is tuple or kind is dict or kind is memoryview):
+            total += _blob_bytes(item, levels - 1)
+    return total
+
+
+def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
+    """Encode one value (a whole message or a part of one); EncodeError if it cannot travel.
+
+    `offer`: the sending node's tensor channel, for tensors of CHANNEL_THRESHOLD bytes or more
+    (without one they travel inline). `local`: the receiver is in this process (no channel, and
+    no frame to fit in)."""
+    how = _PLAIN if offer is None and not local else _Packing(None if local else offer, local)
+    if not local and _blob_bytes(obj, _SCAN_LEVELS) > MAX_FRAME_SIZE:
+        raise _too_big(_blob_bytes(obj, _SCAN_LEVELS), exact=False)
+    packed = _pack(obj, 0, how)
+    if not local and len(packed) > MAX_FRAME_SIZE:
+        raise _too_big(len(packed), exact=True)
+    return packed
+
+
+def unpack_pending(data: bytes) -> tuple[Any, list[PendingTensor]]:
+    """Decode one frame payload, and hand back the channel tensors in it: placeholders, still in
+    their senders' memory, for the caller to fetch (a node's tensor channel does). Any
+    malformation is a ProtocolError."""
+    pending: list[PendingTensor] = []
+    try:
+        return _unpack(data, 0, pending), pending
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, msgpack.StackError):
+            why = "arrays and maps nested deeper than msgpack's limit of 1024"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        raise ProtocolError(f"malformed frame ({why})") from exc
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one value (channel tensors in it stay ``PendingTensor`` placeholders)."""
+    return unpack_pending(data)[0]
+
+
+class _Brief(reprlib.Repr):
+    """reprlib, but bytes are cut before they are repr'd (reprlib would repr them whole)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        cut = x[: self.maxstring]
+        return repr(cut) + ("..." if len(x) > len(cut) else "")
+
+    repr_bytearray = repr_bytes
+
+
+_BRIEF = _Brief()
+_BRIEF.maxstring = _BRIEF.maxother = _BRIEF.maxlong = 80
+
+
+def brief(value: Any) -> str:
+    """A short repr of a received value for an error message, in bounded time and memory."""
+    return _BRIEF.repr(value)

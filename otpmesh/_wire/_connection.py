@@ -1,0 +1,397 @@
+"""The wire: a versioned handshake, then length-prefixed msgpack frames over a trio stream.
+
+Layout of a connection (see docs/wire.md):
+
+    dialer -> acceptor   MAGIC (8 bytes) + version (u16, big-endian) + flags (u16)
+    acceptor -> dialer   the same, or the connection is closed
+    both ways            challenge-response: both prove they know the secret (_secret.py)
+    both directions      frames: length (u32, big-endian) + msgpack payload
+
+On a Unix socket each side first checks that the peer runs as its own user (SO_PEERCRED).
+
+The decoder is sans-IO (``FrameDecoder.feed``) so garbage can be fed to it directly in tests.
+A broken frame closes that one connection; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from .._core._errors import ProtocolError
+from . import _framemac, _secret
+from ._addresses import tcp_address
+from ._framemac import FrameMac
+
+log = logging.getLogger("otpmesh.wire")
+
+MAGIC = b"OTPMESH\x00"
+PROTOCOL_VERSION = 1
+_HELLO = struct.Struct(">8sHH")
+#: Handshake flag: this side puts a MAC on every frame (_framemac.py); both sides must agree.
+FLAG_FRAME_MAC = 1
+HANDSHAKE = _HELLO.pack(MAGIC, PROTOCOL_VERSION, 0)
+#: Largest frame accepted; bigger tensors belong on the tensor channel, not the control wire.
+MAX_FRAME_SIZE = 1 << 30
+_LEN = struct.Struct(">I")
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+_RECV_CHUNK = 1 << 18
+# Frames smaller than this are coalesced into one write; bigger ones are written as they are.
+_COALESCE_LIMIT = 1 << 18
+# A caller waits for the writer once this much is queued on one connection (backpressure).
+_HIGH_WATER = 16 << 20
+
+
+def frame_header(size: int) -> bytes:
+    """The 4-byte length prefix of a frame whose payload has `size` bytes."""
+    if size > MAX_FRAME_SIZE:
+        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_SIZE} bytes")
+    return _LEN.pack(size)
+
+
+def check_handshake(data: bytes) -> int:
+    """The peer's flags, or ProtocolError unless `data` is a handshake this version speaks."""
+    magic, version, flags = _HELLO.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad handshake magic {magic!r}, expected {MAGIC!r}")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"peer speaks protocol version {version}, this side {PROTOCOL_VERSION}")
+    return int(flags)
+
+
+class FrameDecoder:
+    """Splits a byte stream into frame payloads. Raises ProtocolError on an oversized frame."""
+
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_size
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size > self._max:
+                raise ProtocolError(f"frame of {size} bytes exceeds the limit of {self._max} bytes")
+            stop = pos + 4 + size
+            if stop > end:
+                break
+            frames.append(bytes(buf[pos + 4 : stop]))
+            pos = stop
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame (non-zero at EOF = truncation)."""
+        return len(self._buf)
+
+
+async def recv_some(sock: socket.socket, n: int) -> bytes:
+    """Receive up to `n` bytes from a non-blocking socket, waiting with trio when none are ready."""
+    while True:
+        try:
+            return sock.recv(n)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+
+
+async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
+    """Send all of `data` on a non-blocking socket, waiting with trio when its buffer is full."""
+    view = memoryview(data).cast("B")
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
+async def _receive_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = await recv_some(sock, n - len(data))
+        if not chunk:
+            raise ProtocolError(f"connection closed during handshake after {len(data)} bytes")
+        data += chunk
+    return bytes(data)
+
+
+async def handshake(
+    sock: socket.socket, *, dialer: bool, flags: int = 0, timeout: float = 10.0
+) -> None:
+    """Run the opening handshake on a fresh socket; raise ProtocolError if the peer is not ours
+    or does not use the same `flags`."""
+    ours = _HELLO.pack(MAGIC, PROTOCOL_VERSION, flags)
+    with trio.fail_after(timeout):
+        if dialer:
+            await send_all(sock, ours)
+            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
+        else:
+            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
+            await send_all(sock, ours)
+    if theirs != flags:
+
+        def state(f: int) -> str:
+            return "on" if f & FLAG_FRAME_MAC else "off"
+
+        raise ProtocolError(
+            f"the peer has frame MACs {state(theirs)}, this side {state(flags)}: set "
+            f"{_framemac.ENV} the same on every host"
+        )
+
+
+def detach(stream: trio.SocketStream) -> socket.socket:
+    """The non-blocking stdlib socket under a trio stream (connections drive sockets directly)."""
+    sock = socket.socket(fileno=stream.socket.detach())
+    sock.setblocking(False)
+    return sock
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (``SO_PEERCRED``: the
+    kernel's word, which the peer cannot forge)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(creds)
+    return int(pid), int(uid), int(gid)
+
+
+def check_same_user(sock: socket.socket) -> None:
+    """Raise ProtocolError unless the peer of Unix socket `sock` runs as this process's user."""
+    uid = peer_credentials(sock)[1]
+    if uid != os.getuid():
+        raise ProtocolError(f"peer runs as uid {uid}, not this app's uid {os.getuid()}")
+
+
+async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac | None]:
+    """Connect to the node listening at `addr`, run the handshake, then prove that this side
+    knows `secret` and check that the peer does, before any frame is sent. Returns the socket
+    and, over TCP, the MAC its frames carry (give both to a ``Connection``).
+
+    `addr` is an abstract Unix address (the peer must also run as this user), or
+    ``tcp:HOST:PORT``. `secret` is the app's secret on Unix sockets, the cluster's on TCP.
+    """
+    if secret is None:
+        raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
+    tcp = tcp_address(addr)
+    if tcp is None:
+        sock = detach(await trio.open_unix_socket(addr))
+    else:
+        sock = detach(await trio.open_tcp_stream(*tcp))
+    try:
+        if tcp is None:
+            check_same_user(sock)
+        with_mac = tcp is not None and _framemac.wanted()
+        await handshake(sock, dialer=True, flags=FLAG_FRAME_MAC if with_mac else 0)
+        keys = await authenticate(sock, secret, dialer=True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, FrameMac(*keys) if with_mac else None
+
+
+async def authenticate(
+    sock: socket.socket, secret: bytes, *, dialer: bool, timeout: float = 10.0
+) -> tuple[bytes, bytes]:
+    """Challenge-response after the handshake (see _secret.py); ProtocolError on failure.
+    Returns this side's (send, receive) frame-MAC keys for the connection."""
+    with trio.fail_after(timeout):
+        if dialer:
+            nonce_a = await _receive_exactly(sock, _secret.NONCE_SIZE)
+            nonce_d = _secret.new_nonce()
+            await send_all(sock, nonce_d + _secret.dialer_proof(secret, nonce_a, nonce_d))
+            try:
+                got = await _receive_exactly(sock, _secret.PROOF_SIZE)
+            except ProtocolError:
+                raise ProtocolError("the peer refused this node's secret") from None
+            if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
+                raise ProtocolError("the peer does not know this app's secret")
+            return _framemac.session_keys(secret, nonce_a, nonce_d)
+        else:
+            nonce_a = _secret.new_nonce()
+            await send_all(sock, nonce_a)
+            answer = await _receive_exactly(sock, _secret.NONCE_SIZE + _secret.PROOF_SIZE)
+            nonce_d, got = answer[: _secret.NONCE_SIZE], answer[_secret.NONCE_SIZE :]
+            if not _secret.proof_ok(_secret.dialer_proof(secret, nonce_a, nonce_d), got):
+                raise ProtocolError("wrong secret: the dialer does not know this app's secret")
+            await send_all(sock, _secret.acceptor_proof(secret, nonce_a, nonce_d))
+            d2a, a2d = _framemac.session_keys(secret, nonce_a, nonce_d)
+            return a2d, d2a
+
+
+#: Called with the connection, the message and the channel tensors its frame named.
+MessageHandler = Callable[["Connection", Any, Any], "Awaitable[None] | None"]
+
+
+class Connection:
+    """One framed, bidirectional connection over a non-blocking socket.
+
+    A frame is written straight to the socket by the task that sends it when nothing is queued
+    (no task switch on the hot path); what the socket cannot take at once is queued for the
+    writer task, which keeps frames in order. ``on_message`` is called for every decoded message,
+    in order; it returns None when it handled the message at once, or an awaitable when it must
+    wait (a full mailbox), which pauses reading: that is how backpressure reaches the sender.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        peer: str,
+        decode: Callable[[bytes], tuple[Any, Any]],
+        on_message: MessageHandler,
+        mac: FrameMac | None = None,
+    ) -> None:
+        self.sock = sock
+        self._mac = mac  # over TCP: every frame carries a MAC (_framemac.py)
+        self.peer = peer
+        self._decode = decode
+        self._on_message = on_message
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._out_bytes = 0
+        # Set after a direct write until the writer task next runs: frames sent meanwhile (in the
+        # same scheduler batch) are queued and go out together in one write.
+        self._batching = False
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._drain_lot = trio.lowlevel.ParkingLot()
+        self.closed = False
+        self.close_reason: str | None = None
+        #: Outstanding calls sent on this connection, by call id (owned by the node).
+        self.pending: dict[int, Any] = {}
+        self.next_call_id = 0
+
+    def expect_reply(self, group: Any, index: int) -> int:
+        """A fresh call id whose reply goes to ``group.deliver(index, ...)``; the group's
+        ``cancels[index]`` forgets it (a caller that gives up ignores a late reply)."""
+        call_id = self.next_call_id
+        self.next_call_id += 1
+        self.pending[call_id] = (group, index)
+        group.cancels[index] = partial(self.pending.pop, call_id, None)
+        return call_id
+
+    def send_nowait(self, *parts: bytes | bytearray | memoryview) -> None:
+        """Write one frame (its payload given as parts), or queue what the socket cannot take."""
+        if self.closed:
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
+        if self._mac is not None:
+            parts = (*parts, self._mac.seal(parts))
+        size = sum(len(p) for p in parts)
+        header = frame_header(size)
+        if self._out or self._batching or size > _COALESCE_LIMIT:
+            self._out.append(header)
+            self._out.extend(parts)
+            self._out_bytes += size + 4
+            self._writer_lot.unpark()
+            return
+        data = b"".join((header, *parts))
+        self._batching = True
+        self._writer_lot.unpark()
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._mark_closed(f"connection lost: {exc}")
+            return
+        if sent < len(data):
+            self._out.append(memoryview(data)[sent:])
+            self._out_bytes += len(data) - sent
+
+    async def drain(self) -> None:
+        """Wait while more than the high-water mark is queued (writers must not outrun it)."""
+        while self._out_bytes > _HIGH_WATER and not self.closed:
+            await self._drain_lot.park()
+
+    async def run(self) -> None:
+        """Read and write until the peer closes or the protocol breaks; then close."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._guarded, self._write_loop, nursery.cancel_scope)
+                await self._guarded(self._read_loop, nursery.cancel_scope)
+        finally:
+            self._mark_closed("connection closed")
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
+
+    async def _guarded(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+        try:
+            await loop()
+            reason = "connection closed by peer"
+        except ProtocolError as exc:
+            log.error("closing connection to %s: %s", self.peer, exc)
+            reason = f"protocol error: {exc}"
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            reason = f"connection lost: {exc or type(exc).__name__}"
+        except Exception as exc:
+            log.exception("closing connection to %s after an internal error", self.peer)
+            reason = f"internal error: {exc!r}"
+        self._mark_closed(reason)
+        scope.cancel()
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        sock = self.sock
+        mac = self._mac
+        streak = 0
+        while True:
+            try:
+                data = sock.recv(_RECV_CHUNK)
+            except BlockingIOError:
+                streak = 0
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:
+                if decoder.buffered:
+                    raise ProtocolError(
+                        f"truncated frame: stream ended with {decoder.buffered} bytes pending"
+                    )
+                return
+            for frame in decoder.feed(data):
+                message, pending = self._decode(frame if mac is None else mac.open(frame))
+                waiting = self._on_message(self, message, pending)
+                if waiting is not None:
+                    await waiting
+            streak += 1
+            if streak >= 8:  # a busy peer must not starve this process's other tasks
+                streak = 0
+                await trio.lowlevel.checkpoint()
+
+    async def _write_loop(self) -> None:
+        while not self.closed:
+            if not self._out:
+                self._batching = False
+                await self._writer_lot.park()
+                continue
+            out, self._out = self._out, []
+            size = self._out_bytes
+            self._out_bytes = 0
+            if size <= _COALESCE_LIMIT:
+                await send_all(self.sock, b"".join(out))
+            else:
+                for part in out:
+                    await send_all(self.sock, part)
+            self._drain_lot.unpark_all()
+
+    def abort(self, reason: str) -> None:
+        """Close this connection now (its reader sees end of stream): a peer declared dead."""
+        self._mark_closed(reason)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._writer_lot.unpark_all()
+
+    def _mark_closed(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+            self._drain_lot.unpark_all()

@@ -1,0 +1,83 @@
+"""The frames nodes exchange: kinds, layouts, and the pieces of encoding on the hot path.
+
+Frames (msgpack arrays, see docs/wire.md):
+
+    [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
+    [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
+    [2, call_id, value]                            OK    reply
+    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost')
+    [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
+    [5, payload]                                   HELLO a worker or host agent introduces itself
+    [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from .._core._errors import ActorDiedError, ActorError, ProtocolError
+from . import _codec
+from ._codec import PendingTensor
+
+CALL, CAST, OK, ERR, SYS, HELLO, REPLIES = range(7)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2}
+_P_CALL = _codec.pack(CALL)
+_P_CAST = _codec.pack(CAST)
+_ARRAY6 = b"\x96"
+_ARRAY5 = b"\x95"
+
+
+def decode_message(frame: bytes) -> list[Any]:
+    """The message in one frame (channel tensors left as placeholders); ProtocolError if the
+    frame is not one."""
+    return decode_frame(frame)[0]
+
+
+def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
+    """The message in one frame, and the channel tensors it names (for the node to fetch)."""
+    msg, pending = _codec.unpack_pending(frame)
+    if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
+        raise ProtocolError(f"frame is not a message array: {_codec.brief(msg)}")
+    arity = _ARITY.get(msg[0])
+    if arity is None:
+        raise ProtocolError(f"unknown frame kind {_codec.brief(msg[0])}")
+    if len(msg) != arity:
+        raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
+    if msg[0] == REPLIES:
+        if not isinstance(msg[1], list):
+            raise ProtocolError("a REPLIES frame carries an array of replies")
+        for reply in msg[1]:
+            if not (
+                isinstance(reply, list)
+                and reply
+                and reply[0] in (OK, ERR)
+                and len(reply) == _ARITY[reply[0]]
+            ):
+                raise ProtocolError(f"not a reply in a REPLIES frame: {_codec.brief(reply)}")
+    return msg, pending
+
+
+def _call_body(method: str, args: Any, kwargs: Any, offer: _codec.Offer | None = None) -> bytes:
+    """The packed [method, args, kwargs] tail shared by every frame of one call; `offer`: the
+    sending node's tensor channel, for large tensors."""
+    packed = _codec.pack([method, list(args), kwargs], offer)
+    return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
+
+
+_UINT32 = struct.Struct(">BI")
+
+
+def _pack_uint(n: int) -> bytes:
+    """msgpack's uint32 encoding of a call id, without a trip through the packer."""
+    return _UINT32.pack(0xCE, n) if n < 1 << 32 else _codec.pack(n)
+
+
+def remote_error(path: str, msg: list[Any]) -> Exception:
+    """The exception a caller sees for an ERR frame from the actor at `path`."""
+    _, _, kind, type_name, message, tb = msg
+    if kind == "dead":
+        return ActorDiedError(path, str(message), delivered=False)
+    if kind == "lost":  # a relayed call whose actor died after it was delivered (_fanout.py)
+        return ActorDiedError(path, str(message))
+    return ActorError(path, str(type_name), str(message), str(tb))
