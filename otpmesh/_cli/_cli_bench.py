@@ -130,8 +130,8 @@ def _core(args: argparse.Namespace) -> Measure:
 
 
 def _rdma(args: argparse.Namespace) -> Measure:
+    from ..bench_rdma import measure
     from ..rdma import backends
-    from ..rdma._bench import measure
 
     quick = args.quick
     sizes = args.sizes or (RDMA_QUICK_SIZES if quick else [1, 16, 64, 256])

@@ -22,10 +22,15 @@ from ._node import Node, current_node
 from ._slot import Slot as Slot
 
 
-async def _start_runtime() -> Node:
-    from .._runtime._controller_runtime import runtime
-
-    return (await runtime()).node
+def _node() -> Node:
+    """This trio run's node: the one the refs and meshes it made call through."""
+    node = current_node()
+    if node is None:
+        raise MeshError(
+            "no otpmesh node is running in this trio run: refs and meshes work inside actors "
+            "and in the run that made them (otpmesh.proc_mesh() or otpmesh.start())"
+        )
+    return node
 
 
 class _Caller:
@@ -200,7 +205,7 @@ class Endpoint:
 
     async def choose(self, *args: Any, **kwargs: Any) -> Any:
         """Call exactly one actor, the one with the fewest calls in flight from this process."""
-        node = current_node() or await _start_runtime()
+        node = _node()
         slots = self._owner._slots
         live = [s for s in slots if s.up and s.dead_reason() is None] or slots
         least = min(node.inflight.get(s.actor_id, 0) for s in live)
@@ -230,7 +235,7 @@ class Endpoint:
 
     async def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting for results (FIFO with later calls from here)."""
-        node = current_node() or await _start_runtime()
+        node = _node()
         await node.cast(self._owner._slots, self._name, args, kwargs)
 
     async def _outcomes(self, slots: list[Slot], args: Any, kwargs: Any) -> list[tuple[bool, Any]]:
@@ -247,7 +252,7 @@ class Endpoint:
     ) -> list[tuple[bool, Any]]:
         # A call that never reached a supervised actor (it was restarting) is sent again to the
         # next incarnation; a call that reached it and lost it reports the failure.
-        node = current_node() or await _start_runtime()
+        node = _node()
         results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
         todo = list(range(len(slots)))
         seen = [-1] * len(slots)

@@ -25,7 +25,7 @@ class Holder(otpmesh.Actor):
     def offer(self, nbytes: int) -> Any:
         import torch
 
-        from . import RDMABuffer
+        from otpmesh.rdma import RDMABuffer
 
         t = torch.ones(nbytes // 4, dtype=torch.float32)
         buf = RDMABuffer(t)
