@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._controller._app import App
+from ._controller._app import App, context
 from ._controller._placement import LocalPlacement
 from ._core._exits import ActorCrash
-from ._core._spec import Worker
+from ._core._reasons import KILLED, NORMAL, SHUTDOWN
 from ._core._supevents import LogEntry, LogKind
 
 log = logging.getLogger("otpmesh.chaos")
@@ -87,14 +87,15 @@ def _record(app: App, kind: str, path: str, detail: str = "", hit: bool = True) 
 async def _inject(app: App, kind: str, path: str, detail: str, fault: str, reason: object) -> Fault:
     """Log the fault, then cause it: its entry comes before the exit it causes."""
     recorded = _record(app, kind, path, detail)
-    if await app.placement.inject(app.slot(path), fault, reason):
+    tree = context(app)
+    if await tree.placement.inject(tree.slot(path), fault, reason):
         return recorded
     return _record(app, kind, path, detail, hit=False)
 
 
 def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
     app.actor(path)  # validates: a worker path of this tree
-    return app.slot(path)
+    return context(app).slot(path)
 
 
 async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
@@ -103,7 +104,7 @@ async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
     return await _inject(app, "crash", path, reason, "crash", ActorCrash("ChaosCrash", reason))
 
 
-async def stop(app: App, path: str, reason: object = "normal") -> Fault:
+async def stop(app: App, path: str, reason: object = NORMAL) -> Fault:
     """Make the actor exit with `reason` ('normal', 'shutdown', ('shutdown', detail), ...) after
     its current message, as if it had called ``self.stop(reason)``."""
     _slot(app, path)
@@ -113,15 +114,16 @@ async def stop(app: App, path: str, reason: object = "normal") -> Fault:
 async def kill(app: App, path: str) -> Fault:
     """SIGKILL the actor's worker process (in-process placement: kill the actor itself)."""
     slot = _slot(app, path)
-    proc = app.placement.process(slot)
-    if proc is None and isinstance(app.placement, LocalPlacement):
-        return await _inject(app, "kill", path, "in-process", "kill", "killed")
+    tree = context(app)
+    proc = tree.placement.process(slot)
+    if proc is None and isinstance(tree.placement, LocalPlacement):
+        return await _inject(app, "kill", path, "in-process", "kill", KILLED)
     if proc is None:  # its process is gone already (it is restarting)
         return _record(app, "kill", path, "no process", hit=False)
     incarnation = proc.actors.get(path)
     fault = _record(app, "kill", path, f"SIGKILL pid {proc.pid}", hit=incarnation is not None)
     if incarnation is not None:
-        app.actor_exiting(path, incarnation)  # settled() now waits for this exit and its restart
+        tree.actor_exiting(path, incarnation)  # settled() now waits for this exit and its restart
     os.kill(proc.pid, signal.SIGKILL)
     return fault
 
@@ -130,7 +132,7 @@ async def hang(app: App, path: str) -> Fault:
     """SIGSTOP the actor's process: calls to it time out, its heartbeats stop, and the runtime
     kills and replaces it (``OTPMESH_HEARTBEAT_TIMEOUT``, 2 s by default)."""
     slot = _slot(app, path)
-    proc = app.placement.process(slot)
+    proc = context(app).placement.process(slot)
     if proc is None:
         return _record(app, "hang", path, "needs placement='procs'", hit=False)
     os.kill(proc.pid, signal.SIGSTOP)
@@ -156,9 +158,10 @@ async def drop(app: App, path: str, seconds: float) -> Fault:
 
 async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: float) -> Fault:
     slot = _slot(app, path)
-    node = app.runtime_node
+    tree = context(app)
+    node = tree.runtime_node
     if kind == "partition":
-        proc = app.placement.process(slot)
+        proc = tree.placement.process(slot)
         if proc is None or proc.conn is None:
             return _record(app, kind, path, "needs placement='procs'", hit=False)
         node.sys_cast(proc.conn, "partition", {"seconds": seconds})
@@ -173,7 +176,7 @@ async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: flo
 def fail_starts(app: App, path: str, count: int = 1) -> Fault:
     """Make the next `count` starts of the actor at `path` fail (a ``ChaosStartFailure``)."""
     app.actor(path)
-    app.fail_next_starts(path, count)
+    context(app).fail_next_starts(path, count)
     return _record(app, "fail_start", path, f"next {count}")
 
 
@@ -190,7 +193,7 @@ def _check_faults(faults: Mapping[str, float]) -> None:
 
 def _target_paths(app: App, targets: Sequence[str]) -> list[str]:
     """The actor paths of `app`'s tree matching any glob in `targets`, in a fixed order."""
-    workers = [p for p, spec in sorted(app._specs.items()) if isinstance(spec, Worker)]
+    workers = context(app).worker_paths()
     paths = [p for p in workers if any(fnmatch.fnmatchcase(p, g) for g in targets)]
     if not paths:
         raise ValueError(f"no actor of this tree matches targets {list(targets)}")
@@ -203,7 +206,7 @@ async def _throw(app: App, kind: str, path: str, seconds: float, why: str) -> Fa
         if kind == "crash":
             return await crash(app, path, why)
         if kind == "stop":
-            return await stop(app, path, "shutdown")
+            return await stop(app, path, SHUTDOWN)
         if kind == "kill":
             return await kill(app, path)
         if kind == "hang":

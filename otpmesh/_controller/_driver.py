@@ -36,7 +36,7 @@ from .._core._supevents import (
 from ._placement import SlotInfo, StartError
 
 if TYPE_CHECKING:
-    from ._app import App
+    from ._tree import TreeContext
 
 
 class SupervisorDriver:
@@ -44,7 +44,7 @@ class SupervisorDriver:
 
     def __init__(
         self,
-        app: App,
+        app: TreeContext,
         spec: Supervisor,
         path: str,
         parent: SupervisorDriver | None,

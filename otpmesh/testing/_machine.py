@@ -36,10 +36,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from .. import chaos
-from .._controller._app import App, start
+from .._controller._app import App, context, start
 from .._core._actor import Actor
 from .._core._errors import ActorDiedError, ActorError, CallTimeoutError, SupervisorError
 from .._core._exits import ActorCrash, ProcessExit
+from .._core._reasons import KILLED
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._core._supevents import LogEntry, LogKind
 from ._plugin import format_log
@@ -398,7 +399,8 @@ class SupervisionMachine(RuleBasedStateMachine):
             return await chaos.crash(self.app, path, "chaos")
         if fault.startswith("stop_"):
             return await chaos.stop(self.app, path, fault.removeprefix("stop_"))
-        proc = self.app.placement.process(self.app.slot(path))
+        tree = context(self.app)
+        proc = tree.placement.process(tree.slot(path))
         done = await chaos.kill(self.app, path)
         if proc is not None:
             # The process may host no actor (its child exited and was not restarted): then no
@@ -411,7 +413,7 @@ class SupervisionMachine(RuleBasedStateMachine):
             return ActorCrash("ChaosCrash", "chaos")
         if fault.startswith("stop_"):
             return fault.removeprefix("stop_")
-        return ProcessExit(0, "killed by signal 9") if self.placement == "procs" else "killed"
+        return ProcessExit(0, "killed by signal 9") if self.placement == "procs" else KILLED
 
     async def _fault_during_call(
         self, path: str, fault: str, expect_exit: bool, callee: str
@@ -522,7 +524,7 @@ class SupervisionMachine(RuleBasedStateMachine):
         """True once the root supervisor has exited (gave up, or failed to start)."""
         app = self._runner.app
         return (self._runner.ended is not None and self._runner.ended.is_set()) or (
-            app is not None and app.root.exited.is_set()
+            app is not None and context(app).root.exited.is_set()
         )
 
     def _mark_time(self) -> None:
@@ -542,8 +544,9 @@ class SupervisionMachine(RuleBasedStateMachine):
     def _record_pids(self) -> None:
         if self.placement != "procs" or self._runner.app is None:
             return
+        tree = context(self.app)
         for path in self._workers:
-            proc = self.app.placement.process(self.app.slot(path))
+            proc = tree.placement.process(tree.slot(path))
             if proc is not None and proc.pid:
                 self._pids.setdefault(proc.pid, _start_time(proc.pid))
 

@@ -1,0 +1,265 @@
+"""A running tree's internal state: what its supervisor drivers, the runtime (as the exit
+listener of its actors), ``otpmesh.chaos`` and the testing toolkit work with. ``App`` is the
+users' façade over it (_app.py)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+
+from .._core._errors import ChildError, SupervisorError
+from .._core._exits import ActorCrash, describe
+from .._core._reasons import is_normal_exit
+from .._core._spec import Mesh, Supervisor, Worker, walk
+from .._core._supevents import (
+    ChildExited,
+    DeleteChildRequest,
+    LogKind,
+    Outcome,
+    Reply,
+    RestartChildRequest,
+    StartChildRequest,
+    TerminateChildRequest,
+)
+from .._node._mesh import Slot
+from .._node._node import Node
+from ._driver import SupervisorDriver
+from ._events import EventLog
+from ._placement import Placement
+
+_OK = (Outcome.OK, Outcome.IGNORED)
+
+
+class TreeContext:
+    """A running tree's internal state, for its drivers, the runtime (as exit listener),
+    ``otpmesh.chaos`` and the testing toolkit: specs, slots, pending work, the root, the
+    placement. Users see the ``App`` façade over it."""
+
+    def __init__(self, tree: Supervisor | Mesh, events: EventLog) -> None:
+        self.tree = tree
+        self.events = events
+        self.mesh_shapes: dict[str, dict[str, int]] = {}
+        self.specs: dict[str, Supervisor | Worker | Mesh] = {}
+        self._learn(tree, "")
+        self._slots: dict[str, Slot] = {}
+        self._watchers: dict[str, SupervisorDriver] = {}
+        self._drivers: dict[str, SupervisorDriver] = {}
+        self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
+        self._refs = itertools.count()
+        self._work = 0
+        self._exiting: set[tuple[str, int]] = set()
+        self._incarnation_counters: dict[str, dict[str, int]] = {}
+        self._failing_starts: dict[str, int] = {}
+        self.runtime_node: Node
+        self._idle = trio.Event()
+        self._idle.set()
+        self.root_failure: object = None
+        self.stopping = False  # the app asked the root to stop (its exit is then expected)
+        self.body_scope: trio.CancelScope | None = None
+        self.nursery: trio.Nursery
+        self.placement: Placement
+
+    def spec(self, path: str) -> Supervisor | Worker | Mesh:
+        """The spec at `path`; KeyError naming the paths there are."""
+        spec = self.specs.get(path)
+        if spec is None:
+            known = ", ".join(sorted(self.specs))
+            raise KeyError(f"no child at {path!r} in this tree (paths: {known})")
+        return spec
+
+    def _learn(self, spec: Supervisor | Worker | Mesh, parent: str) -> None:
+        for path, node in walk(spec, parent):
+            self.specs[path] = node
+            if isinstance(node, Mesh):
+                self.mesh_shapes[path] = dict(node.shape)
+                for rank in range(node.size):
+                    self.specs[f"{path}/{rank}"] = node.as_supervisor().children[rank]
+
+    # ---------------------------------------------------------------- slots (driver side)
+
+    def slot(self, path: str) -> Slot:
+        slot = self._slots.get(path)
+        if slot is None:
+            slot = self._slots[path] = Slot(path, "", None, supervised=True, up=False)
+        return slot
+
+    def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]:
+        prefix = sup_path + "/"
+        return [
+            (p[len(prefix) :], s)
+            for p, s in self._slots.items()
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        ]
+
+    def fail_next_starts(self, path: str, count: int) -> None:
+        """otpmesh.chaos: the next `count` starts of the actor at `path` fail."""
+        self._failing_starts[path] = self._failing_starts.get(path, 0) + count
+
+    def injected_start_failure(self, path: str) -> object:
+        """The failure reason for this start of `path`, if chaos asked for one."""
+        left = self._failing_starts.get(path, 0)
+        if not left:
+            return None
+        self._failing_starts[path] = left - 1
+        return ActorCrash("ChaosStartFailure", "start failed on purpose (otpmesh.chaos)")
+
+    def incarnations(self, sup_path: str) -> dict[str, int]:
+        """The incarnation counters of a supervisor's children, kept across its restarts."""
+        return self._incarnation_counters.setdefault(sup_path, {})
+
+    def watch(self, path: str, driver: SupervisorDriver) -> None:
+        self._watchers[path] = driver
+
+    def actor_exiting(self, path: str, incarnation: int) -> None:
+        """An actor announced its exit (crash, stop): callers wait, settled() waits for it."""
+        if path not in self._watchers or (path, incarnation) in self._exiting:
+            return
+        self._exiting.add((path, incarnation))
+        self.work_started()
+        slot = self._slots.get(path)
+        if slot is not None:
+            slot.mark_down()
+
+    def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
+        """Every actor exit lands here (inline, before later replies are read)."""
+        driver = self._watchers.get(path)
+        if driver is None:
+            return
+        slot = self._slots.get(path)
+        if slot is not None:
+            slot.mark_down()
+        driver.post(ChildExited(path.rsplit("/", 1)[1], incarnation, reason))
+        if (path, incarnation) in self._exiting:
+            self._exiting.discard((path, incarnation))
+            self.work_done()
+
+    async def resolve(self, path: str) -> dict[str, Any]:
+        """Where the actor at `path` lives once it is up (for refs held by other actors)."""
+        slot = self.slot(path)
+        await slot.wait_up()
+        return {"gone": slot.gone} if slot.gone is not None else {"addr": slot.addr}
+
+    def last_exit(self, sup_path: str, child_id: str) -> object:
+        for entry in reversed(self.events._entries):
+            if (
+                entry.path == sup_path
+                and entry.child == child_id
+                and entry.kind
+                in (LogKind.CHILD_EXITED, LogKind.CHILD_TERMINATED, LogKind.START_FAILED)
+            ):
+                return entry.reason
+        return None
+
+    # ---------------------------------------------------------------- settling
+
+    def work_started(self) -> None:
+        self._work += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def work_done(self) -> None:
+        self._work -= 1
+        if self._work == 0:
+            self._idle.set()
+
+    async def settled(self) -> None:
+        """Wait until no supervisor has work pending (exits handled, restarts done)."""
+        while self._work:
+            await self._idle.wait()
+        await trio.lowlevel.checkpoint()
+
+    # ---------------------------------------------------------------- dynamic children
+
+    async def start_child(self, sup_path: str, spec: Worker | Supervisor | Mesh) -> Outcome:
+        driver = self._driver(sup_path)
+        if spec.id and f"{sup_path}/{spec.id}" not in self.specs:
+            self._learn(spec, sup_path)
+        return await self._request(
+            driver, lambda ref: StartChildRequest(ref, spec), f"{sup_path}/{spec.id}"
+        )
+
+    async def terminate_child(self, path: str) -> Outcome:
+        sup, child = self._split(path)
+        return await self._request(sup, lambda ref: TerminateChildRequest(ref, child), path)
+
+    async def restart_child(self, path: str) -> Outcome:
+        sup, child = self._split(path)
+        return await self._request(sup, lambda ref: RestartChildRequest(ref, child), path)
+
+    async def delete_child(self, path: str) -> Outcome:
+        sup, child = self._split(path)
+        return await self._request(sup, lambda ref: DeleteChildRequest(ref, child), path)
+
+    def _split(self, path: str) -> tuple[SupervisorDriver, str]:
+        sup_path, _, child = path.rpartition("/")
+        return self._driver(sup_path), child
+
+    def _driver(self, sup_path: str) -> SupervisorDriver:
+        driver = self._find_driver(sup_path)
+        if driver is None:
+            raise KeyError(f"no running supervisor at {sup_path!r}")
+        return driver
+
+    def _find_driver(self, sup_path: str) -> SupervisorDriver | None:
+        stack = [self.root]
+        while stack:
+            driver = stack.pop()
+            if driver.path == sup_path and not driver.exited.is_set():
+                return driver
+            stack.extend(driver.children.values())
+        return None
+
+    async def _request(self, driver: SupervisorDriver, make: Any, path: str) -> Outcome:
+        ref = next(self._refs)
+        done: tuple[trio.Event, list[Reply]] = (trio.Event(), [])
+        self._replies[ref] = done
+        driver.post(make(ref))
+        await done[0].wait()
+        reply = done[1][0]
+        if reply.outcome in _OK:
+            return reply.outcome
+        raise ChildError(path, reply.outcome, reply.reason)
+
+    def reply(self, reply: Reply) -> None:
+        waiting = self._replies.pop(reply.ref, None)  # type: ignore[call-overload]
+        if waiting is not None:
+            waiting[1].append(reply)
+            waiting[0].set()
+
+    # ---------------------------------------------------------------- the root
+
+    root: SupervisorDriver
+
+    def root_exited(self, reason: object) -> None:
+        """The root stopped by itself: gave up (a failure), or auto-shutdown (a normal end)."""
+        if self.stopping:
+            return
+        gave_up = any(
+            e.path == self.root.path
+            and e.kind in (LogKind.RESTART_INTENSITY_REACHED, LogKind.ESCALATED)
+            for e in self.events
+        )
+        if gave_up or not is_normal_exit(reason):
+            self.root_failure = reason
+        if self.body_scope is not None:
+            self.body_scope.cancel()
+
+    def failure(self) -> SupervisorError:
+        """The error that says why the root gave up: which supervisor, and the last exits."""
+        reached = self.events.of_kind(LogKind.RESTART_INTENSITY_REACHED)
+        exits = [e for e in self.events if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED)]
+        last = "; ".join(f"{e.child_path} {describe(e.reason)}" for e in exits[-3:])
+        if reached:
+            where = reached[0]
+            sup = self.spec(where.path)
+            limit = f"{getattr(sup, 'intensity', '?')} restarts in {getattr(sup, 'period', '?')} s"
+            head = f"supervisor {where.path} reached its restart intensity ({limit})"
+        else:
+            head = f"supervisor {self.root.path} exited: {describe(self.root_failure)}"
+        return SupervisorError(head + (f"; last exits: {last}" if last else ""), self.root_failure)
+
+    def worker_paths(self) -> list[str]:
+        """Every actor path of the tree (workers, and mesh members), in a fixed order."""
+        return [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
