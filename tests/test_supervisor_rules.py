@@ -1,4 +1,4 @@
-"""One test per OTP 25 supervisor rule (numbers refer to /work/shared/OTP-RULES.md section 1).
+"""One test per OTP 25 supervisor rule (numbers refer to docs/otp-rules.md).
 
 Single-supervisor rules drive one SupervisorCore with a tiny driver (starts succeed unless a plan
 says otherwise, stops are obeyed at once); tree rules use otpmesh.testing.simulate.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._exits import describe
+from .._core._reasons import KILLED, SHUTDOWN
 from .._core._shape import all_coords
 from .._core._spec import Mesh, Shutdown, Supervisor, Worker
 from .._core._supervisor import ChildStatus, SupervisorCore
@@ -78,7 +79,7 @@ class SupervisorDriver:
             await self._run()
         finally:
             if not self.exited.is_set():  # cancelled from outside: nobody else will say so
-                self.exit_reason = "killed"
+                self.exit_reason = KILLED
                 self.exited.set()
 
     async def _run(self) -> None:
@@ -184,7 +185,7 @@ class SupervisorDriver:
     async def _terminate(self, command: TerminateChild) -> object:
         child = self.children.get(command.id)
         if child is not None and child.incarnation == command.incarnation:
-            child.post(Stop("shutdown"))
+            child.post(Stop(SHUTDOWN))
             if command.shutdown is Shutdown.INFINITY or command.shutdown is Shutdown.BRUTAL_KILL:
                 await child.exited.wait()
                 return child.exit_reason
@@ -192,7 +193,7 @@ class SupervisorDriver:
                 await child.exited.wait()
                 return child.exit_reason
             child.kill_subtree()
-            return "killed"
+            return KILLED
         slot = self.app.slot(f"{self.path}/{command.id}")
         slot.mark_down()
         return await self.app.placement.stop(slot, command.incarnation, command.shutdown)
@@ -204,7 +205,7 @@ class SupervisorDriver:
         for spec in self.spec.children:
             if isinstance(spec, Worker):
                 self.app.placement.kill(self.app.slot(f"{self.path}/{spec.id}"))
-        self._finish("killed")
+        self._finish(KILLED)
 
     # ---------------------------------------------------------------- slots
 

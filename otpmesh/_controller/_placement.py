@@ -17,6 +17,7 @@ import trio
 from .._core._actor import Actor, class_path
 from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
+from .._core._reasons import KILLED, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost
 from .._node._mesh import Slot
@@ -156,7 +157,7 @@ class ProcsPlacement:
         request = {
             "id": slot.actor_id,
             "incarnation": incarnation,
-            "reason": "shutdown",
+            "reason": SHUTDOWN,
             "timeout": seconds,
             "brutal": brutal,
         }
@@ -169,7 +170,7 @@ class ProcsPlacement:
         # The worker did not confirm in time (stuck outside trio, or stopped): kill the process.
         self._rt.kill(proc)
         await proc.exited.wait()
-        return "killed"
+        return KILLED
 
     def kill(self, slot: Slot) -> None:
         proc = self._procs.get(slot.actor_id)
@@ -234,7 +235,7 @@ class LocalPlacement:
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
         seconds, brutal = _timeout(shutdown)
-        return await self._host.stop(slot.actor_id, incarnation, "shutdown", seconds, brutal)
+        return await self._host.stop(slot.actor_id, incarnation, SHUTDOWN, seconds, brutal)
 
     def kill(self, slot: Slot) -> None:
         cell = self._node.actors.get(slot.actor_id)

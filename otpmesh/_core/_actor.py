@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from ._reasons import NORMAL
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ENDPOINT_ATTR = "__otpmesh_endpoint__"
@@ -38,7 +40,7 @@ class Actor:
         """Called once when the actor stops (its supervisor asked, ``self.stop``, or a crash),
         with the exit reason. Its child spec's ``shutdown`` bounds how long it may take."""
 
-    def stop(self, reason: object = "normal") -> None:
+    def stop(self, reason: object = NORMAL) -> None:
         """End this actor after the current message, with `reason` ('normal', 'shutdown',
         ('shutdown', detail), or any other value, which its supervisor treats as a failure)."""
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._reasons import is_normal_exit
+from ._reasons import FAILED_TO_START_CHILD, KILLED, is_normal_exit
 
 
 class Ignore(Exception):
@@ -65,12 +65,12 @@ def describe(reason: object) -> str:
         and len(reason) == 2
         and isinstance(reason[1], tuple)
         and len(reason[1]) == 3
-        and reason[1][0] == "failed_to_start_child"
+        and reason[1][0] == FAILED_TO_START_CHILD
     ):
         _, (_, child, why) = reason
         return f"child {child} failed to start ({describe(why)})"
-    if reason == "killed":
-        return "killed"
+    if reason == KILLED:
+        return "killed"  # the reason is its own description
     if is_normal_exit(reason):
         return f"stopped ({reason!r})" if not isinstance(reason, str) else f"stopped ({reason})"
     return f"exited with {reason!r}"

@@ -12,6 +12,11 @@ from __future__ import annotations
 NORMAL = "normal"
 SHUTDOWN = "shutdown"
 KILLED = "killed"
+#: What stopping a child yields when that incarnation is not running and left no exit behind
+#: (OTP's ``noproc``). Abnormal, like any reason not named above.
+NOPROC = "noproc"
+#: The tag in the reason ``("shutdown", ("failed_to_start_child", id, reason))``.
+FAILED_TO_START_CHILD = "failed_to_start_child"
 
 
 def is_shutdown_tuple(reason: object) -> bool:
@@ -30,5 +35,8 @@ def is_normal_exit(reason: object) -> bool:
 
 
 def failed_to_start_child(child_id: str, reason: object) -> tuple[str, tuple[str, str, object]]:
-    """The exit reason of a supervisor whose initial start failed at `child_id` (OTP rule 6)."""
-    return (SHUTDOWN, ("failed_to_start_child", child_id, reason))
+    """The exit reason of a supervisor whose initial start failed at `child_id`.
+
+    OTP rule 6 (docs/otp-rules.md).
+    """
+    return (SHUTDOWN, (FAILED_TO_START_CHILD, child_id, reason))

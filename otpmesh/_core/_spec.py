@@ -120,7 +120,10 @@ def _shutdown_word(path: str, value: str) -> Shutdown:
 
 
 def _check_child_flags(path: str, spec: Supervisor | Worker | Mesh) -> None:
-    """Fields every kind of child has: restart, shutdown, significant (OTP rule 3, first half)."""
+    """Fields every kind of child has: restart, shutdown, significant.
+
+    OTP rule 3's first half (docs/otp-rules.md): the check that needs no parent.
+    """
     _set(spec, "restart", _enum(path, "restart", spec.restart, Restart))
     _set(spec, "shutdown", _check_shutdown(path, spec.shutdown))
     if not isinstance(spec.significant, bool):
@@ -137,7 +140,10 @@ def _check_child_flags(path: str, spec: Supervisor | Worker | Mesh) -> None:
 
 
 def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
-    """strategy, intensity and period, shared by Supervisor and Mesh (OTP rule 1)."""
+    """strategy, intensity and period, shared by Supervisor and Mesh.
+
+    OTP rule 1 (docs/otp-rules.md).
+    """
     _set(spec, "strategy", _enum(path, "strategy", spec.strategy, Strategy))
     intensity = spec.intensity
     if isinstance(intensity, bool) or not isinstance(intensity, int) or intensity < 0:
@@ -227,7 +233,10 @@ class Supervisor:
 
 
 def check_sibling(parent: Supervisor, child: object, taken: set[str] | frozenset[str]) -> None:
-    """The checks a child needs its parent for (OTP rules 2 and 3); also used by start_child."""
+    """The checks a child needs its parent for; also used by start_child.
+
+    OTP rules 2 and 3 (docs/otp-rules.md).
+    """
     if not isinstance(child, Supervisor | Worker | Mesh):
         raise SpecError(
             f"Supervisor {parent.id!r}", "children", child, "Supervisor, Worker or Mesh specs"

@@ -346,7 +346,7 @@ class SupervisorCore:
                 or child.status is not ChildStatus.RUNNING
                 or child.incarnation != message.incarnation
             ):
-                return None  # OTP rule 18: not a current child
+                return None  # not a current child: OTP rule 18 (docs/otp-rules.md)
             return (yield from self._do_restart(child, message.reason))
         if isinstance(message, _TryAgain):
             child = self._find(message.id)
@@ -427,7 +427,10 @@ class SupervisorCore:
         return None
 
     def _retry_later(self, child: _Child) -> None:
-        """A start failed during a restart: mark it restarting and queue a retry (OTP rule 29)."""
+        """A start failed during a restart: mark it restarting and queue a retry.
+
+        OTP rule 29 (docs/otp-rules.md).
+        """
         child.status = ChildStatus.RESTARTING
         self._mailbox.append(_TryAgain(child.id))
 
@@ -482,13 +485,14 @@ class SupervisorCore:
         child.status = ChildStatus.UNDEFINED
         self._record(LogKind.CHILD_TERMINATED, child, reason)
         if not _expected_shutdown_reason(child.restart, child.spec.shutdown, reason):
-            self._record(LogKind.SHUTDOWN_ERROR, child, reason)  # reported only (OTP rule 10)
+            # Reported only: OTP rule 10 (docs/otp-rules.md).
+            self._record(LogKind.SHUTDOWN_ERROR, child, reason)
         return None
 
     # ---- dynamic children -------------------------------------------------------------------
 
     def _handle_start_child(self, request: StartChildRequest) -> _Op:
-        """OTP's ``start_child/2`` for a non-simple supervisor (rule 39)."""
+        """OTP's ``start_child/2`` for a non-simple supervisor (OTP rule 39, docs/otp-rules.md)."""
         try:
             check_sibling(self.spec, request.spec, frozenset())
         except SpecError as error:
@@ -514,7 +518,10 @@ class SupervisorCore:
         return None
 
     def _handle_terminate_child(self, request: TerminateChildRequest) -> _Op:
-        """Rule 40: not an exit event: no restart, no intensity, no auto-shutdown."""
+        """Not an exit event: no restart, no intensity, no auto-shutdown.
+
+        OTP rule 40 (docs/otp-rules.md).
+        """
         child = self._find(request.id)
         if child is None:
             self._reply(request.ref, Outcome.NOT_FOUND)
@@ -526,7 +533,10 @@ class SupervisorCore:
         return None
 
     def _handle_restart_child(self, request: RestartChildRequest) -> _Op:
-        """Rule 41: start a stopped child; not a restart, so intensity is untouched."""
+        """Start a stopped child; not a restart, so intensity is untouched.
+
+        OTP rule 41 (docs/otp-rules.md).
+        """
         child = self._find(request.id)
         if child is None or child.status is not ChildStatus.UNDEFINED:
             self._reply(request.ref, _busy_outcome(child))
@@ -541,7 +551,7 @@ class SupervisorCore:
         return None
 
     def _handle_delete_child(self, request: DeleteChildRequest) -> None:
-        """Rule 42: forget a stopped child's spec."""
+        """OTP rule 42 (docs/otp-rules.md): forget a stopped child's spec."""
         child = self._find(request.id)
         if child is None or child.status is not ChildStatus.UNDEFINED:
             self._reply(request.ref, _busy_outcome(child))

@@ -2,8 +2,8 @@
 
 Children are named by id; a running child is further named by its *incarnation*, a per-id count
 of starts (1, 2, ...). Incarnations play the part of OTP's pids: an exit reported for an
-incarnation that is no longer current is ignored (OTP rule 18), which makes races between a
-driver and the core harmless.
+incarnation that is no longer current is ignored (OTP rule 18 in docs/otp-rules.md), which makes
+races between a driver and the core harmless.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from ._exits import describe
+from ._reasons import SHUTDOWN
 from ._spec import ChildSpec, ShutdownSpec
 
 # ---- commands: what the driver must do ------------------------------------------------------
@@ -140,7 +141,7 @@ class ChildTerminated:
 class Stop:
     """The parent (or the application) asks this supervisor to stop with `reason`."""
 
-    reason: object = "shutdown"
+    reason: object = SHUTDOWN
 
 
 @dataclass(frozen=True, slots=True)

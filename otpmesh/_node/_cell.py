@@ -11,6 +11,7 @@ import trio
 
 from .._core._actor import ActorContext, EndpointInfo, set_context
 from .._core._exits import ActorCrash, describe
+from .._core._reasons import KILLED
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("otpmesh.actor")
 
 MAILBOX_CAPACITY = 1024
-KILLED = "killed"
 
 # A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast).
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None"]

@@ -15,6 +15,7 @@ import trio
 from .._core._actor import Actor, ActorContext, set_context
 from .._core._errors import SpawnError
 from .._core._exits import Ignore
+from .._core._reasons import NOPROC
 from ._cell import ActorCell
 from ._node import Node
 
@@ -116,7 +117,7 @@ class ActorHost:
         cell = self.node.actors.get(actor_id)
         if cell is None or cell.incarnation != incarnation:
             last = self.node.last_exit.get(actor_id)
-            return last[1] if last is not None and last[0] == incarnation else "noproc"
+            return last[1] if last is not None and last[0] == incarnation else NOPROC
         if brutal:
             cell.kill()
         else:

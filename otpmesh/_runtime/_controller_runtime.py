@@ -18,7 +18,7 @@ import trio
 
 from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
-from .._core._reasons import is_normal_exit
+from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
@@ -285,7 +285,7 @@ class Runtime:
         actors, proc.actors = proc.actors, {}
         # A process stopped on purpose (its host shut down with its cluster) ends its actors
         # with the normal 'shutdown'; anything else is a process failure.
-        reason = "shutdown" if proc.shut_down else ProcessExit(proc.pid, proc.exit_reason)
+        reason = SHUTDOWN if proc.shut_down else ProcessExit(proc.pid, proc.exit_reason)
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, reason)
 

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from .._core._errors import EncodeError
+from .._core._reasons import SHUTDOWN
 from .._node._host import ActorHost
 from .._node._node import Node, set_current_node
 from .._wire import _codec
@@ -85,7 +86,7 @@ class Worker:
         return await self.host.stop(
             p["id"],
             p["incarnation"],
-            p.get("reason", "shutdown"),
+            p.get("reason", SHUTDOWN),
             p.get("timeout"),
             p.get("brutal", False),
         )
@@ -101,7 +102,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 for cell in list(self.node.actors.values()):
                     nursery.start_soon(
-                        self.host.stop, cell.ctx.path, cell.incarnation, "shutdown", None, False
+                        self.host.stop, cell.ctx.path, cell.incarnation, SHUTDOWN, None, False
                     )
         self._done.set()
 

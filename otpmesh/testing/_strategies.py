@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
+from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import (
     ALL_SIGNIFICANT,
     ANY_SIGNIFICANT,
@@ -37,8 +38,8 @@ from ._simulate import Advance, Call, Crash, Step, StopSupervisor
 
 OTP_STRATEGIES: tuple[Strategy, ...] = (ONE_FOR_ONE, ONE_FOR_ALL, REST_FOR_ONE)
 #: Exit reasons a fault may carry: normal ones, and abnormal ones.
-REASONS: tuple[object, ...] = ("normal", "shutdown", ("shutdown", "detail"), "boom", "killed")
-STOP_REASONS: tuple[object, ...] = ("shutdown", "normal", "boom")
+REASONS: tuple[object, ...] = (NORMAL, SHUTDOWN, (SHUTDOWN, "detail"), "boom", KILLED)
+STOP_REASONS: tuple[object, ...] = (SHUTDOWN, NORMAL, "boom")
 
 CallOp = Literal["start_child", "terminate_child", "restart_child", "delete_child"]
 
