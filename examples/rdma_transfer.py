@@ -13,8 +13,8 @@ import json
 import torch
 
 import otpmesh
+from otpmesh.bench_rdma import measure
 from otpmesh.rdma import RDMABuffer
-from otpmesh.rdma._bench import measure
 
 
 class Learner(otpmesh.Actor):
