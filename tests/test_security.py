@@ -96,6 +96,21 @@ def _other_user() -> str:
     return ATTACKER_USER
 
 
+def _spawn_request(cls: str) -> dict[str, object]:
+    """A spawn_actor request for one actor `planted/0` of class `cls` (an import path)."""
+    return {
+        "id": "planted/0",
+        "incarnation": 1,
+        "cls": cls,
+        "name": "planted",
+        "rank": 0,
+        "coords": {},
+        "shape": {},
+        "args": [],
+        "kwargs": {},
+    }
+
+
 @pytest.mark.parametrize("who", ["same user without the secret", "another Unix user"])
 def test_a_peer_that_cannot_prove_itself_gets_nothing_and_the_app_keeps_answering(
     who: str, caplog: pytest.LogCaptureFixture
@@ -140,17 +155,7 @@ def test_control_operations_from_another_actors_connection_are_refused() -> None
             victim = await procs.spawn("victim", Echo, "victim")
             intruders = await procs.spawn("intruder", Intruder)
             target = procs._procs[0].addr  # victim/0 lives there; intruder/1 runs elsewhere
-            spawn = {
-                "id": "planted/0",
-                "incarnation": 1,
-                "cls": "tests.actors:Echo",
-                "name": "planted",
-                "rank": 0,
-                "coords": {},
-                "shape": {},
-                "args": [],
-                "kwargs": {},
-            }
+            spawn = _spawn_request("tests.actors:Echo")
             for op, payload in [
                 ("spawn_actor", spawn),
                 ("stop_actor", {"id": "victim/0", "incarnation": 1}),
@@ -189,18 +194,8 @@ def test_a_main_path_in_a_message_is_never_imported(tmp_path: Path) -> None:
         async with await otpmesh.proc_mesh(procs=1) as procs:
             rt = await runtime()
             proc = procs._procs[0]
-            request = {
-                "id": "planted/0",
-                "incarnation": 1,
-                "cls": "__main__:Planted",
-                "main": str(evil),  # what an old controller sent, and an attacker would
-                "name": "planted",
-                "rank": 0,
-                "coords": {},
-                "shape": {},
-                "args": [],
-                "kwargs": {},
-            }
+            # A main path in the message: what an old controller sent, and an attacker would.
+            request = dict(_spawn_request("__main__:Planted"), main=str(evil))
             # Even from the parent, the path in the message is ignored: the worker imports
             # only the main file its parent named when it forked it (this test's runner).
             with pytest.raises(otpmesh.ActorError, match=r"Planted|__main__"):
