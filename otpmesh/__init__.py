@@ -48,6 +48,8 @@ from ._core._spec import Mesh as Mesh
 from ._core._spec import Supervisor as Supervisor
 from ._core._spec import Worker as Worker
 from ._core._spec_errors import SpecError as SpecError
+from ._core._supervisor import ChildInfo as ChildInfo
+from ._core._supervisor import ChildStatus as ChildStatus
 from ._core._supevents import LogEntry as LogEntry
 from ._core._supevents import LogKind as LogKind
 from ._core._supevents import Outcome as Outcome

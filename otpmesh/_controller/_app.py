@@ -17,6 +17,7 @@ from .._core._errors import SupervisorError
 from .._core._exits import describe
 from .._core._reasons import SHUTDOWN
 from .._core._spec import Mesh, Supervisor, Worker
+from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
 from .._node._mesh import ActorMesh, ActorRef
 from .._runtime._controller_runtime import runtime
@@ -67,6 +68,25 @@ class App:
     async def settled(self) -> None:
         """Wait until no supervisor has work pending (exits handled, restarts done)."""
         await self._tree.settled()
+
+    def which_children(self, path: str) -> list[ChildInfo]:
+        """OTP's ``which_children``: the children of the running supervisor (or mesh) at `path`,
+        newest first, each with its status (running, ``undefined``: not running, or
+        restarting), incarnation, type and spec. KeyError if no supervisor runs at `path`."""
+        return self._tree.which_children(path)
+
+    def count_children(self, path: str) -> dict[str, int]:
+        """OTP's ``count_children``: how many child specs the supervisor at `path` has
+        (``specs``), how many of them are running (``active``), and how many are supervisors
+        (a ``Supervisor`` or a ``Mesh``) and workers."""
+        children = self._tree.which_children(path)
+        supervisors = sum(child.type == "supervisor" for child in children)
+        return {
+            "specs": len(children),
+            "active": sum(child.status is ChildStatus.RUNNING for child in children),
+            "supervisors": supervisors,
+            "workers": len(children) - supervisors,
+        }
 
     async def start_child(self, sup_path: str, spec: Worker | Supervisor | Mesh) -> Outcome:
         """OTP's start_child: add `spec` to the supervisor at `sup_path` and start it."""

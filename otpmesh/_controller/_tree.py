@@ -13,6 +13,7 @@ from .._core._errors import ChildError, SupervisorError
 from .._core._exits import ActorCrash, describe
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
+from .._core._supervisor import ChildInfo
 from .._core._supevents import (
     ChildExited,
     DeleteChildRequest,
@@ -201,6 +202,10 @@ class TreeContext:
         if driver is None:
             raise KeyError(f"no running supervisor at {sup_path!r}")
         return driver
+
+    def which_children(self, sup_path: str) -> list[ChildInfo]:
+        driver = self._driver(sup_path)
+        return [] if driver.core.done else driver.core.which_children()
 
     def _find_driver(self, sup_path: str) -> SupervisorDriver | None:
         stack = [self.root]

@@ -83,12 +83,19 @@ class ChildStatus(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ChildInfo:
-    """One row of ``which_children``."""
+    """One row of ``which_children``: a child's id, its status (OTP's pid field), the
+    incarnation now or last started (0: never started) and its spec as written."""
 
     id: str
     status: ChildStatus
-    incarnation: int  # the current or last started incarnation; 0 if never started
+    incarnation: int
     spec: ChildSpec  # as written: a Mesh stays a Mesh
+
+    @property
+    def type(self) -> str:
+        """OTP's child type: ``"supervisor"`` (a Supervisor, or a Mesh: a supervisor group),
+        else ``"worker"``."""
+        return "worker" if isinstance(self.spec, Worker) else "supervisor"
 
 
 @dataclass(slots=True)

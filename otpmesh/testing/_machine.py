@@ -363,6 +363,18 @@ class SupervisionMachine(RuleBasedStateMachine):
         self._compare(self._model(), "after the steps above")
 
     @invariant()
+    def which_children_matches_model(self) -> None:
+        """Every running supervisor's ``which_children`` is the model's: ids in order, status
+        and incarnation."""
+        if self._ended():
+            return
+        model = self._model()
+        for path in model.supervisors():
+            expected = [(c.id, c.status, c.incarnation) for c in model.core(path).which_children()]
+            real = [(c.id, c.status, c.incarnation) for c in self.app.which_children(path)]
+            assert real == expected, f"which_children({path!r}): {real}, the model: {expected}"
+
+    @invariant()
     def running_workers_answer(self) -> None:
         self._log(self._runner.run(lambda: self._call_as_expected(self._workers)))
 

@@ -133,6 +133,10 @@ class Simulation:
         """The paths of every running worker and supervisor."""
         return set(self._nodes) | set(self._workers)
 
+    def supervisors(self) -> list[str]:
+        """The paths of every running supervisor."""
+        return sorted(self._nodes)
+
     def core(self, path: str) -> SupervisorCore:
         """The core of the running supervisor at `path`."""
         return self._nodes[path].core
