@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import signal
 import struct
 import subprocess
@@ -25,6 +26,7 @@ from tests.conftest import alive
 
 ROOT = Path(__file__).parent.parent
 INTERRUPTED = "otpmesh: interrupted, all actors stopped"
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours and bold
 
 
 def otpmesh_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -126,8 +128,10 @@ def test_run_on_a_terminal_redraws_in_place_and_leaves_the_last_frame() -> None:
         screen += data
     _, status = os.waitpid(pid, 0)
     os.close(fd)
-    text = screen.decode()
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    raw = screen.decode()
+    assert os.waitstatus_to_exitcode(status) == 0, raw
+    assert "\x1b[32mrunning" in raw  # states in colour (rich: green)
+    text = SGR.sub("", raw)  # the colours off, the text stays
     live, _, after = text.partition("\x1b[?1049l")  # leaving the alternate screen
     assert "\x1b[?1049h" in live and live.count("\x1b[H") >= 2  # redrawn in place
     assert "Ctrl-C stops the tree" in live and "dp running: 4/4 actors running" in live
@@ -202,6 +206,61 @@ def test_ctrl_c_stops_the_tree_with_one_line_and_leaves_no_worker_behind() -> No
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in workers if alive(p)] == []
+
+
+SLOW_TO_STOP = """\
+import time
+import trio
+import otpmesh
+
+
+class Busy(otpmesh.Actor):
+    @otpmesh.endpoint
+    def work(self) -> None:
+        time.sleep(60)  # a plain-def endpoint: a stop cannot reach it
+
+
+async def main() -> None:
+    tree = otpmesh.Mesh("busy", Busy, shape={"procs": 2}, shutdown=0.5)
+    async with otpmesh.start(tree) as app, trio.open_nursery() as nursery:
+        nursery.start_soon(app.mesh("busy").work.call)
+        await trio.sleep(0.5)
+        print("busy", flush=True)
+        await trio.sleep_forever()
+
+
+if __name__ == "__main__":
+    otpmesh.run(main)
+"""
+
+
+def test_a_slow_stop_after_ctrl_c_says_what_it_waits_for_then_the_one_line(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "busy\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.splitlines() == [  # stderr is a pipe: plain lines, no rich
+        "otpmesh: stopping: waiting for the actors to stop (one busy in a plain-def endpoint is "
+        "killed after its shutdown timeout)",
+        INTERRUPTED,
+    ]
 
 
 def test_bench_quick_shows_each_step_on_stderr_and_the_results_as_json() -> None:

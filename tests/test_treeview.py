@@ -3,7 +3,10 @@ supervisor writes, it says each node's state, incarnation, restarts and last exi
 
 from __future__ import annotations
 
+import io
+
 import trio
+from rich.console import Console
 
 import otpmesh
 from otpmesh import (
@@ -19,7 +22,7 @@ from otpmesh import (
     Supervisor,
     Worker,
 )
-from otpmesh._cli._screen import OutputTail, frame
+from otpmesh._cli._screen import OutputTail, fit, render, tree_table
 from otpmesh._cli._treeview import TreeView
 from tests.actors import Member
 
@@ -223,16 +226,38 @@ def test_a_real_tree_log_leaves_every_actor_running_at_its_last_incarnation() ->
 
 
 def test_a_frame_keeps_the_top_and_the_last_lines_of_each_section_that_fit() -> None:
-    top = ["title", "table"]
     events = [f"event {i}" for i in range(20)]
-    lines = frame(top, [("recent events", events), ("output", ["out 1", "out 2"])], rows=12)
+    sections = fit(2, [("recent events", events), ("output", ["out 1", "out 2"])], rows=12)
+    assert sections == [
+        ("recent events", ["event 17", "event 18", "event 19"]),
+        ("output", ["out 1", "out 2"]),
+    ]  # 2 rows of top, a blank line and a title each, the last row free
+    assert fit(2, [("empty", []), ("recent events", events)], rows=None) == [
+        ("recent events", events)
+    ]
+    assert fit(2, [("recent events", events)], rows=4) == []  # no room: no section
+
+
+def test_the_rendered_frame_shows_the_tree_a_line_per_node_and_cuts_only_the_last_exit() -> None:
+    view = _view([*_started(), _e(LogKind.CHILD_EXITED, "rl/rollouts", "1", 1, CRASH)])
+    table = tree_table(view.table())
+    frame = render("otpmesh run x", "    Ctrl-C", view.summary(), table, [("recent events", ["e"])])
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(frame)
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
     assert lines == [
-        "title", "table",
-        "", "recent events", "event 17", "event 18", "event 19",
-        "", "output", "out 1", "out 2",
-    ]  # fmt: skip
-    assert frame(["x" * 50], [("empty", [])], rows=None, cols=10) == ["x" * 9]
-    assert frame(top, [("recent events", events)], rows=4) == top  # no room: no section
+        "otpmesh run x    Ctrl-C",
+        "rl running: 2/3 actors running, 0 actor restarts, 7 events in 0.0 s",
+        "NAME          KIND                           STATE       INC  RESTARTS  LAST EX…",
+        "rl            supervisor rest_for_one 3/60s  running          0",
+        "├── learner   worker Member                  running     #1   0",
+        "└── rollouts  mesh gpus=2 one_for_one 4/60s  running     #1   0",
+        "    ├── 0     worker Member                  running     #1   0",
+        "    └── 1     worker Member                  restarting  #1   0         crashed…",
+        "",
+        "recent events",
+        "e",
+    ]
 
 
 def test_the_output_tail_keeps_whole_lines_written_in_pieces() -> None:

@@ -10,7 +10,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
+import rich.progress
 import trio
+from rich.console import Console
+from rich.table import Table
 
 from .. import bench, bench_hosts
 from .._core._errors import UsageError
@@ -115,7 +118,10 @@ def bench_command(args: argparse.Namespace) -> int:
     suites = {"core": _core, "rdma": _rdma, "hosts": _hosts}
     measure = suites[args.suite](args)
     result = run(_measured, measure, progress)
-    print(json.dumps(result, indent=2) if args.format == "json" else "\n".join(table(result)))
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result, sys.stdout)
     return 0
 
 
@@ -156,63 +162,94 @@ def _hosts(args: argparse.Namespace) -> Measure:
 
 
 async def _measured(measure: Measure, progress: Progress) -> Any:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(progress.tick)
-        result = await measure(progress)
-        nursery.cancel_scope.cancel()
-    progress.finish()
+    progress.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(progress.tick)
+            result = await measure(progress)
+            nursery.cancel_scope.cancel()
+    finally:
+        progress.finish()
     return result
 
 
 class Progress:
-    """Each step on `stream` as it starts; on a terminal, its clock runs until the next one."""
+    """Each step on `stream` as it starts: on a terminal, a rich progress list whose running
+    step's clock ticks; otherwise one plain line per step."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.live = stream.isatty()
+        self.console = Console(file=stream, highlight=False)
+        self.live = self.console.is_terminal
         self.started = time.monotonic()
-        self._step: tuple[str, float] | None = None
+        self._steps = rich.progress.Progress(
+            rich.progress.SpinnerColumn(finished_text="[green]✓"),
+            rich.progress.TextColumn("{task.description}"),
+            rich.progress.TextColumn("[dim]{task.elapsed:.1f} s"),
+            console=self.console,
+            auto_refresh=False,  # refreshed by `tick`, a trio task, not by a thread
+            redirect_stdout=False,  # stdout is for the results alone
+            redirect_stderr=False,
+        )
+        self._step: rich.progress.TaskID | None = None
+
+    def start(self) -> None:
+        if self.live:
+            self._steps.start()
 
     def __call__(self, name: str, number: int, total: int) -> None:
         self._end_step()
         label = f"[{number}/{total}] {name}"
-        self._step = (label, time.monotonic())
-        if not self.live:
-            self._write(f"otpmesh bench: {label}\n")
+        if self.live:
+            self._step = self._steps.add_task(label, total=1)
+        else:
+            self._write(f"otpmesh bench: {label}")
 
     def _end_step(self) -> None:
-        if self._step is not None and self.live:
-            label, since = self._step
-            self._write(f"\r\x1b[K{label}  {time.monotonic() - since:.1f} s\n")
+        if self._step is not None:
+            self._steps.update(self._step, completed=1)
+            self._steps.stop_task(self._step)
         self._step = None
 
     async def tick(self) -> None:
         while self.live:
-            if self._step is not None:
-                label, since = self._step
-                self._write(f"\r\x1b[K{label}  {time.monotonic() - since:.1f} s")
+            self._steps.refresh()
             await trio.sleep(TICK_EVERY)
 
     def finish(self) -> None:
         self._end_step()
-        self._write(f"otpmesh bench: done in {time.monotonic() - self.started:.1f} s\n")
+        if self.live:
+            self._steps.stop()
+        self._write(f"otpmesh bench: done in {time.monotonic() - self.started:.1f} s")
 
     def _write(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
+        self.console.print(text, markup=False, soft_wrap=True)
+        self.console.file.flush()
 
 
-def table(result: Any) -> list[str]:
-    """Rows (a list of dicts) as columns; one object as `name  value` lines, nested names
+def table(result: Any) -> Table:
+    """Rows (a list of dicts) as columns; one object as `name  value` rows, nested names
     joined with dots."""
+    out = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     if isinstance(result, list):
         columns = list(dict.fromkeys(k for row in result for k in row))
-        cells = [columns] + [[_cell(row.get(c)) for c in columns] for row in result]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-        return ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    flat = list(_flatten(result, ""))
-    width = max((len(k) for k, _ in flat), default=0)
-    return [f"{k.ljust(width)}  {v}" for k, v in flat]
+        for column in columns:
+            out.add_column(column, justify="right")
+        for row in result:
+            out.add_row(*(_cell(row.get(c)) for c in columns))
+        return out
+    out.add_column("figure")
+    out.add_column("value", justify="right")
+    for name, value in _flatten(result, ""):
+        out.add_row(name, value)
+    return out
+
+
+def print_table(result: Any, stream: TextIO) -> None:
+    """The results as a rich table; into a pipe or a file at their full width, never cut."""
+    console = Console(file=stream, highlight=False)
+    rows = table(result)
+    width = None if console.is_terminal else console.measure(rows).maximum
+    console.print(rows, width=width, soft_wrap=width is not None)
 
 
 def _flatten(value: Any, prefix: str) -> Any:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 import trio
+from rich.console import RenderableType
 
 from .._controller._app import App, PlacementName, start
 from .._controller._events import EventLog
@@ -24,7 +25,7 @@ from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._runtime._run import run
 from ..chaos import FAULTS, ChaosMonkey
 from . import _timeline
-from ._screen import LiveScreen, frame
+from ._screen import LiveScreen, fit, render, tree_table
 from ._specfile import load_tree
 from ._timeline import Event
 from ._treeview import TreeView
@@ -207,10 +208,14 @@ class Watch:
         self.view = TreeView(tree)
         self.recent: deque[Event] = deque(maxlen=100)
         self.t0: float | None = None
+        self.log: EventLog | None = None  # the running app's, once started
         self._seen = 0
 
-    def catch_up(self, log: EventLog) -> list[Event]:
+    def catch_up(self) -> list[Event]:
         """Feed the view what the log gained since the last call; return it as events."""
+        log = self.log
+        if log is None:
+            return []
         new = [log[i] for i in range(self._seen, len(log))]
         self._seen += len(new)
         for entry in new:
@@ -273,27 +278,32 @@ class PlainDisplay:
 
 
 class LiveDisplay:
-    """The tree redrawn in place on a terminal, with the recent events and output below it."""
+    """The tree redrawn in place on a terminal, with the recent events and output below it. It
+    keeps redrawing while the tree shuts down, so a slow stop shows who is still running."""
 
     def __init__(self) -> None:
         self.screen = LiveScreen(sys.stdout)
         self.changed = trio.Event()
+        self.hint = "    Ctrl-C stops the tree"
 
     def started(self, watch: Watch) -> None:
         self.screen.open()
         self._draw(watch)
 
-    def _frame(self, watch: Watch, rows: int | None, cols: int | None, keep: int) -> list[str]:
+    def _frame(self, watch: Watch, rows: int | None, keep: int) -> RenderableType:
         now = trio.current_time()
-        hint = "    Ctrl-C stops the tree" if rows is not None else ""
-        top = [watch.heading() + hint, *watch.snapshot(now)]
+        table = watch.view.table()
         events = [watch.line(e) for e in list(watch.recent)[-keep:]]
         output = list(self.screen.tail.lines)[-keep:]
-        return frame(top, [("recent events", events), ("output", output)], rows, cols)
+        top = 2 + len(table)  # the heading, the summary, the table's header and rows
+        sections = fit(top, [("recent events", events), ("output", output)], rows)
+        hint = self.hint if rows is not None else ""
+        return render(watch.heading(), hint, watch.view.summary(now), tree_table(table), sections)
 
     def _draw(self, watch: Watch) -> None:
-        rows, cols = self.screen.size()
-        self.screen.draw(self._frame(watch, rows, cols, keep=rows))
+        watch.catch_up()  # also while the tree stops, when nothing else follows the log
+        rows, _ = self.screen.size()
+        self.screen.draw(self._frame(watch, rows, keep=rows))
 
     def events(self, watch: Watch, new: list[Event]) -> None:
         self.changed.set()
@@ -307,10 +317,11 @@ class LiveDisplay:
             await trio.sleep(REDRAW_EVERY)
 
     def stopping(self, watch: Watch, why: str) -> None:
+        self.hint = f"    stopping ({why})"
         self.changed.set()
 
     def finished(self, watch: Watch, new: list[Event]) -> None:
-        self.screen.close(self._frame(watch, None, self.screen.size()[1], keep=10))
+        self.screen.close(self._frame(watch, None, keep=10))
 
 
 async def watch(tree: Supervisor | Mesh, options: Options) -> None:
@@ -319,24 +330,44 @@ async def watch(tree: Supervisor | Mesh, options: Options) -> None:
     display: Display = LiveDisplay() if options.live else PlainDisplay(_say, options.snapshots)
     if options.live:
         print(f"{state.heading()}: starting {tree.id}...", flush=True)
-    app: App | None = None
-    try:
-        async with start(tree, placement=options.placement, events_file=options.events_file) as app:
-            state.catch_up(app.events)
-            display.started(state)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_follow, app, state, display)
-                nursery.start_soon(display.run, state)
-                if options.chaos_rate is not None:
-                    nursery.start_soon(_monkey(app, options).run)
-                if options.duration is None:
-                    await trio.sleep_forever()
-                await trio.sleep(options.duration)
-                display.stopping(state, f"--duration {options.duration:g} s")
-                nursery.cancel_scope.cancel()
-    finally:
-        if app is not None:
-            display.finished(state, state.catch_up(app.events))
+    # The display's nursery is outside the tree's: it keeps drawing while the tree stops.
+    async with trio.open_nursery() as drawing:
+        try:
+            async with start(
+                tree, placement=options.placement, events_file=options.events_file
+            ) as app:
+                state.log = app.events
+                state.catch_up()
+                display.started(state)
+                drawing.start_soon(display.run, state)
+                try:
+                    await _watch_running(app, state, display, options)
+                except BaseException as exc:
+                    if _interrupted(exc):
+                        display.stopping(state, "Ctrl-C")
+                    raise
+        finally:
+            drawing.cancel_scope.cancel()
+            if state.log is not None:
+                display.finished(state, state.catch_up())
+
+
+async def _watch_running(app: App, state: Watch, display: Display, options: Options) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_follow, app, state, display)
+        if options.chaos_rate is not None:
+            nursery.start_soon(_monkey(app, options).run)
+        if options.duration is None:
+            await trio.sleep_forever()
+        await trio.sleep(options.duration)
+        display.stopping(state, f"--duration {options.duration:g} s")
+        nursery.cancel_scope.cancel()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(KeyboardInterrupt) is not None
+    return isinstance(exc, KeyboardInterrupt)
 
 
 def _say(text: str) -> None:
@@ -345,9 +376,9 @@ def _say(text: str) -> None:
 
 async def _follow(app: App, state: Watch, display: Display) -> None:
     # No checkpoint between this catch-up and the subscription: no entry falls between them.
-    display.events(state, state.catch_up(app.events))
+    display.events(state, state.catch_up())
     async for _ in app.events.subscribe():
-        display.events(state, state.catch_up(app.events))
+        display.events(state, state.catch_up())
 
 
 def _monkey(app: App, options: Options) -> ChaosMonkey:

@@ -65,7 +65,8 @@ def _detail(spec: Supervisor | Worker | Mesh) -> str:
 
 
 class TreeView:
-    """Feed it log entries in order (``feed``); read it as lines (``lines``) or by path."""
+    """Feed it log entries in order (``feed``); read it as rows (``table``), as text lines
+    (``lines``) or by path."""
 
     def __init__(self, tree: Supervisor | Mesh) -> None:
         self.root = tree.id
@@ -164,14 +165,20 @@ class TreeView:
         root = self.nodes[self.root]
         return f"{self.root} {root.state}: " + ", ".join(parts)
 
-    def lines(self) -> list[str]:
-        """The tree as an aligned table, parents first, children in start order."""
+    def table(self) -> list[tuple[str, ...]]:
+        """The tree as rows of cells, a header first, then parents before children, children in
+        start order; the NAME cell draws the tree. FAULTS is left out until there are some."""
         rows: list[tuple[str, ...]] = [
             ("NAME", "KIND", "STATE", "INC", "RESTARTS", "FAULTS", "LAST EXIT")
         ]
         self._rows(self.root, "", "", rows)
         if not self.faults():
             rows = [r[:5] + r[6:] for r in rows]
+        return rows
+
+    def lines(self) -> list[str]:
+        """The table as aligned text lines (for a pipe or a log file)."""
+        rows = self.table()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = []
         for row in rows:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 import trio
@@ -12,6 +15,13 @@ T = TypeVar("T")
 
 # Set in worker processes: there, importing the controller's main file must not start a program.
 IN_WORKER = False
+
+#: Seconds after Ctrl-C before a stop still under way says what it is waiting for.
+SLOW_STOP_NOTICE = 1.0
+SLOW_STOP = (
+    "stopping: waiting for the actors to stop (one busy in a plain-def endpoint is killed "
+    "after its shutdown timeout)"
+)
 
 
 def _only_interrupts(exc: BaseException) -> bool:
@@ -22,8 +32,9 @@ def _only_interrupts(exc: BaseException) -> bool:
 
 def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run `main(*args)` under trio. Workers never outlive it; Ctrl-C stops everything with one
-    short message and exit status 130; a supervision tree that gives up exits with status 1 and
-    a message naming the supervisor and the last exit reasons."""
+    short message and exit status 130 (and, when the stop takes more than a second, a word on
+    stderr meanwhile); a supervision tree that gives up exits with status 1 and a message naming
+    the supervisor and the last exit reasons."""
     if IN_WORKER:
         from .._core._errors import SpawnError
 
@@ -35,15 +46,82 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     from .._core._errors import SupervisorError
 
     try:
-        return trio.run(main, *args)
-    except SupervisorError as exc:
-        # The tree gave up: its error already says where and why; no traceback pile.
-        print(f"otpmesh: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        return trio.run(_noting_slow_stops, main, args)
     except BaseException as exc:
+        gave_up = _gave_up(exc, SupervisorError)
+        if gave_up is not None:
+            # The tree gave up: its error already says where and why; no traceback pile.
+            print(f"otpmesh: {gave_up}", file=sys.stderr)
+            raise SystemExit(1) from None
         if isinstance(exc, KeyboardInterrupt) or (
             isinstance(exc, BaseExceptionGroup) and _only_interrupts(exc)
         ):
             print("otpmesh: interrupted, all actors stopped", file=sys.stderr)
             raise SystemExit(130) from None
         raise
+
+
+def _gave_up(exc: BaseException, error: type[BaseException]) -> BaseException | None:
+    """The `error` (SupervisorError) that `exc` is, or that a group holds with nothing else but
+    cancellations (main's nursery around ``otpmesh.start``); None otherwise."""
+    if isinstance(exc, BaseExceptionGroup):
+        found, rest = exc.split(error)
+        left = None if rest is None else rest.split(trio.Cancelled)[1]
+        return None if found is None or left is not None else _gave_up(found.exceptions[0], error)
+    return exc if isinstance(exc, error) else None
+
+
+async def _noting_slow_stops(main: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    """`main(*args)` in the main task, as before (Ctrl-C still raises KeyboardInterrupt there);
+    beside it, a system task that hears of Ctrl-C and speaks up when the stop is slow."""
+    interrupted = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+    trio_handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(trio_handler):
+        return await main(*args)  # trio delivers no KeyboardInterrupt here: nothing to note
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        token.run_sync_soon(interrupted.set)  # signal-safe; then trio's own handling
+        trio_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        # A system task: cancelled once main is done, and never a nursery around main (which
+        # would wrap what main raises in an ExceptionGroup).
+        trio.lowlevel.spawn_system_task(_notice_slow_stop, interrupted, name="otpmesh-stopping")
+        return await main(*args)
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(
+                signal.SIGINT, trio_handler
+            )  # trio restores its default only from its own
+
+
+async def _notice_slow_stop(interrupted: trio.Event) -> None:
+    await interrupted.wait()
+    since = trio.current_time()
+    await trio.sleep(SLOW_STOP_NOTICE)
+    stream = sys.stderr  # looked up now: a live view may hold it (and show what is written)
+    if not stream.isatty():
+        print(f"otpmesh: {SLOW_STOP}", file=stream, flush=True)
+        return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    spinner = Spinner("dots", style="yellow")
+    console = Console(file=stream, highlight=False)
+    # Refreshed here, not by a thread. Live's redirect of stdout would send it to stderr: only
+    # when stdout is the terminal too.
+    live = Live(
+        spinner,
+        console=console,
+        auto_refresh=False,
+        transient=True,
+        redirect_stdout=sys.stdout.isatty(),
+    )
+    with live:
+        while True:
+            spinner.update(text=f"{SLOW_STOP}… {trio.current_time() - since:.0f} s")
+            live.refresh()
+            await trio.sleep(0.1)
