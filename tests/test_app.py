@@ -398,3 +398,25 @@ def test_an_event_reads_as_one_line() -> None:
     assert str(entry) == (
         "child_exited              rl/rollouts/2 #3  (crashed with ValueError: bad)"
     )
+
+
+def test_the_error_blames_the_supervisor_that_stopped_the_root_with_its_own_exits() -> None:
+    """A nested supervisor gives up first; its parent restarts it until the parent's own
+    intensity is reached: the error names the parent, and the parent's child exits."""
+    inner = Supervisor("inner", intensity=0, children=[Worker("w", Member)])
+    tree = Supervisor("root", intensity=1, period=5.0, children=[inner])
+
+    async def body() -> None:
+        with pytest.raises(otpmesh.SupervisorError) as info:
+            async with start(tree) as app:
+                for _ in range(2):
+                    with pytest.raises(otpmesh.ActorError):
+                        await app.actor("root/inner/w").crash("boom")
+                    await app.settled()
+                await trio.sleep_forever()  # cancelled when the root gives up
+        assert str(info.value) == (
+            "supervisor root reached its restart intensity (1 restarts in 5.0 s); last exits: "
+            "root/inner stopped (shutdown); root/inner stopped (shutdown)"
+        )  # not root/inner, whose intensity (0) was reached first, nor its child's crashes
+
+    run_local(body)

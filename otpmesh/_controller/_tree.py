@@ -254,10 +254,18 @@ class TreeContext:
     def failure(self) -> SupervisorError:
         """The error that says why the root gave up: which supervisor, and the last exits."""
         reached = self.events.of_kind(LogKind.RESTART_INTENSITY_REACHED)
-        exits = [e for e in self.events if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED)]
+        # The last supervisor to reach its intensity is the one whose giving up stopped the
+        # root (a nested one that gave up first was a restart of its parent's, which then
+        # reached its own); its children's exits are what caused it.
+        blamed = reached[-1].path if reached else self.root.path
+        exits = [
+            e
+            for e in self.events
+            if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED) and e.path == blamed
+        ]
         last = "; ".join(f"{e.child_path} {describe(e.reason)}" for e in exits[-3:])
         if reached:
-            where = reached[0]
+            where = reached[-1]
             sup = self.spec(where.path)
             limit = f"{getattr(sup, 'intensity', '?')} restarts in {getattr(sup, 'period', '?')} s"
             head = f"supervisor {where.path} reached its restart intensity ({limit})"
