@@ -21,6 +21,7 @@ from ._core._errors import ActorDiedError as ActorDiedError
 from ._core._errors import ActorError as ActorError
 from ._core._errors import CallTimeoutError as CallTimeoutError
 from ._core._errors import ChildError as ChildError
+from ._core._errors import DeadlockError as DeadlockError
 from ._core._errors import EncodeError as EncodeError
 from ._core._errors import MeshError as MeshError
 from ._core._errors import OtpmeshError as OtpmeshError

@@ -275,3 +275,21 @@ class Configured(otpmesh.Actor):
     @otpmesh.endpoint
     def settings_seen(self) -> dict[str, Any]:
         return self.settings
+
+
+class Caller(otpmesh.Actor):
+    """Calls other actors (or itself) from inside its endpoints: the deadlock tests' actor."""
+
+    @otpmesh.endpoint
+    def ping(self) -> str:
+        return otpmesh.context().path
+
+    @otpmesh.endpoint
+    async def call(self, target: otpmesh.ActorRef) -> str:
+        result: str = await target.ping()
+        return result
+
+    @otpmesh.endpoint
+    async def via(self, other: otpmesh.ActorRef, back_to: otpmesh.ActorRef) -> str:
+        result: str = await other.call(back_to)
+        return result

@@ -38,6 +38,19 @@ class ActorDiedError(OtpmeshError):
         super().__init__(f"{actor} is dead: {reason}")
 
 
+class DeadlockError(OtpmeshError):
+    """Raised by a call from inside an actor that could never be answered: to the actor itself,
+    or back to an actor that is busy waiting on the call that led here (OTP's calling_self)."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        self.cycle = cycle
+        path = " -> ".join(cycle)
+        super().__init__(
+            f"call cycle {path}: {cycle[-1]} is busy waiting on this very call, so the call "
+            "would wait forever; use a cast (.broadcast) or answer without calling back"
+        )
+
+
 class CallTimeoutError(OtpmeshError, TimeoutError):
     """Raised by a call when no reply came within its timeout; names the actors that were late."""
 

@@ -12,6 +12,7 @@ import trio
 from .._core._actor import ActorContext, EndpointInfo, set_context
 from .._core._exits import ActorCrash, describe
 from .._core._reasons import KILLED
+from . import _chain
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -21,8 +22,9 @@ log = logging.getLogger("otpmesh.actor")
 
 MAILBOX_CAPACITY = 1024
 
-# A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast).
-Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None"]
+# A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast, the
+# actors waiting on it).
+Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None", tuple[str, ...]]
 
 
 class ActorCell:
@@ -142,9 +144,17 @@ class ActorCell:
         return await self._handle_one(*item)
 
     async def _handle_one(
-        self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+        self,
+        method: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        reply: ReplyTo | None,
+        chain: tuple[str, ...],
     ) -> bool:
         self.busy = True
+        # While this message is handled the actor is busy: its calls carry the chain of actors
+        # waiting on it, itself included, so a call back into it fails at once (_chain.py).
+        token = _chain.CHAIN.set((*chain, self.ctx.path))
         try:
             return await self._handle(method, args, kwargs, reply)
         except trio.Cancelled:
@@ -153,6 +163,7 @@ class ActorCell:
                 self.node.reply_dead(reply, self.describe_exit())
             raise
         finally:
+            _chain.CHAIN.reset(token)
             self.busy = False
 
     def _drain(self) -> None:
@@ -160,7 +171,7 @@ class ActorCell:
         reason = self.describe_exit()
         while True:
             try:
-                _, _, _, reply = self._receive.receive_nowait()
+                _, _, _, reply, _ = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             if reply is not None:

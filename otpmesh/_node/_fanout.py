@@ -19,7 +19,7 @@ import trio
 
 from .._core._errors import ActorDiedError, ActorError
 from .._wire import _codec
-from .._wire._frames import _ARRAY6, _P_CALL, ERR, OK, REPLIES, _pack_uint
+from .._wire._frames import _ARRAY6, _ARRAY7, _P_CALL, ERR, OK, REPLIES, _pack_uint
 
 if TYPE_CHECKING:
     from .._wire._connection import Connection
@@ -66,15 +66,25 @@ class _Forward:
             reply = [ERR, call_id, "raised", type(value).__qualname__, str(value), ""]
         self.relay.reply(self.caller, reply)
 
-    def send(self, conn: Connection, index: int, body: bytes) -> None:
+    def send(self, conn: Connection, index: int, body: bytes, chain: list[str]) -> None:
         """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
         call_id = conn.expect_reply(self, index)
         actor_id = self.paths[index]
-        conn.send_nowait(_ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+        head = (_P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+        if chain:  # the actors waiting on the call, for the worker's deadlock check
+            conn.send_nowait(_ARRAY7, *head, _codec.pack(chain))
+        else:
+            conn.send_nowait(_ARRAY6, *head)
 
 
 def send(
-    node: Outgoing, agent: Connection, group: Any, indices: list[int], targets: Any, body: bytes
+    node: Outgoing,
+    agent: Connection,
+    group: Any,
+    indices: list[int],
+    targets: Any,
+    body: bytes,
+    chain: tuple[str, ...] = (),
 ) -> None:
     """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
     payload = {
@@ -82,6 +92,7 @@ def send(
         "actors": [targets[i].actor_id for i in indices],
         "addrs": [targets[i].addr for i in indices],
         "body": body,
+        "chain": list(chain),
     }
     node.sys_cast(agent, "fanout", payload)
 
@@ -114,16 +125,24 @@ class Relay:
         forward = _Forward(self, caller, p["ids"], p["actors"])
         for index, conn in enumerate(conns):
             assert conn is not None
-            forward.send(conn, index, p["body"])
+            forward.send(conn, index, p["body"], p.get("chain") or [])
         return True
 
     async def run(self) -> None:
         async for caller, p in self._receive:
-            await self.relay(caller, p["ids"], p["actors"], p["addrs"], p["body"])
+            await self.relay(
+                caller, p["ids"], p["actors"], p["addrs"], p["body"], p.get("chain") or []
+            )
             self._queued -= 1
 
     async def relay(
-        self, caller: Connection, ids: list[int], actors: list[str], addrs: list[str], body: bytes
+        self,
+        caller: Connection,
+        ids: list[int],
+        actors: list[str],
+        addrs: list[str],
+        body: bytes,
+        chain: list[str],
     ) -> None:
         forward = _Forward(self, caller, ids, actors)
         for index, (actor_id, addr) in enumerate(zip(actors, addrs, strict=True)):
@@ -132,7 +151,7 @@ class Relay:
             except OSError as exc:
                 forward.deliver(index, False, ActorDiedError(actor_id, str(exc), delivered=False))
                 continue
-            forward.send(conn, index, body)
+            forward.send(conn, index, body, chain)
 
     def reply(self, caller: Connection, reply: list[Any]) -> None:
         """Queue one reply; replies queued in the same scheduler pass go out as one frame."""

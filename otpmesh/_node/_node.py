@@ -304,7 +304,12 @@ class Node(Outgoing):
                 self.dispatch(conn, reply)
             return None
         if kind == CALL:
-            return self.deliver_local(msg[2], msg[3], msg[4], msg[5], (conn, msg[1]))
+            chain = msg[6] if len(msg) == 7 else ()
+            if type(chain) is list:
+                if not all(type(link) is str for link in chain):
+                    raise ProtocolError("a call's chain is a list of actor ids")
+                chain = tuple(chain)
+            return self.deliver_local(msg[2], msg[3], msg[4], msg[5], (conn, msg[1]), chain)
         if kind == CAST:
             return self.deliver_local(msg[1], msg[2], msg[3], msg[4], None)
         if kind == SYS:
@@ -329,11 +334,13 @@ class Node(Outgoing):
         args: Any,
         kwargs: Any,
         reply: ReplyTo | None,
+        chain: tuple[str, ...] = (),
     ) -> Awaitable[None] | None:
         if (
             not isinstance(method, str)
             or not isinstance(args, list)
             or not isinstance(kwargs, dict)
+            or type(chain) is not tuple
         ):
             raise ProtocolError("call frame needs a method name, an args array and a kwargs map")
         cell = self.actors.get(actor_id)
@@ -344,7 +351,7 @@ class Node(Outgoing):
             return None
         if cell.handle_inline(method, args, kwargs, reply):
             return None
-        item = (method, args, kwargs, reply)
+        item = (method, args, kwargs, reply, chain)
         try:
             cell.send.send_nowait(item)
         except trio.WouldBlock:

@@ -17,8 +17,17 @@ import trio
 from .._core._errors import ActorDiedError
 from .._wire import _codec
 from .._wire._connection import Connection
-from .._wire._frames import _ARRAY5, _ARRAY6, _P_CALL, _P_CAST, SYS, _call_body, _pack_uint
-from . import _fanout
+from .._wire._frames import (
+    _ARRAY5,
+    _ARRAY6,
+    _ARRAY7,
+    _P_CALL,
+    _P_CAST,
+    SYS,
+    _call_body,
+    _pack_uint,
+)
+from . import _chain, _fanout
 from ._calls import CallGroup
 from ._channel import TensorChannel
 from ._faults import LinkFaults
@@ -64,7 +73,13 @@ class Outgoing:
         raise NotImplementedError
 
     def deliver_local(
-        self, actor_id: str, method: str, args: Any, kwargs: Any, reply: ReplyTo | None
+        self,
+        actor_id: str,
+        method: str,
+        args: Any,
+        kwargs: Any,
+        reply: ReplyTo | None,
+        chain: tuple[str, ...] = (),
     ) -> Awaitable[None] | None:
         raise NotImplementedError
 
@@ -72,6 +87,12 @@ class Outgoing:
         self, targets: Sequence[Target], paths: list[str], method: str, args: Any, kwargs: Any
     ) -> CallGroup:
         """Send one call to every target; the returned group collects the replies."""
+        chain = _chain.CHAIN.get()
+        if chain:  # from inside an actor: refuse a call that would wait on itself
+            _chain.check(chain, [target.actor_id for target in targets])
+            array, tail = _ARRAY7, [_codec.pack(list(chain))]
+        else:
+            array, tail = _ARRAY6, []
         group = CallGroup(paths)
         offered: list[int] = []  # large tensors: dropped when this call ends
         body = _call_body(method, args, kwargs, self.offer(offered))
@@ -80,7 +101,7 @@ class Outgoing:
         relayed: set[int] = set()
         if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
             for agent, indices in _fanout.plan(self.relays, targets).items():
-                _fanout.send(self, agent, group, indices, targets, body)
+                _fanout.send(self, agent, group, indices, targets, body, chain)
                 relayed.update(indices)
         for index, target in enumerate(targets):
             actor_id = target.actor_id
@@ -92,7 +113,7 @@ class Outgoing:
                 group.deliver(index, False, ActorDiedError(paths[index], dead, delivered=False))
                 continue
             if target.addr == self.addr:
-                self._call_local(group, index, actor_id, body)
+                self._call_local(group, index, actor_id, body, chain)
                 continue
             try:
                 conn = await self.connect(target.addr)
@@ -102,7 +123,9 @@ class Outgoing:
                 group.deliver(index, False, error)
                 continue
             call_id = conn.expect_reply(group, index)
-            self._send(conn, _ARRAY6, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
+            self._send(
+                conn, array, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body, *tail
+            )
         for target in targets:
             used = self._conns.get(target.addr)
             if used is not None:
@@ -119,10 +142,12 @@ class Outgoing:
             else:
                 inflight.pop(target.actor_id, None)
 
-    def _call_local(self, group: CallGroup, index: int, actor_id: str, body: bytes) -> None:
+    def _call_local(
+        self, group: CallGroup, index: int, actor_id: str, body: bytes, chain: tuple[str, ...]
+    ) -> None:
         # Same process: still encode and decode, so arguments are copies as they would be remotely.
         method, args, kwargs = self._unpack_local(body)
-        waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index))
+        waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index), chain)
         if waiting is not None and self.nursery is not None:
             self.nursery.start_soon(_await, waiting)
 

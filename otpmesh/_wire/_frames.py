@@ -3,6 +3,7 @@
 Frames (msgpack arrays, see docs/wire.md):
 
     [0, call_id, actor_id, method, args, kwargs]   CALL  a reply is expected
+    [0, call_id, actor_id, method, args, kwargs, chain]  the same, from inside an actor
     [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
     [2, call_id, value]                            OK    reply
     [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost')
@@ -25,6 +26,7 @@ _ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2}
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
 _ARRAY6 = b"\x96"
+_ARRAY7 = b"\x97"  # a CALL that carries the chain of actors waiting on it (_node/_chain.py)
 _ARRAY5 = b"\x95"
 
 
@@ -42,7 +44,7 @@ def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
     arity = _ARITY.get(msg[0])
     if arity is None:
         raise ProtocolError(f"unknown frame kind {_codec.brief(msg[0])}")
-    if len(msg) != arity:
+    if len(msg) != arity and not (msg[0] == CALL and len(msg) == arity + 1):
         raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
     if msg[0] == REPLIES:
         if not isinstance(msg[1], list):
