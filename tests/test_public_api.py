@@ -18,7 +18,8 @@ EXPECTED = {
     "ActorCrash", "ProcessExit", "Ignore", "describe",
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
-    "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError", "SupervisorError",
+    "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
+    "SupervisorError",
     # hosts past this one
     "Cluster", "cluster",
 }  # fmt: skip
