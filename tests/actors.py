@@ -293,3 +293,15 @@ class Caller(otpmesh.Actor):
     async def via(self, other: otpmesh.ActorRef, back_to: otpmesh.ActorRef) -> str:
         result: str = await other.call(back_to)
         return result
+
+
+class GilHolder(otpmesh.Actor):
+    """Sleeps in C while holding the GIL: its heartbeat thread cannot run, as when a process
+    is starved of CPU, or busy in an extension that never releases the GIL."""
+
+    @otpmesh.endpoint
+    def hold(self, seconds: float) -> int:
+        import ctypes
+
+        ctypes.PyDLL(None).usleep(int(seconds * 1e6))  # PyDLL: the GIL stays held
+        return os.getpid()

@@ -234,13 +234,13 @@ class Agent:
         self._send("proc_output", {"id": proc.proc_id, "stream": stream, "line": line})
 
     async def _watch(self, proc: _Proc, fd: int) -> None:
-        def hung() -> None:
-            proc.hang_reason = (
-                f"hung (no heartbeat for {WORKER_HEARTBEAT_TIMEOUT:g} s) and was killed"
-            )
+        def hung(why: str) -> None:
+            proc.hang_reason = f"{why} and was killed"
             self.forkserver.kill(proc.pid)
 
-        await watch_heartbeat(fd, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung)
+        await watch_heartbeat(
+            fd, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung, lambda: proc.pid
+        )
 
 
 async def _exit_on_stdin_eof() -> None:

@@ -220,11 +220,14 @@ class Runtime:
     async def _watch_heartbeat(self, proc: Proc, fd: int) -> None:
         """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
         await proc.ready.wait()
-        await watch_heartbeat(fd, HEARTBEAT_TIMEOUT, lambda: proc.alive, partial(self.hung, proc))
+        await watch_heartbeat(
+            fd, HEARTBEAT_TIMEOUT, lambda: proc.alive, partial(self.hung, proc), lambda: proc.pid
+        )
 
-    def hung(self, proc: Proc) -> None:
-        """`proc` stopped beating while alive: kill it, and make its exit say why."""
-        how = f"hung (no heartbeat for {HEARTBEAT_TIMEOUT:g} s) and was killed"
+    def hung(self, proc: Proc, why: str) -> None:
+        """`proc` stopped beating while alive, stuck (not starved): kill it, and make its exit
+        say why."""
+        how = f"{why} and was killed"
         log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
         proc.hang_reason = how
         self.kill(proc)

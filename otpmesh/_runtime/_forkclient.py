@@ -17,6 +17,8 @@ from typing import Any
 import msgpack
 import trio
 
+from . import _liveness
+
 
 def preload_modules() -> list[str]:
     """What the fork server imports before it forks (torch, when installed)."""
@@ -112,17 +114,34 @@ class ForkServer:
 
 
 async def watch_heartbeat(
-    fd: int, timeout: float, alive: Callable[[], bool], on_silent: Callable[[], None]
+    fd: int,
+    timeout: float,
+    alive: Callable[[], bool],
+    on_hung: Callable[[str], None],
+    pid: Callable[[], int],
 ) -> None:
-    """Call `on_silent` when a live worker writes no heartbeat to `fd` for `timeout` seconds."""
+    """Call `on_hung(reason)` when a live worker's heartbeats on `fd` stop and the kernel says
+    it is stuck, not starved (_liveness.py): stopped, at `timeout` of silence; running or
+    sleeping without a beat, at HARD_FACTOR times that."""
     stream = trio.lowlevel.FdStream(fd)
     try:
+        last = trio.current_time()
         while alive():
-            with trio.move_on_after(timeout) as silent:
+            wait = last + timeout - trio.current_time()
+            with trio.move_on_after(wait if wait > 0 else timeout / 4) as silent:
                 if not await stream.receive_some(4096):
                     return  # the process exited: its exit is reported elsewhere
-            if silent.cancelled_caught and alive():
-                on_silent()
+                last = trio.current_time()
+            if not silent.cancelled_caught or not alive():
+                continue
+            if _liveness.pending_beats(fd):  # this watcher was the late one
+                last = trio.current_time()
+                continue
+            reason = _liveness.verdict(
+                _liveness.proc_state(pid()), trio.current_time() - last, timeout
+            )
+            if reason is not None:
+                on_hung(reason)
                 return
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return

@@ -1,0 +1,56 @@
+"""Telling a stuck worker from a starved one, when its heartbeats stop.
+
+A worker beats from a thread of its own. Silence alone does not make it hung: on a loaded
+machine a runnable process can wait seconds for a CPU (or hold the GIL in C while it imports a
+module), and killing it then would turn load into failures. So the kernel is asked what the
+silent process is doing (``/proc/PID/stat``):
+
+- stopped (``T``, ``t``: SIGSTOP, a debugger) -> hung, at the heartbeat timeout;
+- gone (``Z``, ``X``, no such process) -> not our call: its exit is on its way;
+- running, runnable or sleeping -> starved or busy: wait, up to ``HARD_FACTOR`` times the
+  timeout of silence, then hung (wedged: no beat from a live process for that long).
+
+Pure functions over the state and the silence; ``_forkclient.watch_heartbeat`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: A live, not stopped process is declared hung after this many heartbeat timeouts of silence.
+HARD_FACTOR = 10.0
+
+
+def proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of process `pid` (R, S, D, T, t, Z, X, ...), or None."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
+    rest = stat[stat.rfind(b")") + 2 :]
+    return rest[:1].decode() if rest else None
+
+
+def verdict(state: str | None, silent_for: float, timeout: float) -> str | None:
+    """Why a process silent for `silent_for` s (heartbeat timeout `timeout`) is hung, in words;
+    None: keep waiting (it is starved, busy, or already gone)."""
+    if state is None or state in ("Z", "X", "x"):
+        return None
+    if state in ("T", "t"):
+        return f"hung (stopped: no heartbeat for {timeout:g} s)"
+    if silent_for >= HARD_FACTOR * timeout:
+        return f"hung (running, but no heartbeat for {HARD_FACTOR * timeout:g} s)"
+    return None
+
+
+def pending_beats(fd: int) -> bool:
+    """Whether beats are waiting unread in the pipe (the watcher itself was late, not the
+    worker); reads them."""
+    try:
+        return bool(os.read(fd, 4096))
+    except (BlockingIOError, OSError):
+        return False
