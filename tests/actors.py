@@ -305,3 +305,26 @@ class GilHolder(otpmesh.Actor):
 
         ctypes.PyDLL(None).usleep(int(seconds * 1e6))  # PyDLL: the GIL stays held
         return os.getpid()
+
+
+class Waiter(otpmesh.Actor):
+    """Endpoints that wait for ever, writing to a journal file what happened to them."""
+
+    def __init__(self, journal: str) -> None:
+        self.journal = journal
+
+    def _note(self, line: str) -> None:
+        with open(self.journal, "a") as f:
+            f.write(line + "\n")
+
+    @otpmesh.endpoint
+    async def wait_forever(self, tag: str) -> None:
+        self._note(f"started {tag}")
+        try:
+            await trio.Event().wait()  # an event that never fires
+        finally:
+            self._note(f"finally {tag}")
+
+    @otpmesh.endpoint
+    def ping(self) -> str:
+        return "pong"

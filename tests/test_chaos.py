@@ -75,7 +75,8 @@ def test_a_hung_process_is_detected_by_heartbeat_and_replaced() -> None:
             with pytest.raises(otpmesh.CallTimeoutError, match="s/m/2"):
                 await mesh[2].ping.with_timeout(0.5)()
             exited = await _until(app, LogKind.CHILD_EXITED, "s/m/2")
-            assert "hung (stopped: no heartbeat for 2 s) and was killed" in otpmesh.describe(exited.reason)
+            why = otpmesh.describe(exited.reason)
+            assert "hung (stopped: no heartbeat for 2 s) and was killed" in why
             assert await mesh[2].pid() != pid
 
     run_trio(body)

@@ -22,6 +22,9 @@ log = logging.getLogger("otpmesh.actor")
 
 MAILBOX_CAPACITY = 1024
 
+#: Cancels remembered for calls still queued (older ones are forgotten).
+_CANCELLED_MEMORY = 1024
+
 # A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast, the
 # actors waiting on it).
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None", tuple[str, ...]]
@@ -56,6 +59,13 @@ class ActorCell:
         self._kill_scope = trio.CancelScope()
         self._serve_scope = trio.CancelScope()
         self._idle_scope: trio.CancelScope | None = None
+        # The call being served (where its reply goes), and the scope an async endpoint runs
+        # in: a caller that gives up cancels it (cancel()).
+        self._current: ReplyTo | None = None
+        self._call_scope: trio.CancelScope | None = None
+        # Calls cancelled while still queued: skipped when their turn comes (a bounded memory
+        # of recent ones; a cancel for a call already answered is forgotten in time).
+        self._cancelled: dict[Any, None] = {}
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
         self._pyctx = contextvars.copy_context()
         self._pyctx.run(set_context, ctx, self.request_stop)
@@ -63,6 +73,19 @@ class ActorCell:
     @property
     def alive(self) -> bool:
         return self.exit_reason is None
+
+    def cancel(self, reply: ReplyTo) -> bool:
+        """The caller of the call answered at `reply` gave up: cancel it if this actor is
+        serving it (an async endpoint is cancelled through trio; a plain-def one cannot be and
+        runs to the end), or skip it when its turn comes. True if this actor was serving it."""
+        if self._current is not None and self._current == reply:
+            if self._call_scope is not None:
+                self._call_scope.cancel()
+            return True
+        self._cancelled[reply] = None
+        if len(self._cancelled) > _CANCELLED_MEMORY:
+            del self._cancelled[next(iter(self._cancelled))]
+        return False
 
     def describe_exit(self) -> str:
         return "running" if self.exit_reason is None else describe(self.exit_reason)
@@ -151,7 +174,11 @@ class ActorCell:
         reply: ReplyTo | None,
         chain: tuple[str, ...],
     ) -> bool:
+        if reply is not None and reply in self._cancelled:
+            del self._cancelled[reply]
+            return True  # its caller gave up while it waited in the mailbox
         self.busy = True
+        self._current = reply
         # While this message is handled the actor is busy: its calls carry the chain of actors
         # waiting on it, itself included, so a call back into it fails at once (_chain.py).
         token = _chain.CHAIN.set((*chain, self.ctx.path))
@@ -164,6 +191,7 @@ class ActorCell:
             raise
         finally:
             _chain.CHAIN.reset(token)
+            self._current = None
             self.busy = False
 
     def _drain(self) -> None:
@@ -220,7 +248,14 @@ class ActorCell:
         try:
             result = getattr(self.instance, method)(*args, **kwargs)
             if info.is_async:
-                result = await result
+                with trio.CancelScope() as scope:
+                    self._call_scope = scope
+                    try:
+                        result = await result
+                    finally:
+                        self._call_scope = None
+                if scope.cancelled_caught:
+                    return True  # its caller gave up and said so: the actor carries on
         except Exception as exc:
             return self._failed(info, method, exc, reply)
         if reply is not None:

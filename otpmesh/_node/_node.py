@@ -34,6 +34,7 @@ from .._wire._connection import (
 from .._wire._framemac import FrameMac
 from .._wire._frames import (
     CALL,
+    CANCEL,
     CAST,
     ERR,
     HELLO,
@@ -299,6 +300,9 @@ class Node(Outgoing):
             else:
                 group.deliver(index, False, remote_error(group.paths[index], msg))
             return None
+        if kind == CANCEL:  # the caller gave up on one of its calls on this connection
+            self._cancel((conn, msg[1]))
+            return None
         if kind == REPLIES:  # a host agent's batch (_fanout.py): each as if it came alone
             for reply in msg[1]:
                 self.dispatch(conn, reply)
@@ -360,6 +364,17 @@ class Node(Outgoing):
             if reply is not None:
                 self.reply_dead(reply, cell.describe_exit())
         return None
+
+    def _cancel(self, reply: ReplyTo) -> None:
+        for cell in self.actors.values():
+            if cell.cancel(reply):
+                return
+
+    def cancel_local(self, actor_id: str, reply: ReplyTo) -> None:
+        """A caller in this process gave up on its call to `actor_id`: cancel it there."""
+        cell = self.actors.get(actor_id)
+        if cell is not None:
+            cell.cancel(reply)
 
     def _refuse_op(self, conn: Connection, call_id: Any, op: Any) -> None:
         why = f"node operation {op!r} refused: only this process's parent may ask for it"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -23,6 +23,7 @@ from .._wire._frames import (
     _ARRAY7,
     _P_CALL,
     _P_CAST,
+    CANCEL,
     SYS,
     _call_body,
     _pack_uint,
@@ -70,6 +71,9 @@ class Outgoing:
         return functools.partial(self.channel.offer, collect=collect)
 
     async def connect(self, addr: str) -> Connection:
+        raise NotImplementedError
+
+    def cancel_local(self, actor_id: str, reply: ReplyTo) -> None:
         raise NotImplementedError
 
     def deliver_local(
@@ -123,6 +127,10 @@ class Outgoing:
                 group.deliver(index, False, error)
                 continue
             call_id = conn.expect_reply(group, index)
+            # A caller that gives up (timeout, cancellation) also tells the actor to stop.
+            group.cancels[index] = functools.partial(
+                _cancel_remote, conn, call_id, group.cancels[index]
+            )
             self._send(
                 conn, array, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body, *tail
             )
@@ -147,6 +155,7 @@ class Outgoing:
     ) -> None:
         # Same process: still encode and decode, so arguments are copies as they would be remotely.
         method, args, kwargs = self._unpack_local(body)
+        group.cancels[index] = functools.partial(self.cancel_local, actor_id, (group, index))
         waiting = self.deliver_local(actor_id, method, args, kwargs, (group, index), chain)
         if waiting is not None and self.nursery is not None:
             self.nursery.start_soon(_await, waiting)
@@ -215,6 +224,13 @@ class Outgoing:
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
         if not conn.closed:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload], self.offer(None)))
+
+
+def _cancel_remote(conn: Connection, call_id: int, forget: Callable[[], None]) -> None:
+    """Forget a call's reply and tell its actor the caller gave up (a CANCEL frame)."""
+    forget()
+    if not conn.closed:
+        conn.send_nowait(_codec.pack([CANCEL, call_id]))
 
 
 async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:

@@ -10,6 +10,7 @@ Frames (msgpack arrays, see docs/wire.md):
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
+    [7, call_id]                                   CANCEL the caller gave up on that call
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from .._core._errors import ActorDiedError, ActorError, ProtocolError
 from . import _codec
 from ._codec import PendingTensor
 
-CALL, CAST, OK, ERR, SYS, HELLO, REPLIES = range(7)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2}
+CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 2}
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
 _ARRAY6 = b"\x96"

@@ -1,0 +1,63 @@
+"""Cancellation reaches the actor: a caller that gives up (timeout, cancelled task) cancels the
+async endpoint it was waiting on, whose `finally` runs; the actor then serves the next call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import Supervisor, Worker
+from tests.actors import Waiter
+from tests.conftest import run_trio
+
+
+async def _journal_has(journal: Path, line: str) -> None:
+    while not (journal.exists() and line in journal.read_text().splitlines()):
+        await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("placement", ["procs", "local"])
+def test_a_caller_timeout_cancels_the_async_endpoint(tmp_path: Path, placement: str) -> None:
+    journal = tmp_path / "journal"
+    tree = Supervisor("s", children=[Worker("w", Waiter, args=(str(journal),))])
+
+    async def body() -> None:
+        async with otpmesh.start(tree, placement=placement) as app:  # type: ignore[arg-type]
+            waiter = app.actor("s/w")
+            with pytest.raises(otpmesh.CallTimeoutError):
+                await waiter.with_timeout(0.5).wait_forever("first")
+            with trio.fail_after(30):  # a guard: without cancellation it never comes
+                await _journal_has(journal, "finally first")
+            assert await waiter.ping() == "pong"  # not wedged: the next call is served
+            assert not app.events.of_kind(otpmesh.LogKind.CHILD_EXITED)  # and not a crash
+
+    run_trio(body, timeout=60)
+
+
+def test_a_cancelled_caller_task_cancels_its_calls_running_or_queued(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "journal"
+    tree = Supervisor("s", children=[Worker("w", Waiter, args=(str(journal),))])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            waiter = app.actor("s/w")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter.wait_forever, "running")
+                with trio.fail_after(30):
+                    await _journal_has(journal, "started running")
+                nursery.start_soon(waiter.wait_forever, "queued")  # waits in the mailbox
+                await trio.sleep(0.2)  # let it reach the actor's mailbox (either way is fine)
+                nursery.cancel_scope.cancel()
+            with trio.fail_after(30):
+                await _journal_has(journal, "finally running")
+            assert await waiter.ping() == "pong"  # nothing left running ahead of it
+            lines = journal.read_text().splitlines()
+            # The queued call was skipped, or (its cancel came once it had started) cancelled.
+            assert "started queued" not in lines or "finally queued" in lines, lines
+
+    run_trio(body, timeout=60)
