@@ -2,7 +2,12 @@
 read it from another, and time each size, beside a same-process copy_ and a torch.distributed
 (gloo) broadcast measured in the same run.
 
-    python examples/rdma_transfer.py [--sizes 1 16 64 256] [--backends shm tcp] [--json]
+    python examples/rdma_transfer.py [--sizes 1 16 64 256] [--backends shm tcp]
+                                     [--what read_into argument result "broadcast x4"] [--json]
+
+What is timed (otpmesh.bench_rdma): an explicit ``read_into`` a preallocated tensor, a tensor
+passed as an endpoint argument and returned as a result (the channel carries both, no import
+needed), and the same argument broadcast to 4 actors.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import torch
 
 import otpmesh
-from otpmesh.bench_rdma import measure
+from otpmesh.bench_rdma import WHAT, measure
 from otpmesh.rdma import RDMABuffer
 
 
@@ -40,7 +45,7 @@ class Rollout(otpmesh.Actor):
         return f"read and wrote {handle.nbytes} bytes over {handle.backend}"
 
 
-async def main(sizes: list[int], backends: list[str], as_json: bool) -> None:
+async def main(sizes: list[int], backends: list[str], what: list[str], as_json: bool) -> None:
     procs = await otpmesh.proc_mesh(procs=2)
     learner = (await procs.spawn("learner", Learner))[0]
     rollout = (await procs.spawn("rollout", Rollout))[1]
@@ -48,17 +53,18 @@ async def main(sizes: list[int], backends: list[str], as_json: bool) -> None:
     print(f"learner's weights now sum to {await learner.weights_sum():.0f} (was 523776)")
     await procs.stop()
 
-    rows = await measure(sizes, backends)
+    rows = await measure(sizes, backends, what=what)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    header = ("size", "backend", "GB/s", "copy_ GB/s", "ratio", "gloo GB/s")
-    print("\n{:>8} {:>8} {:>7} {:>11} {:>6} {:>10}".format(*header))
+    header = ("size", "backend", "what", "GB/s", "copy_ GB/s", "ratio", "gloo GB/s")
+    print("\n{:>8} {:>8} {:>14} {:>7} {:>11} {:>6} {:>10}".format(*header))
     for r in rows:
         gloo = r.get("gloo_broadcast_gb_per_s")
         print(
-            f"{r['size_mib']:>5} MiB {r['backend']:>8} {r['gb_per_s']:>7} "
-            f"{r['copy_gb_per_s']:>11} {r['vs_copy']:>6} {gloo if gloo is not None else '-':>10}"
+            f"{r['size_mib']:>5} MiB {r['backend']:>8} {r['what'].replace(' ', '_'):>14} "
+            f"{r['gb_per_s']:>7} {r['copy_gb_per_s']:>11} {r['vs_copy']:>6} "
+            f"{gloo if gloo is not None else '-':>10}"
         )
 
 
@@ -66,6 +72,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64, 256], help="MiB")
     parser.add_argument("--backends", nargs="+", default=otpmesh.rdma.backends())
+    parser.add_argument("--what", nargs="+", default=list(WHAT), choices=WHAT)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    otpmesh.run(main, args.sizes, args.backends, args.json)
+    otpmesh.run(main, args.sizes, args.backends, args.what, args.json)

@@ -1,22 +1,40 @@
 """Tensor-channel transfer speed, actor to actor, beside the baselines measured in the same run:
-a single-process ``copy_`` into a preallocated tensor, and a ``torch.distributed`` broadcast of
-the same tensor (gloo on CPU) between two processes."""
+a single-process ``copy_`` into a warm tensor, ``clone`` (allocate and copy), and a
+``torch.distributed`` broadcast of the same tensor (gloo on CPU) between two processes.
+
+What is measured, per size and backend (each figure the best of `repeats`, in GB/s of one
+tensor; ``seconds`` is that best time):
+
+- ``read_into``: ``await buf.read_into(t)`` of an ``RDMABuffer`` into a preallocated tensor;
+- ``argument``: an endpoint call whose argument is the tensor (the callee does not touch it);
+- ``argument+touch``: the same, the callee reading one byte of every page (what a mapped
+  argument costs once it is used);
+- ``result``: an endpoint call whose result is the tensor;
+- ``broadcast x4``: one call, the tensor as its argument, to 4 actors in 4 processes (wall time);
+- ``argument inline`` (the smallest size only): a tensor 4 bytes below the channel threshold,
+  which travels in the message itself.
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import otpmesh
 
 MIB = 1 << 20
+BROADCAST = 4
+
+
+def _best(times: list[float]) -> dict[str, float]:
+    return {"best": min(times), "median": statistics.median(times)}
 
 
 class Holder(otpmesh.Actor):
-    """Owns one tensor per size, registered on the channel."""
+    """Owns one tensor per size, registered on the channel; sends tensors to other actors."""
 
     def __init__(self) -> None:
         self.keep: list[Any] = []
@@ -32,38 +50,88 @@ class Holder(otpmesh.Actor):
         self.keep.append((t, buf))
         return buf
 
+    @otpmesh.endpoint
+    async def send(self, peers: Any, nbytes: int, repeats: int, what: str) -> dict[str, Any]:
+        """Time `repeats` calls of `peers` (an actor or a mesh) that move `nbytes` one way."""
+        import torch
+
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        times, ok = [], True
+        for _ in range(repeats + 1):  # the first warms up connections and code paths
+            start = time.perf_counter()
+            if what == "result":
+                got = await peers.make(nbytes)
+                ok = ok and bool(got[0].item() == 1.0 and got[-1].item() == 1.0)
+            else:
+                seen = await peers.take(t, what == "argument+touch")
+                ok = ok and (seen if isinstance(seen, bool) else all(seen))
+            times.append(time.perf_counter() - start)
+        return {**_best(times[1:]), "ok": ok}
+
 
 class Taker(otpmesh.Actor):
-    """Reads a buffer into a preallocated tensor, several times; reports the median GB/s."""
+    """Receives tensors (arguments, results) and reads buffers into a preallocated tensor."""
+
+    def __init__(self) -> None:
+        self.out: Any = None
 
     @otpmesh.endpoint
-    async def take(self, buf: Any, repeats: int) -> dict[str, Any]:
+    def take(self, t: Any, touch: bool) -> bool:
+        ok = bool(t[0].item() == 1.0 and t[-1].item() == 1.0)
+        if touch:  # one byte per page: the cost of first use, not of arithmetic
+            t.view(-1).view(dtype=_uint8())[::4096].sum()
+        return ok
+
+    @otpmesh.endpoint
+    def make(self, nbytes: int) -> Any:
+        import torch
+
+        if self.out is None or self.out.numel() * 4 != nbytes:
+            self.out = torch.ones(nbytes // 4, dtype=torch.float32)
+        return self.out
+
+    @otpmesh.endpoint
+    async def read(self, buf: Any, repeats: int) -> dict[str, Any]:
         import torch
 
         dst = torch.empty(buf.nbytes // 4, dtype=torch.float32)
         dst.zero_()  # touch the pages: measure the copy, not page faults
         times = []
-        for _ in range(repeats):
+        for _ in range(repeats + 1):
             start = time.perf_counter()
             await buf.read_into(dst)
             times.append(time.perf_counter() - start)
         ok = bool(dst[0].item() == 1.0 and dst[-1].item() == 1.0)
-        return {"seconds": statistics.median(times), "backend": buf.backend, "ok": ok}
+        return {**_best(times[1:]), "backend": buf.backend, "ok": ok}
 
 
-def copy_baseline(nbytes: int, repeats: int) -> float:
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm up (thread pool, caches)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def baselines(nbytes: int, repeats: int) -> dict[str, float]:
+    """GB/s of ``copy_`` into a warm tensor and of ``clone`` (allocate, first touch, copy)."""
     import torch
 
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.zero_()
-    dst.copy_(src)  # warm up (thread pool, caches)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
+    return {
+        "copy": nbytes / _timed(lambda: dst.copy_(src), repeats) / 1e9,
+        "clone": nbytes / _timed(src.clone, repeats) / 1e9,
+    }
 
 
 def gloo_broadcast(nbytes: int, repeats: int) -> float | None:
@@ -101,8 +169,11 @@ def _gloo_rank(rank: int, port: int, nbytes: int, repeats: int, queue: Any) -> N
         dist.broadcast(t, 0)
         times.append(time.perf_counter() - start)
     if rank == 1:
-        queue.put(statistics.median(times))
+        queue.put(min(times))
     dist.destroy_process_group()
+
+
+WHAT = ("read_into", "argument", "argument+touch", "result", f"broadcast x{BROADCAST}")
 
 
 async def measure(
@@ -111,11 +182,21 @@ async def measure(
     repeats: int = 5,
     gloo: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
+    what: Sequence[str] = (*WHAT, "argument inline"),
 ) -> list[dict[str, Any]]:
-    """One row per (size, backend): GB/s, and the baselines for that size. `progress` hears
+    """One row per (size, backend, what is measured; see the module's docstring): GB/s, and the
+    baselines for that size. `what`: the measurements to make (default: all). `progress` hears
     each measurement as it starts: (what, its number from 1, how many)."""
+    from otpmesh._wire._codec import CHANNEL_THRESHOLD
+
+    unknown = [w for w in what if w not in (*WHAT, "argument inline")]
+    if unknown:
+        known = ", ".join((*WHAT, "argument inline"))
+        raise ValueError(f"unknown measurement {unknown[0]!r}; known: {known}")
     sizes = sorted(set(sizes_mib), key=sizes_mib.index)
-    steps = len(backends) * len(sizes) + len(sizes) * (2 if gloo else 1)
+    chosen = [w for w in WHAT if w in what]
+    inline = "argument inline" in what and min(sizes) * MIB >= CHANNEL_THRESHOLD
+    steps = len(backends) * (len(sizes) * len(chosen) + inline) + len(sizes) * (2 if gloo else 1)
     done = 0
 
     def step(what: str) -> None:
@@ -127,30 +208,36 @@ async def measure(
     rows = []
     for backend in backends:
         os.environ["OTPMESH_RDMA_BACKENDS"] = backend  # passed on to the workers forked next
-        procs = await otpmesh.proc_mesh(procs=2)
-        holders = await procs.spawn("holder", Holder)
+        procs = await otpmesh.proc_mesh(procs=1 + (BROADCAST if WHAT[-1] in chosen else 1))
+        holder = (await procs.spawn("holder", Holder))[0]
         takers = await procs.spawn("taker", Taker)
+        one, group = takers[1], takers.slice(procs=slice(1, None))
         for mib in sizes:
-            step(f"read {mib} MiB over {backend}")
-            buf = await holders[0].offer(mib * MIB)
-            got = await takers[1].take(buf, repeats)
-            rows.append(
-                {
-                    "size_mib": mib,
-                    "backend": got["backend"],
-                    "ok": got["ok"],
-                    "gb_per_s": round(mib * MIB / got["seconds"] / 1e9, 2),
-                }
-            )
+            nbytes = mib * MIB
+            for kind in chosen:
+                step(f"{kind}, {mib} MiB over {backend}")
+                if kind == "read_into":
+                    got = await one.read(await holder.offer(nbytes), repeats)
+                else:
+                    peers = group if kind.startswith("broadcast") else one
+                    got = await holder.send(peers, nbytes, repeats, kind)
+                rows.append(_row(mib, kind, backend, got))
+        if inline:
+            step(f"argument inline, {min(sizes)} MiB over {backend}")
+            nbytes = CHANNEL_THRESHOLD - 4
+            got = await holder.send(one, nbytes, repeats, "argument")
+            rows.append(_row(min(sizes), "argument inline", backend, got))
         await procs.stop()
     os.environ.pop("OTPMESH_RDMA_BACKENDS", None)
-    copy_speed = {}
+    speeds = {}
     for mib in sizes:
-        step(f"copy_ baseline, {mib} MiB")
-        copy_speed[mib] = round(copy_baseline(mib * MIB, repeats), 2)
+        step(f"copy_ and clone baselines, {mib} MiB")
+        speeds[mib] = baselines(mib * MIB, repeats)
     for row in rows:
-        row["copy_gb_per_s"] = copy_speed[row["size_mib"]]
-        row["vs_copy"] = round(row["gb_per_s"] / row["copy_gb_per_s"], 2)
+        base = speeds[row["size_mib"]]
+        row["copy_gb_per_s"] = round(base["copy"], 2)
+        row["clone_gb_per_s"] = round(base["clone"], 2)
+        row["vs_copy"] = round(row["gb_per_s"] / base["copy"], 2)
     if gloo:
         for mib in sizes:
             step(f"gloo broadcast baseline, {mib} MiB")
@@ -159,3 +246,15 @@ async def measure(
                 if row["size_mib"] == mib:
                     row["gloo_broadcast_gb_per_s"] = None if speed is None else round(speed, 2)
     return rows
+
+
+def _row(mib: int, what: str, backend: str, got: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "size_mib": mib,
+        "what": what,
+        "backend": got.get("backend", backend),
+        "ok": got["ok"],
+        "seconds": round(got["best"], 4),
+        "gb_per_s": round(mib * MIB / got["best"] / 1e9, 2),
+        "median_gb_per_s": round(mib * MIB / got["median"] / 1e9, 2),
+    }

@@ -64,12 +64,20 @@ def test_chaos_rollouts_answers_every_call_while_actors_are_killed() -> None:
 
 
 def test_rdma_transfer_syncs_weights_and_prints_the_table() -> None:
-    out = _run("rdma_transfer.py", "--sizes", "1", "4", "--backends", "shm", "tcp")
+    out = _run(
+        "rdma_transfer.py", "--sizes", "1", "4", "--backends", "shm", "tcp",
+        "--what", "read_into", "argument",
+    )  # fmt: skip
     assert "read and wrote 4096 bytes over shm" in out
     assert "learner's weights now sum to 1047552 (was 523776)" in out
     rows = [line.split() for line in out.splitlines() if "MiB" in line]
-    assert [(r[0], r[2]) for r in rows] == [("1", "shm"), ("4", "shm"), ("1", "tcp"), ("4", "tcp")]
-    assert all(float(r[3]) > 0 for r in rows)
+    assert [(r[0], r[2], r[3]) for r in rows] == [
+        (size, backend, what)
+        for backend in ("shm", "tcp")
+        for size in ("1", "4")
+        for what in ("read_into", "argument")
+    ], rows
+    assert all(float(r[4]) > 0 for r in rows)
 
 
 def test_multihost_local_spreads_a_mesh_over_two_hosts_and_survives_losing_one() -> None:

@@ -27,6 +27,11 @@ from ._backend import Backend, Peer, Region
 from ._error import RDMAError
 from ._handle import Grant, Handle, check_grant, check_matches, peer_pid
 from ._registry import allowed_backends, registry
+from ._snapshot import Snapshot
+
+#: A reader's way to take a channel tensor without copying it: (backend, its entry in the grant,
+#: the owner's pid) -> the tensor, or None to copy it.
+Mapper = Callable[[str, dict[str, Any], int], Any]
 
 log = logging.getLogger("otpmesh.rdma")
 
@@ -89,16 +94,27 @@ class RDMABuffer:
         self._register_on(node, data)
 
     @classmethod
-    def _register(cls, node: Node, data: Any) -> RDMABuffer:
-        """A buffer of `data` registered with `node` (its channel offering a large tensor)."""
+    def _register(cls, node: Node, data: Any, *, snapshot: bool = False) -> RDMABuffer:
+        """A buffer of `data` registered with `node` (its channel offering a large tensor).
+        `snapshot`: register a copy of `data` taken now (``_snapshot.py``), not `data` itself."""
         buf = cls.__new__(cls)
-        buf._register_on(node, data)
+        buf._register_on(node, data, snapshot=snapshot)
         return buf
 
-    def _register_on(self, node: Node, data: Any) -> None:
+    def _register_on(self, node: Node, data: Any, *, snapshot: bool = False) -> None:
         region, dtype, shape = _describe_target(data)
         dims = None if shape is None else tuple(shape)
-        buffer_id, reg = registry(node).register(data, region, dtype, dims)
+        if snapshot and region.nbytes:
+            copy = Snapshot(region)
+            try:
+                buffer_id, reg = registry(node).register(
+                    copy, copy.region, dtype, dims, snapshot=copy
+                )
+            except BaseException:
+                copy.close()
+                raise
+        else:
+            buffer_id, reg = registry(node).register(data, region, dtype, dims)
         self._handle = Handle(
             buffer=buffer_id,
             token=reg.token,
@@ -152,10 +168,11 @@ class RDMABuffer:
         self._check(src)
         await self._transfer(lambda: src, "write", timeout)
 
-    async def _read_new(self, make: Callable[[], Any]) -> Any:
+    async def _read_new(self, make: Callable[[], Any], mapped: Mapper | None = None) -> Any:
         """Read into what `make()` returns, called only once the owner vouched for the handle
-        (so a forged handle cannot make this process allocate what it names)."""
-        return await self._transfer(make, "read", None)
+        (so a forged handle cannot make this process allocate what it names); or, first, take
+        what `mapped` returns, if anything (a snapshot mapped, not copied)."""
+        return await self._transfer(make, "read", None, mapped)
 
     def drop(self) -> None:
         """Release the buffer: it can no longer be read or written (pinned transfers finish)."""
@@ -189,7 +206,9 @@ class RDMABuffer:
             )
         return region
 
-    async def _transfer(self, make: Callable[[], Any], op: str, timeout: float | None) -> Any:
+    async def _transfer(
+        self, make: Callable[[], Any], op: str, timeout: float | None, mapped: Mapper | None = None
+    ) -> Any:
         node = current_node()
         if node is None:
             raise RDMAError(
@@ -201,7 +220,7 @@ class RDMABuffer:
             with trio.fail_after(timeout if timeout is not None else float("inf")):
                 if h.owner == node.addr:
                     return self._copy_locally(node, make, op)
-                return await self._transfer_remote(node, make, op)
+                return await self._transfer_remote(node, make, op, mapped)
         except trio.TooSlowError:
             raise RDMAError(
                 f"{op} of buffer {h.buffer} (owner {h.owner}) timed out after {timeout:g} s"
@@ -218,7 +237,9 @@ class RDMABuffer:
         self.backend = "local"
         return local
 
-    async def _transfer_remote(self, node: Node, make: Callable[[], Any], op: str) -> Any:
+    async def _transfer_remote(
+        self, node: Node, make: Callable[[], Any], op: str, mapped: Mapper | None
+    ) -> Any:
         h = self._handle
         try:
             conn = await node.connect_side(h.owner)
@@ -246,11 +267,16 @@ class RDMABuffer:
         try:
             grant = Grant.from_wire(answer)
             check_grant(h, grant, peer_pid(conn.sock))
-            local = make()
-            region = self._check(local)
             peer = Peer(grant.pid, grant.boot_id, grant.pidns, request)
             name, backend = self._choose(node, grant, peer)
             entry = grant.entries[name]
+            if mapped is not None:  # while pinned: the owner keeps what the grant names
+                taken = mapped(name, entry, grant.pid)
+                if taken is not None:
+                    self.backend = name
+                    return taken
+            local = make()
+            region = self._check(local)
             try:
                 if op == "read":
                     await backend.read(entry, peer, region, 0)

@@ -22,6 +22,7 @@ from ._backend import Backend, Region
 from ._error import RDMAError as RDMAError
 from ._handle import Grant, new_token, tokens_match
 from ._shm import ShmBackend
+from ._snapshot import Snapshot
 from ._tcp import TcpBackend
 
 #: Preference order: the first backend both ends can use wins.
@@ -64,6 +65,7 @@ class _Registered:
     grant: dict[str, Any]  # the answer to a pin: the only way the backends' entries leave
     pins: dict[int, int] = field(default_factory=dict)  # id(conn) -> count
     dropped: bool = False
+    snapshot: Snapshot | None = None  # a channel tensor's copy (closed when forgotten)
 
 
 class Registry:
@@ -82,11 +84,21 @@ class Registry:
         node.close_hooks.append(self._release_pins)
 
     def register(
-        self, obj: Any, region: Region, dtype: str | None, shape: tuple[int, ...] | None
+        self,
+        obj: Any,
+        region: Region,
+        dtype: str | None,
+        shape: tuple[int, ...] | None,
+        *,
+        snapshot: Snapshot | None = None,
     ) -> tuple[int, _Registered]:
+        """Register `region` (the memory of `obj`). With `snapshot` (a channel tensor's copy,
+        whose ``region`` this is), readers of this host may map it instead of copying it."""
         buffer_id = self._issued = next(self._ids)
         allowed = allowed_backends()
         entries = {n: b.register(buffer_id, region) for n, b in self.usable.items() if n in allowed}
+        if snapshot is not None and "shm" in entries:
+            entries["shm"] = {**entries["shm"], "memfd": snapshot.fd}
         grant = Grant(
             pid=os.getpid(),
             boot_id=self._host[0],
@@ -96,7 +108,9 @@ class Registry:
             shape=shape,
             entries=entries,
         )
-        reg = _Registered(obj, region, new_token(), dtype, shape, grant.to_wire())
+        reg = _Registered(
+            obj, region, new_token(), dtype, shape, grant.to_wire(), snapshot=snapshot
+        )
         self.buffers[buffer_id] = reg
         return buffer_id, reg
 
@@ -141,9 +155,11 @@ class Registry:
             self._forget(buffer_id)
 
     def _forget(self, buffer_id: int) -> None:
-        self.buffers.pop(buffer_id, None)
+        reg = self.buffers.pop(buffer_id, None)
         for backend in self.usable.values():
             backend.unregister(buffer_id)
+        if reg is not None and reg.snapshot is not None:
+            reg.snapshot.close()  # readers' mappings keep their pages; nothing else does
 
     def _release_pins(self, conn: Connection) -> None:
         for buffer_id, reg in list(self.buffers.items()):
