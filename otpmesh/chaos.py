@@ -38,6 +38,7 @@ from ._controller._app import App, context
 from ._controller._placement import LocalPlacement
 from ._core._exits import ActorCrash
 from ._core._reasons import KILLED, NORMAL, SHUTDOWN
+from ._core._spec import Mesh, Supervisor
 from ._core._supevents import LogEntry, LogKind
 
 log = logging.getLogger("otpmesh.chaos")
@@ -106,7 +107,17 @@ async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
 
 async def stop(app: App, path: str, reason: object = NORMAL) -> Fault:
     """Make the actor exit with `reason` ('normal', 'shutdown', ('shutdown', detail), ...) after
-    its current message, as if it had called ``self.stop(reason)``."""
+    its current message, as if it had called ``self.stop(reason)``.
+
+    At a supervisor's (or a mesh's) path it is OTP's ``exit(Sup, Reason)``: the supervisor
+    terminates its children in its shutdown order and exits with `reason`, and its parent
+    applies its strategy (a permanent child supervisor is restarted, static children only)."""
+    tree = context(app)
+    if isinstance(tree.specs.get(path), Supervisor | Mesh):
+        recorded = _record(app, "stop", path, repr(reason))
+        if tree.exit_supervisor(path, reason):
+            return recorded
+        return _record(app, "stop", path, "not running", hit=False)
     _slot(app, path)
     return await _inject(app, "stop", path, repr(reason), "exit", reason)
 

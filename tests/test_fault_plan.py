@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 import otpmesh
-from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, Worker
+from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, Worker, chaos
 from otpmesh.chaos import FaultPlan, PlannedFault
 from tests.actors import Member
 
@@ -127,3 +127,38 @@ def test_a_planned_sigkill_meets_a_fresh_process_after_an_earlier_one() -> None:
                 return await run(app)
 
     assert trio.run(body) == [True, True]
+
+
+def test_stopping_a_supervisor_is_otps_exit_sup_reason() -> None:
+    """chaos.stop at a supervisor's path: it terminates its children in reverse start order and
+    exits with the reason; its parent (one_for_one) restarts it, static children in order."""
+    tree = Supervisor(
+        "s",
+        intensity=5,
+        children=[
+            Worker("w", Member),
+            Supervisor("sub", children=[Worker("a", Member), Worker("b", Member)]),
+        ],
+    )
+
+    async def body() -> list[str]:
+        async with otpmesh.start(tree, placement="local") as app:
+            await trio.sleep(1.0)  # MockClock: what follows is told apart by its time
+            fault = await chaos.stop(app, "s/sub", "boom")
+            assert fault.hit and str(fault) == "stop s/sub ('boom')"
+            await app.settled()
+            assert await app.actor("s/sub/a").ping() == "s/sub/a"
+            return [str(e) for e in app.events if e.time > 0]
+
+    seen = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [" ".join(line.split()) for line in seen] == [
+        "fault_injected s/sub (stop s/sub ('boom'))",
+        "child_terminated s/sub/b #1 (stopped (shutdown))",
+        "child_terminated s/sub/a #1 (stopped (shutdown))",
+        "supervisor_exited s/sub (exited with 'boom')",
+        "child_exited s/sub #1 (exited with 'boom')",
+        "child_started s/sub/a #2",
+        "child_started s/sub/b #2",
+        "supervisor_started s/sub",
+        "child_started s/sub #2",
+    ]

@@ -22,6 +22,7 @@ from .._core._supevents import (
     Reply,
     RestartChildRequest,
     StartChildRequest,
+    Stop,
     TerminateChildRequest,
 )
 from .._node._mesh import Slot
@@ -206,6 +207,16 @@ class TreeContext:
     def which_children(self, sup_path: str) -> list[ChildInfo]:
         driver = self._driver(sup_path)
         return [] if driver.core.done else driver.core.which_children()
+
+    def exit_supervisor(self, sup_path: str, reason: object) -> bool:
+        """OTP's ``exit(Sup, Reason)``: the running supervisor at `sup_path` terminates its
+        children in its order and exits with `reason`; its parent applies its strategy. False
+        if no supervisor runs there."""
+        driver = self._find_driver(sup_path)
+        if driver is None:
+            return False
+        driver.post(Stop(reason))
+        return True
 
     def _find_driver(self, sup_path: str) -> SupervisorDriver | None:
         stack = [self.root]
