@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import otpmesh
-from otpmesh.rdma import RDMABuffer
+from otpmesh.rdma import RDMABuffer, flat_parameters
 
 from . import task
 
@@ -105,16 +105,17 @@ class Rollout(otpmesh.Actor):
         task.setup_torch()
         self.cfg = task.Config(**config)
         self.policy = task.make_policy(self.cfg)
-        self.flat = torch.empty(task.flat_size(self.policy))
+        # The parameters become views into one flat tensor: a read lands in them directly.
+        self.flat = flat_parameters(self.policy)
 
     # A read of weights whose owner has just died is not this rollout's fault: the error goes to
     # the controller, which re-runs the iteration; the rollout lives on.
     @otpmesh.endpoint(let_it_crash=False)
     async def generate(self, iteration: int, weights: RDMABuffer) -> Batch:
-        """Read the weights through the tensor channel (one copy; the learner's code does not
-        run), then sample this rank's batch for `iteration`."""
+        """Read the weights through the tensor channel straight into the policy's parameters
+        (one copy; the learner's code does not run), then sample this rank's batch for
+        `iteration`."""
         await weights.read_into(self.flat)
-        torch.nn.utils.vector_to_parameters(self.flat, self.policy.parameters())
         return task.generate(self.policy, self.cfg, iteration, otpmesh.context().rank)
 
 

@@ -15,6 +15,7 @@ once.
 """
 
 from ._buffer import RDMABuffer as RDMABuffer
+from ._params import flat_parameters as flat_parameters
 from ._registry import PREFERENCE as PREFERENCE
 from ._registry import RDMAError as RDMAError
 from ._registry import allowed_backends as allowed_backends

@@ -1,0 +1,29 @@
+"""otpmesh.rdma.flat_parameters: a module's parameters as views into one flat tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from otpmesh.rdma import flat_parameters
+
+
+def test_parameters_become_views_of_one_flat_tensor_in_parameters_to_vector_order() -> None:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    before = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    flat = flat_parameters(module)
+    assert torch.equal(flat, before)  # same values, same layout
+    flat.copy_(torch.arange(flat.numel(), dtype=flat.dtype))  # what read_into does
+    assert torch.equal(torch.nn.utils.parameters_to_vector(module.parameters()), flat)
+    out = module(torch.ones(1, 3))  # and the module computes with them, gradients too
+    out.sum().backward()
+    assert all(p.grad is not None for p in module.parameters())
+
+
+def test_a_module_without_one_dtype_is_refused_with_what_was_found() -> None:
+    with pytest.raises(ValueError, match="has no parameters"):
+        flat_parameters(torch.nn.ReLU())
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match=r"one dtype and device.*float64"):
+        flat_parameters(mixed)
