@@ -109,9 +109,12 @@ async def stop(app: App, path: str, reason: object = NORMAL) -> Fault:
     """Make the actor exit with `reason` ('normal', 'shutdown', ('shutdown', detail), ...) after
     its current message, as if it had called ``self.stop(reason)``.
 
-    At a supervisor's (or a mesh's) path it is OTP's ``exit(Sup, Reason)``: the supervisor
-    terminates its children in its shutdown order and exits with `reason`, and its parent
-    applies its strategy (a permanent child supervisor is restarted, static children only)."""
+    At a supervisor's (or a mesh's) path it forces a stop on the supervisor, as its parent's
+    terminate would but with `reason` (in OTP, what a supervisor does when its parent sends it
+    an exit signal): it terminates its children in its shutdown order and exits with `reason`,
+    and its parent applies its strategy (a permanent child supervisor is restarted, static
+    children only). At the root it ends the app: with an abnormal reason ``otpmesh.start``
+    raises ``SupervisorError``, with 'normal' or 'shutdown' the block just ends."""
     tree = context(app)
     if isinstance(tree.specs.get(path), Supervisor | Mesh):
         recorded = _record(app, "stop", path, repr(reason))

@@ -129,9 +129,10 @@ def test_a_planned_sigkill_meets_a_fresh_process_after_an_earlier_one() -> None:
     assert trio.run(body) == [True, True]
 
 
-def test_stopping_a_supervisor_is_otps_exit_sup_reason() -> None:
-    """chaos.stop at a supervisor's path: it terminates its children in reverse start order and
-    exits with the reason; its parent (one_for_one) restarts it, static children in order."""
+def test_stopping_a_supervisor_stops_its_children_in_order_and_its_parent_restarts_it() -> None:
+    """chaos.stop at a supervisor's path (a stop forced on it): it terminates its children in
+    reverse start order and exits with the reason; its parent (one_for_one) restarts it, static
+    children in order."""
     tree = Supervisor(
         "s",
         intensity=5,

@@ -74,3 +74,20 @@ def test_introspecting_a_path_that_is_no_running_supervisor_says_so() -> None:
             app.count_children("s/sub")
 
     _run(body)
+
+
+def test_a_child_added_with_start_child_is_supervised_over_processes_too() -> None:
+    """Its exits reach its supervisor (they were once only logged): it is restarted."""
+    from tests.conftest import run_trio
+
+    async def body() -> None:
+        tree = Supervisor("s", intensity=5, children=[Worker("a", Member)])
+        async with otpmesh.start(tree) as app:
+            await app.start_child("s", Worker("b", Member))
+            with pytest.raises(otpmesh.ActorError):
+                await app.actor("s/b").crash("boom")
+            await app.settled()
+            assert await otpmesh.retry(app.actor("s/b").ping) == "s/b"
+            assert [(c.id, c.incarnation) for c in app.which_children("s")] == [("b", 2), ("a", 1)]
+
+    run_trio(body, timeout=60)

@@ -130,7 +130,16 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 @pytest.mark.parametrize(
     "attack",
-    ["bad-handshake", "oversized", "truncated", "unknown-kind", "not-msgpack", "random"],
+    [
+        "bad-handshake",
+        "oversized",
+        "truncated",
+        "unknown-kind",
+        "not-msgpack",
+        "random",
+        "sys-call-id-not-an-int",
+        "call-id-unhashable",
+    ],
 )
 def test_a_bad_connection_is_closed_and_the_worker_keeps_serving(attack: str) -> None:
     async def body() -> None:
@@ -153,6 +162,10 @@ def test_a_bad_connection_is_closed_and_the_worker_keeps_serving(attack: str) ->
                     sock.sendall(_frame(msgpack.packb([99, 1])))
                 elif attack == "not-msgpack":
                     sock.sendall(_frame(b"\xc1\xc1\xc1"))
+                elif attack == "sys-call-id-not-an-int":  # once crashed the whole worker
+                    sock.sendall(_frame(msgpack.packb([4, "x", "ping", None])))
+                elif attack == "call-id-unhashable":  # likewise, in the actor's cell
+                    sock.sendall(_frame(msgpack.packb([0, [1], "w/0", "echo", [1], {}])))
                 else:  # a plausible length prefix, then the sender gives up mid-frame
                     sock.sendall(bytes(range(256)) * 4)
                     sock.shutdown(socket.SHUT_WR)

@@ -136,6 +136,7 @@ async def start(
     rt = await runtime()
     ctx = TreeContext(tree, EventLog(events_file))
     ctx.runtime_node = rt.node
+    ctx.exit_listeners = rt.exit_listeners
     for path in ctx.specs:
         rt.exit_listeners[path] = ctx
     try:

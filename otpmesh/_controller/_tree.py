@@ -44,6 +44,8 @@ class TreeContext:
         self.events = events
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
+        #: Where the runtime finds who hears an actor's exit, by path (set by ``start``).
+        self.exit_listeners: dict[str, Any] | None = None
         self._learn(tree, "")
         self._slots: dict[str, Slot] = {}
         self._watchers: dict[str, SupervisorDriver] = {}
@@ -72,12 +74,18 @@ class TreeContext:
         return spec
 
     def _learn(self, spec: Supervisor | Worker | Mesh, parent: str) -> None:
+        learned = []
         for path, node in walk(spec, parent):
             self.specs[path] = node
+            learned.append(path)
             if isinstance(node, Mesh):
                 self.mesh_shapes[path] = dict(node.shape)
                 for rank in range(node.size):
                     self.specs[f"{path}/{rank}"] = node.as_supervisor().children[rank]
+                    learned.append(f"{path}/{rank}")
+        for path in learned:  # a child added by start_child: its exits must reach us too
+            if self.exit_listeners is not None:
+                self.exit_listeners[path] = self
 
     # ---------------------------------------------------------------- slots (driver side)
 

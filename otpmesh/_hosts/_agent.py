@@ -297,6 +297,9 @@ def run_agent(args: argparse.Namespace) -> int:
             return 2
     try:
         secret = sys.stdin.buffer.readline().strip() if args.secret_stdin else load_secret()
+        # Not left in the environment, where the fork server and every worker would inherit
+        # it (and /proc/PID/environ shows it): the workers get it in their fork request.
+        os.environ.pop("OTPMESH_SECRET", None)
     except SecretError as exc:
         print(f"otpmesh agent: {exc}", file=sys.stderr)
         return 2

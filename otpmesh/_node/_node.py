@@ -301,7 +301,8 @@ class Node(Outgoing):
                 group.deliver(index, False, remote_error(group.paths[index], msg))
             return None
         if kind == CANCEL:  # the caller gave up on one of its calls on this connection
-            self._cancel((conn, msg[1]))
+            if isinstance(msg[2], str):
+                self.cancel_local(msg[2], (conn, msg[1]))
             return None
         if kind == REPLIES:  # a host agent's batch (_fanout.py): each as if it came alone
             for reply in msg[1]:
@@ -364,11 +365,6 @@ class Node(Outgoing):
             if reply is not None:
                 self.reply_dead(reply, cell.describe_exit())
         return None
-
-    def _cancel(self, reply: ReplyTo) -> None:
-        for cell in self.actors.values():
-            if cell.cancel(reply):
-                return
 
     def cancel_local(self, actor_id: str, reply: ReplyTo) -> None:
         """A caller in this process gave up on its call to `actor_id`: cancel it there."""

@@ -98,9 +98,32 @@ class Outgoing:
         else:
             array, tail = _ARRAY6, []
         group = CallGroup(paths)
-        offered: list[int] = []  # large tensors: dropped when this call ends
-        body = _call_body(method, args, kwargs, self.offer(offered))
-        group.offered = offered
+        group.offered = []  # large tensors: dropped when this call ends
+        try:
+            body = _call_body(method, args, kwargs, self.offer(group.offered))
+            await self._send_call(group, targets, paths, body, chain, array, tail)
+        except BaseException:
+            # Failed or cancelled part-way: nobody will wait on this group, so undo it here
+            # (tell the actors already called, forget the replies, release the tensors).
+            group.forget()
+            self.done(targets)
+            if group.offered and self.channel is not None:
+                self.channel.drop_offered(group.offered)
+            raise
+        return group
+
+    async def _send_call(
+        self,
+        group: CallGroup,
+        targets: Sequence[Target],
+        paths: list[str],
+        body: bytes,
+        chain: tuple[str, ...],
+        array: bytes,
+        tail: list[bytes],
+    ) -> None:
+        """Send one call's frames to every target (relayed through host agents where that
+        pays), then wait while a connection has too much queued."""
         inflight = self.inflight
         relayed: set[int] = set()
         if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
@@ -129,7 +152,7 @@ class Outgoing:
             call_id = conn.expect_reply(group, index)
             # A caller that gives up (timeout, cancellation) also tells the actor to stop.
             group.cancels[index] = functools.partial(
-                _cancel_remote, conn, call_id, group.cancels[index]
+                _cancel_remote, conn, call_id, actor_id, group.cancels[index]
             )
             self._send(
                 conn, array, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body, *tail
@@ -138,7 +161,6 @@ class Outgoing:
             used = self._conns.get(target.addr)
             if used is not None:
                 await used.drain()
-        return group
 
     def done(self, targets: Sequence[Target]) -> None:
         """Forget the in-flight counts of a finished call (used for load balancing)."""
@@ -226,11 +248,13 @@ class Outgoing:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload], self.offer(None)))
 
 
-def _cancel_remote(conn: Connection, call_id: int, forget: Callable[[], None]) -> None:
+def _cancel_remote(
+    conn: Connection, call_id: int, actor_id: str, forget: Callable[[], None]
+) -> None:
     """Forget a call's reply and tell its actor the caller gave up (a CANCEL frame)."""
     forget()
     if not conn.closed:
-        conn.send_nowait(_codec.pack([CANCEL, call_id]))
+        conn.send_nowait(_codec.pack([CANCEL, call_id, actor_id]))
 
 
 async def _send_later(conn: Connection, delay: float, parts: tuple[bytes, ...]) -> None:

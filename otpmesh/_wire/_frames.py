@@ -10,7 +10,7 @@ Frames (msgpack arrays, see docs/wire.md):
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
-    [7, call_id]                                   CANCEL the caller gave up on that call
+    [7, call_id, actor_id]                         CANCEL the caller gave up on that call
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from . import _codec
 from ._codec import PendingTensor
 
 CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 2}
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3}
+_WITH_CALL_ID = frozenset({CALL, OK, ERR, SYS, CANCEL})
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
 _ARRAY6 = b"\x96"
@@ -47,6 +48,8 @@ def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
         raise ProtocolError(f"unknown frame kind {_codec.brief(msg[0])}")
     if len(msg) != arity and not (msg[0] == CALL and len(msg) == arity + 1):
         raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
+    if msg[0] in _WITH_CALL_ID:
+        _check_call_id(msg[1], -1 if msg[0] == SYS else 0)
     if msg[0] == REPLIES:
         if not isinstance(msg[1], list):
             raise ProtocolError("a REPLIES frame carries an array of replies")
@@ -58,7 +61,15 @@ def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
                 and len(reply) == _ARITY[reply[0]]
             ):
                 raise ProtocolError(f"not a reply in a REPLIES frame: {_codec.brief(reply)}")
+            _check_call_id(reply[1], 0)
     return msg, pending
+
+
+def _check_call_id(call_id: Any, lowest: int) -> None:
+    """A call id is an int in [lowest, 2**64): anything else is a malformed frame, refused here,
+    before it reaches a table lookup or a comparison deep in the node."""
+    if type(call_id) is not int or not lowest <= call_id < 1 << 64:
+        raise ProtocolError(f"bad call id {_codec.brief(call_id)}")
 
 
 def _call_body(method: str, args: Any, kwargs: Any, offer: _codec.Offer | None = None) -> bytes:

@@ -34,6 +34,9 @@ from ._snapshot import Snapshot
 Mapper = Callable[[str, dict[str, Any], int], Any]
 
 log = logging.getLogger("otpmesh.rdma")
+#: Backends that act on the pid a grant names (process_vm_readv, pidfd_getfd): used only when
+#: the kernel vouched for that pid.
+_PID_BACKENDS = frozenset({"shm"})
 
 # Fallbacks already said once: (best backend, backend used).
 _warned: set[tuple[str, str]] = set()
@@ -266,11 +269,15 @@ class RDMABuffer:
         answer = await self._owner_call(node, conn, {"op": "pin", "token": h.token})
         try:
             grant = Grant.from_wire(answer)
-            check_grant(h, grant, peer_pid(conn.sock))
+            answered_by = peer_pid(conn.sock)
+            check_grant(h, grant, answered_by)
             peer = Peer(grant.pid, grant.boot_id, grant.pidns, request)
-            name, backend = self._choose(node, grant, peer)
+            # Only the kernel's word (SO_PEERCRED, on a Unix socket) makes the grant's pid safe
+            # to copy from or map: over TCP nothing vouches for it, so no same-host shortcut.
+            verified = answered_by is not None
+            name, backend = self._choose(node, grant, peer, verified)
             entry = grant.entries[name]
-            if mapped is not None:  # while pinned: the owner keeps what the grant names
+            if mapped is not None and verified:  # while pinned: the owner keeps what it names
                 taken = mapped(name, entry, grant.pid)
                 if taken is not None:
                     self.backend = name
@@ -306,10 +313,12 @@ class RDMABuffer:
             message = getattr(exc, "message", str(exc))
             raise RDMAError(message) from None
 
-    def _choose(self, node: Node, grant: Grant, peer: Peer) -> tuple[str, Backend]:
+    def _choose(self, node: Node, grant: Grant, peer: Peer, verified: bool) -> tuple[str, Backend]:
         usable = registry(node).usable
         allowed = allowed_backends()
         for name in allowed:
+            if name in _PID_BACKENDS and not verified:
+                continue
             backend = usable.get(name)
             entry = grant.entries.get(name)
             if backend is not None and entry is not None and backend.reaches(entry, peer):
