@@ -11,7 +11,6 @@ Frames are described in _frames.py and docs/wire.md.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -19,19 +18,15 @@ from typing import Any
 import trio
 
 from .._core._errors import ActorDiedError, ProtocolError
-from .._wire import _codec, _framemac, _secret
+from .._wire import _codec, _secret
 from .._wire._addresses import bind, bind_tcp, listen_address, tcp_address
 from .._wire._codec import PendingTensor
 from .._wire._connection import (
-    FLAG_FRAME_MAC,
     Connection,
-    authenticate,
-    check_same_user,
+    accept,
     detach,
     dial,
-    handshake,
 )
-from .._wire._framemac import FrameMac
 from .._wire._frames import (
     CALL,
     CANCEL,
@@ -174,7 +169,11 @@ class Node(Outgoing):
             peer = describe_peer(sock, tcp)
             if self._unproven > MAX_UNPROVEN:
                 raise ProtocolError(f"more than {MAX_UNPROVEN} connections are proving themselves")
-            mac = await self._prove(sock, tcp)
+            secret = self.tcp_secret if tcp else self.secret
+            if secret is None:
+                raise ProtocolError("this node has no secret to check TCP peers with")
+            with trio.fail_after(PROOF_TIMEOUT):
+                mac = await accept(sock, secret, tcp=tcp)
         except (ProtocolError, trio.TooSlowError, OSError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 why = f"did not prove itself within {PROOF_TIMEOUT:g} s"
@@ -190,22 +189,6 @@ class Node(Outgoing):
                 sock, peer="(incoming)", decode=decode_frame, on_message=self.dispatch, mac=mac
             )
         )
-
-    async def _prove(self, sock: socket.socket, tcp: bool) -> FrameMac | None:
-        """The peer of a fresh incoming connection proves it belongs to this app, or is refused:
-        the same user (Unix), the version handshake, then the secret's challenge-response. It
-        costs bounded time and memory: fixed-size reads only, no frame before the proof."""
-        with trio.fail_after(PROOF_TIMEOUT):
-            if not tcp:
-                check_same_user(sock)
-            secret = self.tcp_secret if tcp else self.secret
-            if secret is None:
-                raise ProtocolError("this node has no secret to check TCP peers with")
-            with_mac = tcp and _framemac.wanted()
-            flags = FLAG_FRAME_MAC if with_mac else 0
-            await handshake(sock, dialer=False, flags=flags, timeout=math.inf)
-            keys = await authenticate(sock, secret, dialer=False, timeout=math.inf)
-        return FrameMac(*keys) if with_mac else None
 
     async def run_connection(self, conn: Connection) -> None:
         try:

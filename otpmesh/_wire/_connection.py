@@ -16,6 +16,7 @@ A broken frame closes that one connection; nothing else is affected.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import struct
@@ -197,6 +198,19 @@ async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac
         sock.close()
         raise
     return sock, FrameMac(*keys) if with_mac else None
+
+
+async def accept(sock: socket.socket, secret: bytes, *, tcp: bool) -> FrameMac | None:
+    """The acceptor's side of ``dial``: the peer of a fresh incoming connection proves it belongs
+    to the app, or ProtocolError: the same user (Unix), the version handshake, then the secret's
+    challenge-response. Fixed-size reads only, no frame before the proof (the caller bounds the
+    time). Returns the MAC its frames carry over TCP."""
+    if not tcp:
+        check_same_user(sock)
+    with_mac = tcp and _framemac.wanted()
+    await handshake(sock, dialer=False, flags=FLAG_FRAME_MAC if with_mac else 0, timeout=math.inf)
+    keys = await authenticate(sock, secret, dialer=False, timeout=math.inf)
+    return FrameMac(*keys) if with_mac else None
 
 
 async def authenticate(
