@@ -28,7 +28,7 @@ import math
 import os
 import random
 import signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -197,10 +197,14 @@ def fail_starts(app: App, path: str, count: int = 1) -> Fault:
 # ---------------------------------------------------------------- monkeys and plans
 
 
-def _check_faults(faults: Mapping[str, float]) -> None:
-    unknown = set(faults) - set(FAULTS)
+def _check_kinds(kinds: Iterable[str]) -> None:
+    unknown = set(kinds) - set(FAULTS)
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+
+
+def _check_faults(faults: Mapping[str, float]) -> None:
+    _check_kinds(faults)
     if not faults or not all(weight >= 0 for weight in faults.values()) or not any(faults.values()):
         raise ValueError(f"faults needs a positive weight for at least one kind, not {faults!r}")
 
@@ -262,9 +266,7 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", tuple(self.faults))
-        unknown = {fault.kind for fault in self.faults} - set(FAULTS)
-        if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        _check_kinds(fault.kind for fault in self.faults)
         steps = [fault.step for fault in self.faults]
         if steps != sorted(steps) or any(step < 0 for step in steps):
             raise ValueError(f"a plan's steps must be >= 0 and in order, not {steps}")

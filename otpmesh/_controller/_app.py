@@ -134,11 +134,8 @@ async def start(
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     rt = await runtime()
-    ctx = TreeContext(tree, EventLog(events_file))
+    ctx = TreeContext(tree, EventLog(events_file), rt.exit_listeners)
     ctx.runtime_node = rt.node
-    ctx.exit_listeners = rt.exit_listeners
-    for path in ctx.specs:
-        rt.exit_listeners[path] = ctx
     try:
         async with _collapse(), trio.open_nursery() as nursery:
             ctx.nursery = nursery

@@ -39,13 +39,16 @@ class TreeContext:
     ``otpmesh.chaos`` and the testing toolkit: specs, slots, pending work, the root, the
     placement. Users see the ``App`` façade over it."""
 
-    def __init__(self, tree: Supervisor | Mesh, events: EventLog) -> None:
+    def __init__(
+        self, tree: Supervisor | Mesh, events: EventLog, exit_listeners: dict[str, Any]
+    ) -> None:
         self.tree = tree
         self.events = events
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
-        #: Where the runtime finds who hears an actor's exit, by path (set by ``start``).
-        self.exit_listeners: dict[str, Any] | None = None
+        #: Where the runtime finds who hears an actor's exit, by path: every path this tree
+        #: learns (at start, or from start_child) is ours.
+        self.exit_listeners = exit_listeners
         self._learn(tree, "")
         self._slots: dict[str, Slot] = {}
         self._watchers: dict[str, SupervisorDriver] = {}
@@ -83,9 +86,8 @@ class TreeContext:
                 for rank in range(node.size):
                     self.specs[f"{path}/{rank}"] = node.as_supervisor().children[rank]
                     learned.append(f"{path}/{rank}")
-        for path in learned:  # a child added by start_child: its exits must reach us too
-            if self.exit_listeners is not None:
-                self.exit_listeners[path] = self
+        for path in learned:  # at start, and a child added by start_child: its exits reach us
+            self.exit_listeners[path] = self
 
     # ---------------------------------------------------------------- slots (driver side)
 
