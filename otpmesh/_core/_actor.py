@@ -22,6 +22,7 @@ class EndpointInfo:
     name: str
     is_async: bool
     let_it_crash: bool
+    progress_deadline: float | None = None
 
 
 class Actor:
@@ -68,20 +69,44 @@ def endpoint(fn: F, /) -> F: ...
 
 
 @overload
-def endpoint(*, let_it_crash: bool = True) -> Callable[[F], F]: ...
+def endpoint(
+    *, let_it_crash: bool = True, progress_deadline: float | None = None
+) -> Callable[[F], F]: ...
 
 
-def endpoint(fn: F | None = None, /, *, let_it_crash: bool = True) -> F | Callable[[F], F]:
+def endpoint(
+    fn: F | None = None,
+    /,
+    *,
+    let_it_crash: bool = True,
+    progress_deadline: float | None = None,
+) -> F | Callable[[F], F]:
     """Mark an actor method as an endpoint callable from anywhere.
 
     ``async def`` endpoints run in the actor's task; plain ``def`` endpoints run inline.
     With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
+    ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
+    ``otpmesh.progress()``, the actor exits as hung.
     """
+    if progress_deadline is not None and (
+        isinstance(progress_deadline, bool)
+        or not isinstance(progress_deadline, int | float)
+        or not 0 < progress_deadline < float("inf")
+    ):
+        raise ValueError(
+            f"@endpoint(progress_deadline={progress_deadline!r}): "
+            "expected None or a positive number of seconds"
+        )
 
     def mark(f: F) -> F:
         if not callable(f):
             raise TypeError(f"@endpoint decorates a method, not {f!r}")
-        info = EndpointInfo(f.__name__, inspect.iscoroutinefunction(f), let_it_crash)
+        info = EndpointInfo(
+            f.__name__,
+            inspect.iscoroutinefunction(f),
+            let_it_crash,
+            None if progress_deadline is None else float(progress_deadline),
+        )
         setattr(f, _ENDPOINT_ATTR, info)
         return f
 

@@ -158,6 +158,17 @@ def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
     _set(spec, "period", float(period))
 
 
+def check_deadline(path: str, value: object, field: str = "progress_deadline") -> float | None:
+    """None, or a positive, finite number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(path, field, value, "None or a positive number of seconds")
+    if not (value > 0 and math.isfinite(value)):
+        raise SpecError(path, field, value, "None or a positive number of seconds")
+    return float(value)
+
+
 def _check_args(path: str, spec: Worker | Mesh) -> None:
     if isinstance(spec.actor, str):
         if not _IMPORT_PATH.match(spec.actor):
@@ -180,6 +191,8 @@ class Worker:
 
     ``actor`` is the class itself or its import path ``"pkg.module:Class"``. The defaults are OTP's
     for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
+    ``progress_deadline`` (seconds, default none): how long one endpoint may run without
+    progress (``otpmesh.progress()``) before the actor exits as hung (docs/supervision.md).
     """
 
     id: str
@@ -190,11 +203,13 @@ class Worker:
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = 5.0
     significant: bool = False
+    progress_deadline: float | None = None
 
     def __post_init__(self) -> None:
         path = f"Worker {_check_id('Worker', self.id)!r}"
         _check_args(path, self)
         _check_child_flags(path, self)
+        _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +275,9 @@ class Mesh:
 
     It behaves exactly as ``as_supervisor()``: a supervisor with ``strategy``, ``intensity`` and
     ``period`` whose children are ``PERMANENT`` workers ``"0"``, ``"1"``, ... in flat (row-major)
-    rank order. ``shutdown`` is each actor's; ``restart`` and ``significant`` are the group's, as a
-    child of its parent (the group itself stops with ``INFINITY``, like any supervisor).
+    rank order. ``shutdown`` and ``progress_deadline`` are each actor's; ``restart`` and
+    ``significant`` are the group's, as a child of its parent (the group itself stops with
+    ``INFINITY``, like any supervisor).
     """
 
     id: str
@@ -276,12 +292,14 @@ class Mesh:
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = 5.0
     significant: bool = False
+    progress_deadline: float | None = None
 
     def __post_init__(self) -> None:
         path = f"Mesh {_check_id('Mesh', self.id)!r}"
         _check_group_flags(path, self)
         _check_args(path, self)
         _check_child_flags(path, self)
+        _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
         _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
 
     @property
@@ -299,6 +317,7 @@ class Mesh:
                 kwargs=self.kwargs,
                 restart=Restart.PERMANENT,
                 shutdown=self.shutdown,
+                progress_deadline=self.progress_deadline,
             )
             for rank in range(self.size)
         ]
