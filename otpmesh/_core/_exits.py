@@ -6,7 +6,9 @@ An actor's exit reason is one of:
   or its supervisor stopped it); OTP calls these normal exits;
 - ``"killed"``: it was killed outright (``BRUTAL_KILL``, or its shutdown timeout ran out);
 - an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop``;
-- a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...).
+- a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...);
+- a ``Hung``: it made no progress in time (an endpoint ran past its progress deadline, or its
+  process stopped answering), with the stacks of its threads when that was found.
 """
 
 from __future__ import annotations
@@ -56,9 +58,36 @@ class ProcessExit:
         return f"its process (pid {self.pid}) {self.how}"
 
 
+@dataclass(frozen=True, slots=True)
+class Hung:
+    """The actor was stuck: `endpoint` (empty when the whole process was) made no progress for
+    `seconds`; `how` says what was done about it; `stacks` is where its threads were then."""
+
+    endpoint: str
+    seconds: float
+    how: str
+    stacks: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.endpoint}" if self.endpoint else ""
+        innermost = innermost_frame(self.stacks)
+        at = f", at {innermost}" if innermost else ""
+        return f"hung{where}: no progress for {self.seconds:g} s ({self.how}){at}"
+
+
+def innermost_frame(stacks: str) -> str:
+    """The innermost frame of the first thread in a stacks text (formatted by _stacks.py):
+    'func (file:line)', or ''."""
+    for line in stacks.splitlines():
+        line = line.strip()
+        if line.startswith("at "):
+            return line[3:]
+    return ""
+
+
 def describe(reason: object) -> str:
     """A reason in words, for error messages and logs."""
-    if isinstance(reason, ActorCrash | ProcessExit):
+    if isinstance(reason, ActorCrash | ProcessExit | Hung):
         return str(reason)
     if (
         isinstance(reason, tuple)

@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 
 from .._core._errors import EncodeError, ProtocolError
-from .._core._exits import ActorCrash, ProcessExit
+from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._valuemesh import ValueMesh
 from ._connection import MAX_FRAME_SIZE
 
@@ -51,6 +51,7 @@ EXT_ACTOR_CRASH = 6
 EXT_PROCESS_EXIT = 7
 EXT_RDMA_BUFFER = 8
 EXT_CHANNEL_TENSOR = 9
+EXT_HUNG = 10
 
 _U16 = struct.Struct(">H")
 
@@ -89,6 +90,11 @@ _CORE_EXTS: Mapping[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]
                 lambda d: ActorCrash(*d),
             ),
             EXT_PROCESS_EXIT: (ProcessExit, lambda p: [p.pid, p.how], lambda d: ProcessExit(*d)),
+            EXT_HUNG: (
+                Hung,
+                lambda h: [h.endpoint, h.seconds, h.how, h.stacks],
+                lambda d: Hung(*d),
+            ),
             EXT_VALUE_MESH: (
                 ValueMesh,
                 lambda vm: [list(vm.shape.items()), vm.values()],
