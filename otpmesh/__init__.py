@@ -17,6 +17,7 @@ from ._core._actor import Actor as Actor
 from ._core._actor import ActorContext as ActorContext
 from ._core._actor import context as context
 from ._core._actor import endpoint as endpoint
+from ._core._actor import progress as progress
 from ._core._errors import ActorDiedError as ActorDiedError
 from ._core._errors import ActorError as ActorError
 from ._core._errors import CallTimeoutError as CallTimeoutError
@@ -29,6 +30,7 @@ from ._core._errors import ProtocolError as ProtocolError
 from ._core._errors import SpawnError as SpawnError
 from ._core._errors import SupervisorError as SupervisorError
 from ._core._exits import ActorCrash as ActorCrash
+from ._core._exits import Hung as Hung
 from ._core._exits import Ignore as Ignore
 from ._core._exits import ProcessExit as ProcessExit
 from ._core._exits import describe as describe

@@ -9,6 +9,7 @@ give up — is the core's.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -166,7 +167,7 @@ class SupervisorDriver:
                 spec.actor,
                 spec.args,
                 spec.kwargs,
-                self._slot_info(command.id),
+                replace(self._slot_info(command.id), progress_deadline=spec.progress_deadline),
             )
         except StartError as exc:
             return StartFailed(command.id, exc.reason)

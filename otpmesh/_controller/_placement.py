@@ -45,6 +45,7 @@ class SlotInfo:
     rank: int
     coords: dict[str, int]
     shape: dict[str, int]
+    progress_deadline: float | None = None  # the child spec's (seconds; None: none)
 
 
 class Placement(Protocol):
@@ -78,6 +79,7 @@ def _payload(
         "shape": info.shape,
         "args": list(args),
         "kwargs": dict(kwargs),
+        "progress_deadline": info.progress_deadline,
     }
 
 

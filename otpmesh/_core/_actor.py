@@ -143,11 +143,39 @@ def context() -> ActorContext:
         ) from None
 
 
-def set_context(ctx: ActorContext, stop: Callable[[object], None] | None = None) -> None:
-    """Make `ctx` (and the actor's stop request) visible to code in the current context."""
+_current_progress: contextvars.ContextVar[Callable[[], None]] = contextvars.ContextVar(
+    "otpmesh_actor_progress"
+)
+
+
+def set_context(
+    ctx: ActorContext,
+    stop: Callable[[object], None] | None = None,
+    progress: Callable[[], None] | None = None,
+) -> None:
+    """Make `ctx` (and the actor's stop request and progress mark) visible to code in the
+    current context."""
     _current.set(ctx)
     if stop is not None:
         _current_stop.set(stop)
+    if progress is not None:
+        _current_progress.set(progress)
+
+
+def progress() -> None:
+    """Say that the running endpoint is still moving: its progress deadline (the child spec's
+    ``progress_deadline``, or ``@endpoint(progress_deadline=...)``) starts again from now.
+
+    Call it from the endpoint itself (its task or, for a plain ``def`` endpoint, its thread);
+    outside an actor it raises RuntimeError. It costs a clock read.
+    """
+    try:
+        mark = _current_progress.get()
+    except LookupError:
+        raise RuntimeError(
+            "otpmesh.progress() is only available inside an actor's endpoints"
+        ) from None
+    mark()
 
 
 def class_path(cls: type) -> str:

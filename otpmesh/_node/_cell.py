@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,27 @@ _CANCELLED_MEMORY = 1024
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None", tuple[str, ...]]
 
 
+class Serving:
+    """The endpoint an actor is running now, read by the worker's watchdog thread
+    (_runtime/_watchdog.py): since when it last made progress, and how long it may go without."""
+
+    __slots__ = ("deadline", "is_async", "method", "progress_at")
+
+    def __init__(self, method: str, is_async: bool, deadline: float | None) -> None:
+        self.method = method
+        self.is_async = is_async
+        self.deadline = deadline
+        self.progress_at = time.monotonic()
+
+
+def chaos_wedge(seconds: float | None) -> None:
+    """otpmesh.chaos.wedge: block the actor's thread here, as a wedged endpoint does (its stack
+    shows this function), for `seconds` or for ever."""
+    end = math.inf if seconds is None else time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+
+
 class ActorCell:
     """Hosts one started actor instance inside a node, from its first message to its exit."""
 
@@ -43,6 +66,7 @@ class ActorCell:
         on_exit: Callable[[ActorCell], None],
         on_exiting: Callable[[ActorCell], None] | None = None,
         capacity: int = MAILBOX_CAPACITY,
+        progress_deadline: float | None = None,
     ) -> None:
         self.node = node
         self.ctx = ctx
@@ -66,9 +90,15 @@ class ActorCell:
         # Calls cancelled while still queued: skipped when their turn comes (a bounded memory
         # of recent ones; a cancel for a call already answered is forgotten in time).
         self._cancelled: dict[Any, None] = {}
+        # Progress deadlines: the child spec's, unless the endpoint has its own. `serving` is
+        # what runs now; the task is read for an async endpoint's stack (_runtime/_stacks.py).
+        self.progress_deadline = progress_deadline
+        self.serving: Serving | None = None
+        self.task: trio.lowlevel.Task | None = None
+        self.wedge: tuple[float | None] | None = None  # chaos.wedge: the next endpoint blocks
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
         self._pyctx = contextvars.copy_context()
-        self._pyctx.run(set_context, ctx, self.request_stop)
+        self._pyctx.run(set_context, ctx, self.request_stop, self.progress)
 
     @property
     def alive(self) -> bool:
@@ -86,6 +116,20 @@ class ActorCell:
         if len(self._cancelled) > _CANCELLED_MEMORY:
             del self._cancelled[next(iter(self._cancelled))]
         return False
+
+    def progress(self) -> None:
+        """otpmesh.progress(): the endpoint running now is still moving."""
+        serving = self.serving
+        if serving is not None:
+            serving.progress_at = time.monotonic()
+
+    def _begin(self, info: EndpointInfo) -> None:
+        deadline = info.progress_deadline or self.progress_deadline
+        self.serving = Serving(info.name, info.is_async, deadline)
+        if self.wedge is not None:
+            (seconds,) = self.wedge
+            self.wedge = None
+            chaos_wedge(seconds)
 
     def describe_exit(self) -> str:
         return "running" if self.exit_reason is None else describe(self.exit_reason)
@@ -123,7 +167,8 @@ class ActorCell:
     # ---------------------------------------------------------------- serving
 
     async def run(self) -> None:
-        set_context(self.ctx, self.request_stop)
+        set_context(self.ctx, self.request_stop, self.progress)
+        self.task = trio.lowlevel.current_task()
         try:
             with self._kill_scope:
                 with self._serve_scope:
@@ -219,11 +264,14 @@ class ActorCell:
         if info is None or info.is_async:
             return False
         try:
+            self._begin(info)
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
             if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
                 self._idle_scope.cancel()
             return True
+        finally:
+            self.serving = None
         if reply is not None:
             self.node.reply_ok(reply, result)
         if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
@@ -246,6 +294,7 @@ class ActorCell:
             )
             return True
         try:
+            self._begin(info)
             result = getattr(self.instance, method)(*args, **kwargs)
             if info.is_async:
                 with trio.CancelScope() as scope:
@@ -258,6 +307,8 @@ class ActorCell:
                     return True  # its caller gave up and said so: the actor carries on
         except Exception as exc:
             return self._failed(info, method, exc, reply)
+        finally:
+            self.serving = None
         if reply is not None:
             self.node.reply_ok(reply, result)
         return True

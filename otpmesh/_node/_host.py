@@ -100,6 +100,7 @@ class ActorHost:
             cls.endpoints(),
             self._exited,
             self._exiting,
+            progress_deadline=p.get("progress_deadline"),
         )
         nursery = self._nursery or self.node.nursery
         if nursery is None:
@@ -132,7 +133,8 @@ class ActorHost:
 
     def inject(self, actor_id: str, kind: str, reason: object) -> bool:
         """otpmesh.chaos: make a running actor crash (at once) or exit (after its current
-        message) with `reason`, or kill it. False when no such actor is running."""
+        message) with `reason`, kill it, or wedge its next endpoint (for `reason` seconds, or
+        for ever when it is not a number). False when no such actor is running."""
         cell = self.node.actors.get(actor_id)
         if cell is None or not cell.alive:
             return False
@@ -142,6 +144,8 @@ class ActorHost:
             cell.request_stop(reason)
         elif kind == "kill":
             cell.kill()
+        elif kind == "wedge":
+            cell.wedge = (reason if isinstance(reason, int | float) else None,)
         else:
             raise ValueError(f"unknown fault {kind!r}")
         return True
