@@ -278,6 +278,9 @@ class Mesh:
     rank order. ``shutdown`` and ``progress_deadline`` are each actor's; ``restart`` and
     ``significant`` are the group's, as a child of its parent (the group itself stops with
     ``INFINITY``, like any supervisor).
+    ``process_group`` (``"gloo"`` or ``"nccl"``; default none) makes the actors one
+    ``torch.distributed`` group, formed afresh under a new epoch at every (re)start of the
+    group (docs/process-groups.md); it needs ``ONE_FOR_ALL`` or ``ESCALATE``.
     """
 
     id: str
@@ -293,6 +296,7 @@ class Mesh:
     shutdown: ShutdownSpec = 5.0
     significant: bool = False
     progress_deadline: float | None = None
+    process_group: str | None = None
 
     def __post_init__(self) -> None:
         path = f"Mesh {_check_id('Mesh', self.id)!r}"
@@ -301,6 +305,7 @@ class Mesh:
         _check_child_flags(path, self)
         _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
         _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
+        _check_process_group(path, self)
 
     @property
     def size(self) -> int:
@@ -330,6 +335,28 @@ class Mesh:
             restart=self.restart,
             shutdown=Shutdown.INFINITY,
             significant=self.significant,
+        )
+
+
+PROCESS_GROUP_BACKENDS = ("gloo", "nccl")
+
+
+def _check_process_group(path: str, spec: Mesh) -> None:
+    """A process group is one communicator: its members restart together or not at all."""
+    backend = spec.process_group
+    if backend is None:
+        return
+    if backend not in PROCESS_GROUP_BACKENDS:
+        raise SpecError(path, "process_group", backend, "None, 'gloo' or 'nccl'")
+    if spec.strategy in (Strategy.ONE_FOR_ONE, Strategy.REST_FOR_ONE):
+        raise SpecError(
+            path,
+            "strategy",
+            spec.strategy.value,
+            "ONE_FOR_ALL (or ESCALATE) for a Mesh with process_group",
+            "a torch.distributed group cannot admit a replacement rank: when one member "
+            "fails the others are stuck in its collectives, so every member must be restarted "
+            "into a new group; use strategy=ONE_FOR_ALL",
         )
 
 
