@@ -257,8 +257,8 @@ def test_a_slow_stop_after_ctrl_c_says_what_it_waits_for_then_the_one_line(
         proc.kill()
     assert proc.returncode == 130
     assert err.splitlines() == [  # stderr is a pipe: plain lines, no rich
-        "otpmesh: stopping: waiting for the actors to stop (one busy in a plain-def endpoint is "
-        "killed after its shutdown timeout)",
+        "otpmesh: stopping: waiting for busy/0, busy/1 to stop (one busy in a plain-def "
+        "endpoint is killed after its shutdown timeout)",
         INTERRUPTED,
     ]
 

@@ -6,6 +6,7 @@ drivers, the runtime and otpmesh.chaos work with is the tree's internal context 
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO, Literal
@@ -20,7 +21,8 @@ from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
 from .._node._mesh import ActorMesh, ActorRef
-from .._runtime._controller_runtime import runtime
+from .._runtime._controller_runtime import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, runtime
+from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
 from ._placement import LocalPlacement, ProcsPlacement
@@ -122,41 +124,47 @@ async def start(
     *,
     placement: PlacementName | ProcsPlacement = "procs",
     events_file: IO[str] | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> AsyncIterator[App]:
     """Start a supervision tree; stop it (children in reverse start order) when the block ends.
 
     ``placement="procs"`` runs every actor in a worker process of its own; ``"local"`` runs them
     all in this process with identical supervision, for fast deterministic tests. If the root
     supervisor gives up, the block is cancelled and ``SupervisorError`` says where and why.
+    ``heartbeat_timeout`` (seconds; default ``OTPMESH_HEARTBEAT_TIMEOUT``, else 2.0): how long
+    a worker process of this app may be silent before the kernel is asked what it is doing; a
+    stopped one is then hung, a running one gets ten times as long (docs/supervision.md).
     """
     if not isinstance(tree, Supervisor | Mesh):
         raise TypeError(f"otpmesh.start needs a Supervisor or Mesh spec, not {tree!r}")
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
+    beat_timeout = _heartbeat_timeout(heartbeat_timeout)
     rt = await runtime()
     ctx = TreeContext(tree, EventLog(events_file), rt.exit_listeners)
     ctx.runtime_node = rt.node
     try:
-        async with _collapse(), trio.open_nursery() as nursery:
-            ctx.nursery = nursery
-            if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
-                ctx.placement = placement
-            elif placement == "procs":
-                ctx.placement = ProcsPlacement(rt)
-            else:
-                ctx.placement = LocalPlacement(rt, ctx, nursery)
-            ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), tree.id, None)
-            nursery.start_soon(ctx.root.run)
-            await ctx.root.started.wait()
-            try:
-                if ctx.root.init_failure is None:
-                    with trio.CancelScope() as scope:
-                        ctx.body_scope = scope
-                        yield App(ctx)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await _stop_tree(ctx)
-                nursery.cancel_scope.cancel()
+        with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for
+            async with _collapse(), trio.open_nursery() as nursery:
+                ctx.nursery = nursery
+                if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
+                    ctx.placement = placement
+                elif placement == "procs":
+                    ctx.placement = ProcsPlacement(rt, heartbeat_timeout=beat_timeout)
+                else:
+                    ctx.placement = LocalPlacement(rt, ctx, nursery)
+                ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), tree.id, None)
+                nursery.start_soon(ctx.root.run)
+                await ctx.root.started.wait()
+                try:
+                    if ctx.root.init_failure is None:
+                        with trio.CancelScope() as scope:
+                            ctx.body_scope = scope
+                            yield App(ctx)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await _stop_tree(ctx)
+                    nursery.cancel_scope.cancel()
     finally:
         for path in ctx.specs:
             rt.exit_listeners.pop(path, None)
@@ -176,6 +184,23 @@ async def _collapse() -> AsyncIterator[None]:
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+def _heartbeat_timeout(value: object) -> float:
+    """``heartbeat_timeout=``, checked: None is the default (the environment's, else 2 s)."""
+    if value is None:
+        return HEARTBEAT_TIMEOUT
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > HEARTBEAT_INTERVAL)
+    ):
+        raise ValueError(
+            f"heartbeat_timeout must be a number of seconds above the heartbeat interval "
+            f"({HEARTBEAT_INTERVAL:g} s), not {value!r}; e.g. heartbeat_timeout=5.0, or leave it "
+            "out for the default (OTPMESH_HEARTBEAT_TIMEOUT, else 2 s)"
+        )
+    return float(value)
 
 
 def _as_supervisor(tree: Supervisor | Mesh) -> Supervisor:

@@ -195,9 +195,14 @@ class SupervisorDriver:
                 return child.exit_reason
             child.kill_subtree()
             return KILLED
-        slot = self.app.slot(f"{self.path}/{command.id}")
+        path = f"{self.path}/{command.id}"
+        slot = self.app.slot(path)
         slot.mark_down()
-        return await self.app.placement.stop(slot, command.incarnation, command.shutdown)
+        self.app.stop_begun(path)
+        try:
+            return await self.app.placement.stop(slot, command.incarnation, command.shutdown)
+        finally:
+            self.app.stop_ended(path)
 
     def kill_subtree(self) -> None:
         """A child supervisor ran out of shutdown time: kill everything under it at once."""

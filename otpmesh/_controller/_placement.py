@@ -21,7 +21,7 @@ from .._core._reasons import KILLED, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost
 from .._node._mesh import Slot
-from .._runtime._controller_runtime import ExitListener, Proc, Runtime
+from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
 from ._slotenv import slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
@@ -95,10 +95,16 @@ def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
 class ProcsPlacement:
     """Every slot in a worker process of its own."""
 
-    def __init__(self, rt: Runtime, procs: dict[str, Proc] | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        procs: dict[str, Proc] | None = None,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+    ) -> None:
         self._rt = rt
         self._procs: dict[str, Proc] = dict(procs or {})  # by actor path: its slot's process
         self._gpus = visible_gpus()
+        self._heartbeat_timeout = heartbeat_timeout
 
     async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
         """Fork the processes of a group's slots all at once (a mesh starts in one go)."""
@@ -113,6 +119,7 @@ class ProcsPlacement:
             missing[0][1].shape or {"procs": 1},
             [i.coords for _, i in missing],
             [slot_env(i.coords, i.rank, self._gpus) for _, i in missing],
+            self._heartbeat_timeout,
         )
         for (path, _), proc in zip(missing, procs, strict=True):
             self._procs[path] = proc

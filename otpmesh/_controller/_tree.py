@@ -34,6 +34,11 @@ from ._placement import Placement
 _OK = (Outcome.OK, Outcome.IGNORED)
 
 
+def _path_order(path: str) -> list[tuple[int, int | str]]:
+    """'m/2' before 'm/10': numeric parts (mesh ranks) compare as numbers."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in path.split("/")]
+
+
 class TreeContext:
     """A running tree's internal state, for its drivers, the runtime (as exit listener),
     ``otpmesh.chaos`` and the testing toolkit: specs, slots, pending work, the root, the
@@ -57,6 +62,7 @@ class TreeContext:
         self._refs = itertools.count()
         self._work = 0
         self._exiting: set[tuple[str, int]] = set()
+        self._stopping: dict[str, None] = {}  # actors asked to stop, not yet gone (in order)
         self._incarnation_counters: dict[str, dict[str, int]] = {}
         self._failing_starts: dict[str, int] = {}
         self.runtime_node: Node
@@ -163,6 +169,18 @@ class TreeContext:
             ):
                 return entry.reason
         return None
+
+    def stop_begun(self, path: str) -> None:
+        """A driver asked the actor at `path` to stop (TerminateChild): it is waited for."""
+        self._stopping[path] = None
+
+    def stop_ended(self, path: str) -> None:
+        self._stopping.pop(path, None)
+
+    def waiting_for(self) -> list[str]:
+        """The actors asked to stop and not gone yet, in path order (ranks as numbers): what a
+        stop waits for (Ctrl-C names them when it is slow)."""
+        return sorted(self._stopping, key=_path_order)
 
     # ---------------------------------------------------------------- settling
 

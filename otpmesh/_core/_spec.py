@@ -219,6 +219,9 @@ class Supervisor:
     OTP's defaults: ``ONE_FOR_ONE``, ``intensity=1`` restart per ``period=5.0`` seconds,
     ``auto_shutdown=NEVER``. As a child, a supervisor is ``PERMANENT`` with ``shutdown=INFINITY``
     (OTP's advice: its subtree must be given all the time it needs to stop in order).
+    ``parallel_shutdown=True`` (otpmesh's addition; a Mesh's group has it) terminates a set of
+    children all at once, each with its own shutdown spec, as OTP's ``simple_one_for_one`` does,
+    instead of one at a time in reverse start order.
     """
 
     id: str
@@ -231,10 +234,13 @@ class Supervisor:
     restart: Restart = Restart.PERMANENT
     shutdown: ShutdownSpec = Shutdown.INFINITY
     significant: bool = False
+    parallel_shutdown: bool = False
 
     def __post_init__(self) -> None:
         path = f"Supervisor {_check_id('Supervisor', self.id)!r}"
         _check_group_flags(path, self)
+        if not isinstance(self.parallel_shutdown, bool):
+            raise SpecError(path, "parallel_shutdown", self.parallel_shutdown, "True or False")
         _set(self, "auto_shutdown", _enum(path, "auto_shutdown", self.auto_shutdown, AutoShutdown))
         _check_child_flags(path, self)
         children: object = self.children
@@ -281,6 +287,9 @@ class Mesh:
     ``process_group`` (``"gloo"`` or ``"nccl"``; default none) makes the actors one
     ``torch.distributed`` group, formed afresh under a new epoch at every (re)start of the
     group (docs/process-groups.md); it needs ``ONE_FOR_ALL`` or ``ESCALATE``.
+    Its actors are stopped all at once, as OTP's
+    ``simple_one_for_one`` stops its children (``parallel_shutdown``): stopping a mesh takes
+    one actor's shutdown time, not one per actor.
     """
 
     id: str
@@ -335,6 +344,7 @@ class Mesh:
             restart=self.restart,
             shutdown=Shutdown.INFINITY,
             significant=self.significant,
+            parallel_shutdown=True,
         )
 
 

@@ -20,8 +20,11 @@ Driver loop::
         forward(core.take_log())
 
 At most one StartChild/TerminateChild is outstanding at a time, and it is the last command of a
-batch. Nested supervisors are separate cores; a child supervisor's Exit is, for its parent, an
-ordinary ChildExited.
+batch; except that a supervisor with ``parallel_shutdown`` (a Mesh's group, as OTP's
+``simple_one_for_one``) terminates a set of children with one batch of TerminateChild commands,
+all outstanding together, and goes on once every one is answered (in any order). Nested
+supervisors are separate cores; a child supervisor's Exit is, for its parent, an ordinary
+ChildExited.
 """
 
 from __future__ import annotations
@@ -136,8 +139,17 @@ class _Receive:
     """Yielded by the main loop: wait for the next mailbox message."""
 
 
+@dataclass(frozen=True, slots=True)
+class _AwaitAll:
+    """Yielded by a parallel termination: these TerminateChild commands are outstanding (issued
+    now if `new`); the operation is resumed with each ChildTerminated as it comes."""
+
+    pending: tuple[TerminateChild, ...]
+    new: bool
+
+
 _RECEIVE = _Receive()
-_Awaited = StartChild | TerminateChild
+_Awaited = StartChild | TerminateChild | _AwaitAll
 _Op = Generator[_Awaited | _Receive, object, "_ExitWith | None"]
 
 
@@ -196,8 +208,20 @@ class SupervisorCore:
 
     @property
     def awaiting(self) -> StartChild | TerminateChild | None:
-        """The command whose completion the core waits for, if any."""
-        return self._awaiting if isinstance(self._awaiting, StartChild | TerminateChild) else None
+        """The command whose completion the core waits for, if any (the oldest of several
+        during a parallel shutdown: see ``outstanding``)."""
+        outstanding = self.outstanding
+        return outstanding[0] if outstanding else None
+
+    @property
+    def outstanding(self) -> tuple[StartChild | TerminateChild, ...]:
+        """Every command whose completion the core waits for: one, or during a parallel
+        shutdown every TerminateChild not yet answered."""
+        if isinstance(self._awaiting, _AwaitAll):
+            return self._awaiting.pending
+        if isinstance(self._awaiting, StartChild | TerminateChild):
+            return (self._awaiting,)
+        return ()
 
     def start(self, now: float) -> list[Command]:
         """Begin the initial start of the children, in order (OTP's ``init/1``)."""
@@ -263,6 +287,9 @@ class SupervisorCore:
         elif isinstance(want, TerminateChild) and isinstance(event, ChildTerminated):
             if (event.id, event.incarnation) == (want.id, want.incarnation):
                 return event
+        elif isinstance(want, _AwaitAll) and isinstance(event, ChildTerminated):
+            if any((event.id, event.incarnation) == (c.id, c.incarnation) for c in want.pending):
+                return event
         raise SupervisorProtocolError(
             f"{self.path}: got {event!r} while waiting for {want!r}; report each command's "
             "completion once, for the command the core issued"
@@ -285,7 +312,11 @@ class SupervisorCore:
                 self._awaiting = step
                 return
             self._awaiting = step
-            self._out.append(step)
+            if isinstance(step, _AwaitAll):
+                if step.new:
+                    self._out.extend(step.pending)
+            else:
+                self._out.append(step)
             return
 
     def _record(
@@ -461,7 +492,13 @@ class SupervisorCore:
         return event
 
     def _terminate_children(self, group: list[_Child]) -> _Op:
-        """OTP's ``terminate_children``: newest first, one at a time; temporary specs go."""
+        """OTP's ``terminate_children``: newest first, one at a time; temporary specs go.
+
+        With ``parallel_shutdown`` all at once instead, as OTP's ``simple_one_for_one``."""
+        if self.spec.parallel_shutdown:
+            yield from self._terminate_all(
+                [c for c in reversed(group) if c.status is ChildStatus.RUNNING]
+            )
         for child in reversed(group):
             if child.status is ChildStatus.RUNNING:
                 yield from self._do_terminate(child)
@@ -469,9 +506,42 @@ class SupervisorCore:
                 self._del_child(child)
         return None
 
+    def _terminate_all(self, running: list[_Child]) -> _Op:
+        """Every child of `running` asked to stop at once; done when each has answered."""
+        commands = []
+        for child in running:
+            queued = self._queued_exit(child)
+            if queued is not None:
+                self._terminated(child, queued.reason)
+            else:
+                commands.append(TerminateChild(child.id, child.incarnation, child.spec.shutdown))
+        pending, new = tuple(commands), True
+        while pending:
+            event = yield _AwaitAll(pending, new)
+            if not isinstance(event, ChildTerminated):  # pragma: no cover - see _check_completion
+                raise SupervisorProtocolError(f"{self.path}: {event!r} answers no TerminateChild")
+            key = (event.id, event.incarnation)
+            pending, new = tuple(c for c in pending if (c.id, c.incarnation) != key), False
+            child = next(c for c in running if (c.id, c.incarnation) == key)
+            self._terminated(child, event.reason)
+        return None
+
     def _do_terminate(self, child: _Child) -> _Op:
         """OTP's ``shutdown/1``; an exit already in the mailbox is consumed instead (its
         ``unlink_flush``), so that stale exit never triggers a second restart."""
+        queued = self._queued_exit(child)
+        if queued is not None:
+            reason = queued.reason
+        else:
+            event = yield TerminateChild(child.id, child.incarnation, child.spec.shutdown)
+            if not isinstance(event, ChildTerminated):  # pragma: no cover - see _check_completion
+                raise SupervisorProtocolError(f"{self.path}: {event!r} answers no TerminateChild")
+            reason = event.reason
+        self._terminated(child, reason)
+        return None
+
+    def _queued_exit(self, child: _Child) -> ChildExited | None:
+        """The child's own exit, if it waits in the mailbox: taken out (OTP's ``unlink_flush``)."""
         queued = next(
             (
                 m
@@ -483,18 +553,14 @@ class SupervisorCore:
         )
         if queued is not None:
             self._mailbox.remove(queued)
-            reason = queued.reason
-        else:
-            event = yield TerminateChild(child.id, child.incarnation, child.spec.shutdown)
-            if not isinstance(event, ChildTerminated):  # pragma: no cover - see _check_completion
-                raise SupervisorProtocolError(f"{self.path}: {event!r} answers no TerminateChild")
-            reason = event.reason
+        return queued
+
+    def _terminated(self, child: _Child, reason: object) -> None:
         child.status = ChildStatus.UNDEFINED
         self._record(LogKind.CHILD_TERMINATED, child, reason)
         if not _expected_shutdown_reason(child.restart, child.spec.shutdown, reason):
             # Reported only: OTP rule 10 (docs/otp-rules.md).
             self._record(LogKind.SHUTDOWN_ERROR, child, reason)
-        return None
 
     # ---- dynamic children -------------------------------------------------------------------
 

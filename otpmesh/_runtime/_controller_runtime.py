@@ -63,6 +63,7 @@ class Proc:
     host: Any = None  # the agent host that forked it (None: this host's own fork server)
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # its app's (otpmesh.start(heartbeat_timeout=))
 
     @property
     def alive(self) -> bool:
@@ -145,7 +146,11 @@ class Runtime:
     # ------------------------------------------------------------ processes
 
     async def start_procs(
-        self, shape: dict[str, int], coords: list[dict[str, int]], envs: list[dict[str, str]]
+        self,
+        shape: dict[str, int],
+        coords: list[dict[str, int]],
+        envs: list[dict[str, str]],
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
     ) -> list[Proc]:
         """Fork one worker per slot and wait until each has dialed back (or died).
 
@@ -159,6 +164,7 @@ class Runtime:
         for rank, (point, env, host) in enumerate(zip(coords, envs, hosts, strict=True)):
             self._next_proc += 1
             proc = Proc(rank=rank, coords=point, proc_id=f"p{self._next_proc}", host=host)
+            proc.heartbeat_timeout = heartbeat_timeout
             self.procs[proc.proc_id] = proc
             procs.append(proc)
             if host is None:
@@ -221,7 +227,11 @@ class Runtime:
         """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
         await proc.ready.wait()
         await watch_heartbeat(
-            fd, HEARTBEAT_TIMEOUT, lambda: proc.alive, partial(self.hung, proc), lambda: proc.pid
+            fd,
+            proc.heartbeat_timeout,
+            lambda: proc.alive,
+            partial(self.hung, proc),
+            lambda: proc.pid,
         )
 
     def hung(self, proc: Proc, why: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -22,6 +23,52 @@ SLOW_STOP = (
     "stopping: waiting for the actors to stop (one busy in a plain-def endpoint is killed "
     "after its shutdown timeout)"
 )
+#: How many actors a slow stop names before it says "and N more".
+NAMED = 8
+
+# What a stop under way waits for, per trio run: each running tree adds its own while it runs
+# (otpmesh.start, through ``stop_watched``).
+_WAITING: trio.lowlevel.RunVar[list[Callable[[], Sequence[str]]]] = trio.lowlevel.RunVar(
+    "otpmesh_waiting_for"
+)
+
+
+@contextmanager
+def stop_watched(waiting_for: Callable[[], Sequence[str]]) -> Iterator[None]:
+    """While the block runs, a slow stop after Ctrl-C names the actors ``waiting_for()`` lists
+    (those asked to stop and not gone yet)."""
+    try:
+        sources = _WAITING.get()
+    except LookupError:
+        sources = []
+        _WAITING.set(sources)
+    sources.append(waiting_for)
+    try:
+        yield
+    finally:
+        sources.remove(waiting_for)
+
+
+def waiting_for() -> list[str]:
+    """Every actor a stop under way in this trio run waits for."""
+    try:
+        sources = _WAITING.get()
+    except LookupError:
+        return []
+    return [path for source in sources for path in source()]
+
+
+def slow_stop_text(paths: Sequence[str]) -> str:
+    """What a slow stop says: the actors it waits for, or the general words if none is named."""
+    if not paths:
+        return SLOW_STOP
+    named = ", ".join(paths[:NAMED]) + (
+        f" and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
+    )
+    return (
+        f"stopping: waiting for {named} to stop (one busy in a plain-def endpoint is killed "
+        "after its shutdown timeout)"
+    )
 
 
 def _only_interrupts(exc: BaseException) -> bool:
@@ -103,8 +150,14 @@ async def _notice_slow_stop(interrupted: trio.Event) -> None:
     await trio.sleep(SLOW_STOP_NOTICE)
     stream = sys.stderr  # looked up now: a live view may hold it (and show what is written)
     if not stream.isatty():
-        print(f"otpmesh: {SLOW_STOP}", file=stream, flush=True)
-        return
+        # A line now, and again (at most once a second) whenever the actors waited for change.
+        said: list[str] | None = None
+        while True:
+            paths = waiting_for()
+            if paths != said and (paths or said is None):
+                print(f"otpmesh: {slow_stop_text(paths)}", file=stream, flush=True)
+                said = paths
+            await trio.sleep(SLOW_STOP_NOTICE)
     from rich.console import Console
     from rich.live import Live
     from rich.spinner import Spinner
@@ -122,6 +175,7 @@ async def _notice_slow_stop(interrupted: trio.Event) -> None:
     )
     with live:
         while True:
-            spinner.update(text=f"{SLOW_STOP}… {trio.current_time() - since:.0f} s")
+            text = slow_stop_text(waiting_for())
+            spinner.update(text=f"{text}… {trio.current_time() - since:.0f} s")
             live.refresh()
             await trio.sleep(0.1)
