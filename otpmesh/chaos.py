@@ -6,6 +6,7 @@ recorded in ``app.events`` (kind ``fault_injected``) right beside the supervisio
     await chaos.crash(app, "rl/rollouts/2")           # an exception inside the actor, now
     await chaos.stop(app, "rl/reward", "shutdown")    # it exits 'normal' / 'shutdown' / (...)
     await chaos.kill(app, "rl/learner")               # SIGKILL its process
+    await chaos.kill(app, "rl/scoring")               # a supervisor: all under it at once
     await chaos.hang(app, "rl/rollouts/0")            # SIGSTOP it: heartbeats stop, it is replaced
     await chaos.partition(app, "rl/rollouts/1", 2.0)  # its messages are lost for 2 s
     await chaos.delay(app, "rl/learner", 0.05, 5.0)   # messages to it arrive 50 ms late for 5 s
@@ -126,9 +127,19 @@ async def stop(app: App, path: str, reason: object = NORMAL) -> Fault:
 
 
 async def kill(app: App, path: str) -> Fault:
-    """SIGKILL the actor's worker process (in-process placement: kill the actor itself)."""
-    slot = _slot(app, path)
+    """SIGKILL the actor's worker process (in-process placement: kill the actor itself).
+
+    At a supervisor's (or a mesh's) path it is OTP's ``exit(Sup, kill)``: every actor under
+    it is killed at once (brutal: no orderly stop, no ``on_stop``), the supervisor exits with
+    ``killed``, and its parent applies its strategy. At the root it ends the app with
+    ``SupervisorError``."""
     tree = context(app)
+    if isinstance(tree.specs.get(path), Supervisor | Mesh):
+        recorded = _record(app, "kill", path, "the supervisor and everything under it")
+        if await tree.kill_supervisor(path):
+            return recorded
+        return _record(app, "kill", path, "not running", hit=False)
+    slot = _slot(app, path)
     proc = tree.placement.process(slot)
     if proc is None and isinstance(tree.placement, LocalPlacement):
         return await _inject(app, "kill", path, "in-process", "kill", KILLED)

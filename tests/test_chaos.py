@@ -9,6 +9,7 @@ import trio.testing
 
 import otpmesh
 from otpmesh import ONE_FOR_ONE, TRANSIENT, LogKind, Mesh, Supervisor, Worker, chaos
+from tests import actors
 from tests.actors import Member
 from tests.conftest import run_trio
 
@@ -236,3 +237,101 @@ def test_nothing_is_lost_under_a_monkey_killing_processes() -> None:
             assert (await mesh.ping()).values() == [f"s/m/{r}" for r in range(4)]
 
     run_trio(body, timeout=90)
+
+
+# ---- chaos.kill at a supervisor's path: OTP's exit(Sup, kill) -----------------------------------
+
+
+def test_killing_a_supervisor_kills_all_under_it_at_once_and_its_parent_restarts_it() -> None:
+    """chaos.kill at a supervisor's path: no orderly stop (no child_terminated, no on_stop),
+    the supervisor exits 'killed' and its parent (one_for_one) restarts it, static children in
+    order. Compare chaos.stop's sequence in tests/test_fault_plan.py."""
+    tree = Supervisor(
+        "s",
+        intensity=5,
+        children=[
+            Worker("w", Member),
+            Supervisor(
+                "sub",
+                children=[Worker("a", Member), Supervisor("deep", children=[Worker("b", Member)])],
+            ),
+        ],
+    )
+
+    async def body() -> list[str]:
+        async with otpmesh.start(tree, placement="local") as app:
+            await trio.sleep(1.0)  # MockClock: what follows is told apart by its time
+            actors.JOURNAL.clear()
+            fault = await chaos.kill(app, "s/sub")
+            assert fault.hit and str(fault) == "kill s/sub (the supervisor and everything under it)"
+            await app.settled()
+            assert await app.actor("s/sub/deep/b").ping() == "s/sub/deep/b"
+            assert [what for _, what, _ in actors.JOURNAL if what == "on_stop"] == []
+            return [str(e) for e in app.events if e.time > 0]
+
+    seen = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [" ".join(line.split()) for line in seen] == [
+        "fault_injected s/sub (kill s/sub (the supervisor and everything under it))",
+        "child_exited s/sub #1 (killed)",
+        "child_started s/sub/a #2",
+        "child_started s/sub/deep/b #2",
+        "supervisor_started s/sub/deep",
+        "child_started s/sub/deep #2",
+        "supervisor_started s/sub",
+        "child_started s/sub #2",
+    ]
+
+
+def test_killing_a_mesh_under_one_for_all_stops_its_siblings_in_order_then_restarts_all() -> None:
+    tree = Supervisor(
+        "s",
+        strategy=otpmesh.ONE_FOR_ALL,
+        intensity=5,
+        children=[Worker("w", Member), Mesh("m", Member, shape={"procs": 2}), Worker("x", Member)],
+    )
+
+    async def body() -> list[str]:
+        async with otpmesh.start(tree, placement="local") as app:
+            await trio.sleep(1.0)
+            await chaos.kill(app, "s/m")
+            await app.settled()
+            assert (await app.mesh("s/m").ping()).values() == ["s/m/0", "s/m/1"]
+            return [str(e) for e in app.events if e.time > 0]
+
+    seen = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [" ".join(line.split()) for line in seen] == [
+        "fault_injected s/m (kill s/m (the supervisor and everything under it))",
+        "child_exited s/m #1 (killed)",
+        "child_terminated s/x #1 (stopped (shutdown))",
+        "child_terminated s/w #1 (stopped (shutdown))",
+        "child_started s/w #2",
+        "child_started s/m/0 #2",
+        "child_started s/m/1 #2",
+        "supervisor_started s/m",
+        "child_started s/m #2",
+        "child_started s/x #2",
+    ]
+
+
+def test_killing_the_root_supervisor_ends_the_app_with_a_supervisor_error() -> None:
+    async def body() -> None:
+        with pytest.raises(otpmesh.SupervisorError, match="supervisor s exited: killed"):
+            root = Supervisor("s", children=[Worker("w", Member)])
+            async with otpmesh.start(root, placement="local") as app:
+                await chaos.kill(app, "s")
+                await trio.sleep_forever()
+
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_killing_a_mesh_of_worker_processes_restarts_it() -> None:
+    async def body() -> None:
+        async with otpmesh.start(TREE) as app:
+            await chaos.kill(app, "s/m")
+            await app.settled()
+            assert (await app.mesh("s/m").ping()).values() == ["s/m/0", "s/m/1", "s/m/2"]
+            exits = [(e.child_path, e.reason) for e in app.events.of_kind(LogKind.CHILD_EXITED)]
+            assert exits == [("s/m", "killed")]
+            assert [e.incarnation for e in app.events.of_kind(LogKind.CHILD_STARTED)][-1] == 2
+
+    run_trio(body)

@@ -24,6 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otpmesh._core._spec import (
+    ONE_FOR_ALL,
+    REST_FOR_ONE,
+    TEMPORARY,
     TRANSIENT,
     Shutdown,
     Supervisor,
@@ -41,6 +44,7 @@ from otpmesh.testing import (
     supervision_trees,
     tree_paths,
 )
+from otpmesh.testing._simulate import KillSupervisor
 
 ESCRIPT = Path(__file__).parent / "erlang" / "otp_supervisor_trace.escript"
 BATCHES = int(os.environ.get("OTPMESH_ERLANG_BATCHES", "8"))
@@ -105,6 +109,8 @@ def erl_step(step: Step) -> tuple[object, ...]:
         return ("crash", step.path, step.reason)
     if isinstance(step, StopSupervisor):
         return ("stop_sup", step.path, step.reason)
+    if isinstance(step, KillSupervisor):
+        return ("kill_sup", step.path)
     if isinstance(step, Advance):
         return ("sleep", round(step.seconds * 1000))
     if step.op == "start_child":
@@ -237,3 +243,83 @@ def test_initial_start_failure_deep_in_the_tree_matches_otp() -> None:
     inner = Supervisor("s0", children=[Worker("w0", Actor), Worker("w1", Actor)])
     tree = Supervisor("root", children=[Worker("w0", Actor), inner, Worker("w2", Actor)])
     assert_same([(tree, {"root/s0/w1": [("error", "bad")]}, [])])
+
+
+# ---- a supervisor stopped with a reason, or killed (OTP's sys:terminate / exit(Sup, kill)) -----
+
+
+def _stopped_sub(parent: Supervisor, **sub: object) -> Supervisor:
+    """`parent` with a nested supervisor 'sub' (of two workers) between two workers."""
+    inner = Supervisor("sub", children=[Worker("a", Actor), Worker("b", Actor)], **sub)  # type: ignore[arg-type]
+    return Supervisor(
+        parent.id,
+        strategy=parent.strategy,
+        intensity=3,
+        period=3600.0,
+        children=[Worker("w0", Actor), inner, Worker("w2", Actor)],
+    )
+
+
+PARENTS = [Supervisor("root"), Supervisor("root", strategy=ONE_FOR_ALL)]
+PARENTS.append(Supervisor("root", strategy=REST_FOR_ONE))
+
+
+def test_a_supervisor_stopped_with_a_reason_gives_otps_outcome() -> None:
+    """It stops its children in its order, exits with the reason, and its parent reacts as OTP's
+    does: a permanent one is restarted for any reason; a transient one only for an abnormal
+    reason; a temporary one never. Twice in a row reaches the parent's intensity too."""
+    cases: list[Case] = []
+    for parent in PARENTS:
+        for restart in (None, TRANSIENT, TEMPORARY):
+            flags = {} if restart is None else {"restart": restart}
+            tree = _stopped_sub(parent, **flags)
+            for reason in ("boom", "shutdown", "normal", ("shutdown", "done")):
+                steps: list[Step] = [StopSupervisor("root/sub", reason), Crash("root/w2")]
+                cases.append((tree, {}, steps))
+            cases.append((tree, {}, [StopSupervisor("root/sub", "boom")] * 4))
+    assert_same(cases)
+    trace = run_otpmesh(cases[0])  # one_for_one, permanent, 'boom': stopped in order, restarted
+    at = trace.index(("exit", "root/sub/b", "shutdown"))
+    assert trace[at : at + 5] == [
+        ("exit", "root/sub/b", "shutdown"),
+        ("exit", "root/sub/a", "shutdown"),
+        ("exit", "root/sub", "boom"),
+        ("sup_start", "root/sub"),
+        ("start", "root/sub/a", "ok"),
+    ]
+
+
+def _killed_apart(trace: list[object], killed: str) -> tuple[list[object], list[object]]:
+    """The exits of what died under the killed supervisor (concurrently: in no defined order,
+    and in OTP they may come after its parent already started it again), sorted; and the rest
+    of the trace, in order."""
+    under = [e for e in trace if _killed_under(e, killed)]
+    return sorted(under, key=repr), [e for e in trace if not _killed_under(e, killed)]
+
+
+def _killed_under(entry: object, killed: str) -> bool:
+    return (
+        isinstance(entry, tuple)
+        and entry[0] == "exit"
+        and str(entry[1]).startswith(killed + "/")
+        and entry[2] == "killed"
+    )
+
+
+def test_a_killed_supervisor_gives_otps_outcome() -> None:
+    """exit(Sup, kill): its workers die at once with 'killed', it exits 'killed', and its
+    parent applies its strategy (restart for permanent and transient, nothing for temporary).
+    otpmesh's chaos.kill does the same through the trio driver (tests/test_chaos.py)."""
+    cases: list[Case] = []
+    for parent in PARENTS:
+        for restart in (None, TRANSIENT, TEMPORARY):
+            flags = {} if restart is None else {"restart": restart}
+            tree = _stopped_sub(parent, **flags)
+            cases.append((tree, {}, [KillSupervisor("root/sub"), Crash("root/w0")]))
+            cases.append((tree, {}, [KillSupervisor("root/sub")] * 4))
+    for case, theirs in zip(cases, run_erlang(cases), strict=True):
+        ours = run_otpmesh(case)
+        assert _killed_apart(ours, "root/sub") == _killed_apart(theirs, "root/sub"), case
+    trace = run_otpmesh(cases[0])  # one_for_one, permanent: restarted, as after any exit
+    assert ("exit", "root/sub", "killed") in trace
+    assert trace.count(("sup_start", "root/sub")) == 2

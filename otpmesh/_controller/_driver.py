@@ -65,19 +65,22 @@ class SupervisorDriver:
         self.exited = trio.Event()
         self.exit_reason: object = None
         self.mesh_shape = app.mesh_shapes.get(path)
+        self._scope = trio.CancelScope()  # cancelled when the supervisor is killed
+        self._dying = False  # killed: it hears nothing more
 
     # ---------------------------------------------------------------- the loop
 
     def post(self, event: Event) -> None:
         """Queue an event for the core (from any task, synchronously)."""
-        if self.exited.is_set():
+        if self.exited.is_set() or self._dying:
             return
         self.app.work_started()
         self._send.send_nowait(event)
 
     async def run(self) -> None:
         try:
-            await self._run()
+            with self._scope:
+                await self._run()
         finally:
             if not self.exited.is_set():  # cancelled from outside: nobody else will say so
                 self.exit_reason = KILLED
@@ -193,7 +196,7 @@ class SupervisorDriver:
             with trio.move_on_after(float(command.shutdown)):
                 await child.exited.wait()
                 return child.exit_reason
-            child.kill_subtree()
+            await child.kill(report=False)  # the answer to this TerminateChild says it
             return KILLED
         path = f"{self.path}/{command.id}"
         slot = self.app.slot(path)
@@ -204,14 +207,63 @@ class SupervisorDriver:
         finally:
             self.app.stop_ended(path)
 
-    def kill_subtree(self) -> None:
-        """A child supervisor ran out of shutdown time: kill everything under it at once."""
-        for child in self.children.values():
-            child.kill_subtree()
-        for spec in self.spec.children:
-            if isinstance(spec, Worker):
-                self.app.placement.kill(self.app.slot(f"{self.path}/{spec.id}"))
-        self._finish(KILLED)
+    async def kill(self, *, report: bool = True) -> None:
+        """OTP's ``exit(Sup, kill)``: this supervisor and everything under it end at once, no
+        orderly stop: every supervisor of the subtree stops deciding, every actor of it is
+        killed (``BRUTAL_KILL``, all together), and once they are gone the supervisor exits with
+        ``killed``, which its parent handles as any child exit (unless `report` is False: a
+        TerminateChild whose shutdown ran out answers for it)."""
+        drivers = self._subtree()
+        workers: list[tuple[str, int]] = []
+        for driver in drivers:
+            driver._dying = True
+            driver._scope.cancel()
+            for info in [] if driver.core.done else driver.core.which_children():
+                if info.status is ChildStatus.RUNNING and isinstance(info.spec, Worker):
+                    workers.append((f"{driver.path}/{info.id}", info.incarnation))
+        async with trio.open_nursery() as nursery:
+            for path, incarnation in workers:
+                nursery.start_soon(self._kill_actor, path, incarnation)
+        for driver in reversed(drivers):  # the deepest first, this one last
+            for _, slot in self.app.slots_under(driver.path):
+                slot.mark_gone(f"its supervisor {self.path} was killed")
+            driver._forget_queued()
+            if driver is not self or not report or not self.started.is_set():
+                driver._killed()  # a start under way fails with 'killed'
+        if report and self.started.is_set():
+            self._finish(KILLED)
+
+    def _subtree(self) -> list[SupervisorDriver]:
+        """This driver and every running one under it, parents first."""
+        found, stack = [], [self]
+        while stack:
+            driver = stack.pop()
+            if not driver.exited.is_set():
+                found.append(driver)
+                stack.extend(driver.children.values())
+        return found
+
+    async def _kill_actor(self, path: str, incarnation: int) -> None:
+        slot = self.app.slot(path)
+        slot.mark_down()
+        await self.app.placement.stop(slot, incarnation, Shutdown.BRUTAL_KILL)
+
+    def _forget_queued(self) -> None:
+        """Events queued for a core that will never handle them: no longer pending work."""
+        while True:
+            try:
+                self._receive.receive_nowait()
+            except trio.WouldBlock:
+                return
+            self.app.work_done()
+
+    def _killed(self) -> None:
+        """Gone without a word to its parent (its parent is being killed too)."""
+        self.exit_reason = KILLED
+        if not self.started.is_set():  # a start under way fails: whoever waits for it goes on
+            self.init_failure = KILLED
+            self.started.set()
+        self.exited.set()
 
     # ---------------------------------------------------------------- slots
 

@@ -246,6 +246,21 @@ class TreeContext:
         driver.post(Stop(reason))
         return True
 
+    async def kill_supervisor(self, sup_path: str) -> bool:
+        """OTP's ``exit(Sup, kill)``: everything under the running supervisor at `sup_path` is
+        killed at once (brutal: no orderly stop, no ``on_stop``), and once it is gone the
+        supervisor exits with ``killed``; its parent applies its strategy. False if no
+        supervisor runs there."""
+        driver = self._find_driver(sup_path)
+        if driver is None:
+            return False
+        self.work_started()  # settled() waits for the kill and what the parent does about it
+        try:
+            await driver.kill()
+        finally:
+            self.work_done()
+        return True
+
     def _find_driver(self, sup_path: str) -> SupervisorDriver | None:
         stack = [self.root]
         while stack:

@@ -70,6 +70,14 @@ class StopSupervisor:
 
 
 @dataclass(frozen=True, slots=True)
+class KillSupervisor:
+    """The supervisor at `path` is killed (OTP's ``exit(Sup, kill)``, ``otpmesh.chaos.kill``):
+    it and everything under it die at once with ``killed``; its parent sees the exit."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class Advance:
     """The clock moves on by `seconds`."""
 
@@ -87,7 +95,7 @@ class Call:
     spec: ChildSpec | None = None
 
 
-Step: TypeAlias = Crash | StopSupervisor | Advance | Call
+Step: TypeAlias = Crash | StopSupervisor | KillSupervisor | Advance | Call
 
 
 @dataclass(slots=True)
@@ -177,6 +185,11 @@ class Simulation:
             node = self._nodes.get(step.path)
             if node is not None:
                 self._deliver(node, Stop(step.reason))
+        elif isinstance(step, KillSupervisor):
+            node = self._nodes.get(step.path)
+            if node is not None:
+                self._kill_subtree(step.path)
+                self._exited(node, KILLED, gone=True)
         else:
             node = self._nodes.get(step.sup)
             if node is not None:
@@ -210,9 +223,10 @@ class Simulation:
         if isinstance(result, Exit):
             self._exited(node, result.reason)
 
-    def _exited(self, node: _Node, reason: object) -> None:
+    def _exited(self, node: _Node, reason: object, gone: bool = False) -> None:
         """A supervisor exited by itself: for its parent this is an ordinary child exit."""
-        del self._nodes[node.core.path]
+        if not gone:
+            del self._nodes[node.core.path]
         self.trace.append(("exit", node.core.path, reason))
         if node.parent is None:
             self.root_exit = reason

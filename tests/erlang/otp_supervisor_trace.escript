@@ -6,7 +6,7 @@
 %%   Tree  = {sup, Id, Flags, Restart, Significant, [Tree]}
 %%         | {worker, Id, Restart, Shutdown, Significant}       (Shutdown: brutal_kill|infinity|ms)
 %%   Plans = [{Path, [ok | ignore | {error, Reason}]}]    successive start results of a worker
-%%   Steps = [{crash, Path, Reason} | {stop_sup, Path, Reason} | {sleep, Ms}
+%%   Steps = [{crash, Path, Reason} | {stop_sup, Path, Reason} | {kill_sup, Path} | {sleep, Ms}
 %%            | {call, SupPath, terminate_child | restart_child | delete_child, Id}
 %%            | {call, SupPath, start_child, WorkerTree}]
 %% Ids, paths and reasons are atoms ('rl/s/x'). After the steps the root is stopped.
@@ -93,6 +93,12 @@ step({crash, Path, Reason}) ->
     end);
 step({stop_sup, Path, Reason}) ->
     with_pid(Path, fun(Pid) -> catch sys:terminate(Pid, Reason) end);
+step({kill_sup, Path}) ->
+    with_pid(Path, fun(Pid) ->
+        Mon = monitor(process, Pid),
+        exit(Pid, kill),
+        receive {'DOWN', Mon, process, Pid, _} -> ok end
+    end);
 step({call, Sup, Op, Arg}) ->
     %% Only to a supervisor: a worker may have taken over the path of one that is gone.
     with_pid(Sup, fun(Pid) ->
