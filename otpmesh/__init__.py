@@ -24,10 +24,12 @@ from ._core._errors import CallTimeoutError as CallTimeoutError
 from ._core._errors import ChildError as ChildError
 from ._core._errors import DeadlockError as DeadlockError
 from ._core._errors import EncodeError as EncodeError
+from ._core._errors import GroupError as GroupError
 from ._core._errors import MeshError as MeshError
 from ._core._errors import OtpmeshError as OtpmeshError
 from ._core._errors import ProtocolError as ProtocolError
 from ._core._errors import SpawnError as SpawnError
+from ._core._errors import StaleEpochError as StaleEpochError
 from ._core._errors import SupervisorError as SupervisorError
 from ._core._exits import ActorCrash as ActorCrash
 from ._core._exits import Hung as Hung
@@ -63,6 +65,8 @@ from ._node._mesh import ActorRef as ActorRef
 from ._node._mesh import Endpoint as Endpoint
 from ._node._mesh import ValueMesh as ValueMesh
 from ._node._retry import retry as retry
+from ._runtime._pgmember import GroupInfo as GroupInfo
+from ._runtime._pgmember import group as group
 from ._runtime._run import run as run
 
 __version__ = "0.1.0"

@@ -22,6 +22,8 @@ EXPECTED = {
     "SupervisorError",
     # hosts past this one
     "Cluster", "cluster",
+    # meshes that are process groups
+    "GroupInfo", "group", "GroupError", "StaleEpochError",
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.

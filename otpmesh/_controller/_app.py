@@ -25,6 +25,7 @@ from .._runtime._controller_runtime import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
+from ._pgroup import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
 
@@ -153,6 +154,7 @@ async def start(
                     ctx.placement = ProcsPlacement(rt, heartbeat_timeout=beat_timeout)
                 else:
                     ctx.placement = LocalPlacement(rt, ctx, nursery)
+                ctx.placement = with_process_groups(tree, ctx.placement, rt, ctx, nursery)
                 ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), tree.id, None)
                 nursery.start_soon(ctx.root.run)
                 await ctx.root.started.wait()

@@ -99,3 +99,21 @@ class ChildError(OtpmeshError):
 
 class UsageError(OtpmeshError):
     """Raised by the otpmesh command line when its input is unusable; it exits with status 2."""
+
+
+class GroupError(OtpmeshError):
+    """Raised by a process-group member's join when the group cannot be formed or joined."""
+
+
+class StaleEpochError(GroupError):
+    """Raised by a process-group member's join when its ticket is for another epoch than the
+    rendezvous store's: a member of an old epoch can never join or talk to a newer one."""
+
+    def __init__(self, group: str, epoch: int, found: str) -> None:
+        self.group = group
+        self.epoch = epoch
+        self.found = found
+        super().__init__(
+            f"{group}: a member of epoch {epoch} cannot join the group's store, which is at "
+            f"epoch {found}; an old epoch's members are fenced off (restart them with the group)"
+        )

@@ -1,0 +1,400 @@
+"""Meshes that are process groups: a ``torch.distributed`` group across a Mesh's actors, formed
+afresh under a new epoch at every (re)start of the group (docs/process-groups.md).
+
+``GroupPlacement`` wraps the app's placement when the tree holds a ``Mesh(process_group=...)``.
+For such a mesh, an *epoch* is one incarnation of its group:
+
+1. it opens when the first member of the group starts after the last epoch broke or stopped:
+   the old epoch's processes are killed (their torch.distributed state dies with them), every
+   member process is forked at once, a fresh rendezvous store is opened on a fresh port, holding
+   the epoch's number, and every process joins through its own ticket (store, epoch, a secret
+   nonce under which the epoch's keys live, rank, size), all at the same time;
+2. each member's actor is then started, in OTP's order, in a process already in the group;
+3. it breaks when a member exits by itself (a crash, a SIGKILL, a lost host): the store is
+   closed and every process of the epoch is killed at once, because the survivors are stuck in
+   collectives that will never complete and cannot answer a polite stop from inside C. The
+   supervisor (ONE_FOR_ALL) then finds them dead and restarts the group: a new epoch.
+
+Members stopped by their supervisor (the end of the app, a parent's restart) get their
+``shutdown`` as any actor does; their processes are killed when the next epoch opens.
+
+The store is hosted here, in the controller, so nothing depends on rank 0 surviving and there
+is no MASTER_ADDR/MASTER_PORT to choose: members reach it at this host's address (loopback, or
+the cluster's advertised address when members run on other hosts).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .._core._actor import class_path
+from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._core._exits import ActorCrash, ProcessExit
+from .._core._shape import all_coords
+from .._core._spec import Mesh, ShutdownSpec, walk
+from .._node._mesh import Slot
+from .._runtime._controller_runtime import Proc, Runtime
+from .._runtime._pgmember import EPOCH_KEY, GroupJoin
+from .._wire._addresses import tcp_address
+from ._placement import LocalPlacement, Placement, SlotInfo, StartError
+
+log = logging.getLogger("otpmesh.pgroup")
+
+#: How long a member waits for its epoch's store to answer, and for the others to join.
+CONNECT_TIMEOUT = 30.0
+JOIN_TIMEOUT = 300.0
+
+_LOOPBACK = "127.0.0.1"
+
+
+@dataclass(slots=True)
+class EpochStats:
+    """When one epoch went through each step (trio's clock); None for a step not reached."""
+
+    epoch: int
+    opened: float  # its first member's start began
+    old_dead: float | None = None  # the previous epoch's processes were gone
+    forked: float | None = None  # every member process was up
+    joined: float | None = None  # every member had joined the group
+    broken: float | None = None  # a member exited by itself: the group broke
+
+
+@dataclass(eq=False)
+class _Epoch:
+    number: int
+    nonce: str
+    store: Any  # the torch TCPStore server; dropped when the epoch ends (its port closes)
+    address: str
+    procs: dict[int, Proc]
+    stats: EpochStats
+    joined: dict[int, trio.Event] = field(default_factory=dict)
+    failures: dict[int, object] = field(default_factory=dict)
+    started: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> path, incarnation
+    state: str = "running"  # "running", "stopping" (its supervisor stops it), "broken"
+
+
+class ProcessGroup:
+    """The controller's side of one process-group mesh: its epochs, their stores and processes."""
+
+    def __init__(
+        self,
+        spec: Mesh,
+        path: str,
+        info: SlotInfo,
+        inner: Placement,
+        rt: Runtime,
+        slot: Any,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.spec = spec
+        self.path = path
+        self._shape = dict(info.shape)
+        self._inner = inner
+        self._rt = rt
+        self._slot = slot  # path -> Slot (the tree's)
+        self._nursery = nursery
+        self._count = 0
+        self.epoch: _Epoch | None = None
+        self.history: list[EpochStats] = []
+
+    # ---------------------------------------------------------------- epochs
+
+    def needs_new_epoch(self, rank: int | None) -> bool:
+        """A start needs a new epoch unless the current one is forming and this rank is new."""
+        epoch = self.epoch
+        if epoch is None or epoch.state != "running":
+            return True
+        return bool(epoch.started) if rank is None else rank in epoch.started
+
+    def _infos(self) -> tuple[list[str], list[SlotInfo]]:
+        coords = all_coords(self._shape)
+        paths = [f"{self.path}/{rank}" for rank in range(len(coords))]
+        infos = [SlotInfo(self.path, r, c, dict(self._shape)) for r, c in enumerate(coords)]
+        return paths, infos
+
+    async def open_epoch(self) -> None:
+        """Kill the last epoch's processes, fork every member afresh, open a new store, and
+        have every member join it, all at once (the joins finish in the background)."""
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        self._count += 1
+        stats = EpochStats(self._count, trio.current_time())
+        self._end(self.epoch)
+        paths, infos = self._infos()
+        old = [p for p in (self._inner.process(self._slot(path)) for path in paths) if p]
+        for dying in old:
+            self._rt.kill(dying)
+        for dying in old:
+            await dying.exited.wait()
+        stats.old_dead = trio.current_time()
+        await self._inner.prepare(paths, infos)
+        procs = {
+            rank: proc
+            for rank, path in enumerate(paths)
+            if (proc := self._inner.process(self._slot(path))) is not None
+        }
+        stats.forked = trio.current_time()
+        host = self._store_host(procs.values())
+        store = TCPStore(host, 0, None, True, wait_for_workers=False)
+        store.set(EPOCH_KEY, str(self._count))
+        epoch = _Epoch(
+            self._count, secrets.token_hex(16), store, f"{host}:{store.port}", procs, stats
+        )
+        self.epoch = epoch
+        self.history.append(stats)
+        for rank in range(len(paths)):
+            epoch.joined[rank] = trio.Event()
+            self._nursery.start_soon(self._join, epoch, rank, infos[rank])
+
+    def _store_host(self, procs: Any) -> str:
+        if any(p.host is not None for p in procs) and self._rt.cluster is not None:
+            where = tcp_address(self._rt.cluster.address)
+            if where is not None:
+                return where[0]
+        return _LOOPBACK
+
+    def ticket(self, epoch: _Epoch, rank: int) -> dict[str, Any]:
+        """What member `rank` joins with; it travels only on the authenticated worker link."""
+        proc = epoch.procs.get(rank)
+        own = tcp_address(proc.addr) if proc is not None else None
+        return {
+            "group": self.path,
+            "backend": self.spec.process_group,
+            "epoch": epoch.number,
+            "nonce": epoch.nonce,
+            "store": epoch.address,
+            "rank": rank,
+            "size": len(epoch.joined),
+            "self_host": own[0] if own is not None else _LOOPBACK,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "timeout": JOIN_TIMEOUT,
+        }
+
+    async def _join(self, epoch: _Epoch, rank: int, info: SlotInfo) -> None:
+        proc = epoch.procs.get(rank)
+        try:
+            if proc is None or proc.conn is None:
+                raise StartError(ProcessExit(proc.pid if proc else 0, "did not start"))
+            payload = {
+                "id": f"{self.path}/{rank}#join{epoch.number}",
+                "incarnation": epoch.number,
+                "cls": class_path(GroupJoin),
+                "name": self.path,
+                "rank": rank,
+                "coords": info.coords,
+                "shape": info.shape,
+                "args": [self.ticket(epoch, rank)],
+                "kwargs": {},
+            }
+            await self._rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+        except ActorError as exc:
+            self._fail(epoch, rank, ActorCrash(exc.type_name, exc.message, exc.traceback))
+        except ActorDiedError as exc:
+            self._fail(epoch, rank, ProcessExit(proc.pid if proc else 0, exc.reason))
+        except StartError as exc:
+            self._fail(epoch, rank, exc.reason)
+        finally:
+            epoch.joined[rank].set()
+            if all(e.is_set() for e in epoch.joined.values()) and not epoch.failures:
+                epoch.stats.joined = trio.current_time()
+                log.info("%s: epoch %d formed", self.path, epoch.number)
+
+    def _fail(self, epoch: _Epoch, rank: int, reason: object) -> None:
+        epoch.failures[rank] = reason
+        self.break_epoch(epoch)  # the others would wait for this member until their timeout
+
+    async def member_ready(self, slot: Slot, rank: int) -> None:
+        """Wait until member `rank` of the current epoch has joined; StartError if it cannot."""
+        if self.needs_new_epoch(rank):
+            try:
+                await self.open_epoch()
+            except SpawnError as exc:
+                raise StartError(ActorCrash("SpawnError", str(exc))) from exc
+        epoch = self.epoch
+        if epoch is None:  # pragma: no cover - open_epoch has just set it
+            raise StartError(ActorCrash("GroupError", f"{self.path} has no epoch"))
+        await epoch.joined[rank].wait()
+        failure = epoch.failures.get(rank)
+        if failure is None and epoch.failures:
+            failure = ActorCrash("GroupError", f"epoch {epoch.number} of {self.path} broke")
+        if failure is None and self._inner.process(slot) is not epoch.procs.get(rank):
+            failure = ProcessExit(epoch.procs[rank].pid, "left the group before its actor started")
+        if failure is not None:
+            self.break_epoch(epoch)
+            raise StartError(failure)
+
+    def member_started(self, rank: int, path: str, incarnation: int) -> None:
+        if self.epoch is not None:
+            self.epoch.started[rank] = (path, incarnation)
+
+    def member_exited(self, path: str, incarnation: int) -> None:
+        """An exit of a member while its epoch runs breaks the group (see the module doc)."""
+        epoch = self.epoch
+        if epoch is None or epoch.state != "running":
+            return
+        if (path, incarnation) in epoch.started.values():
+            self.break_epoch(epoch)
+
+    def break_epoch(self, epoch: _Epoch) -> None:
+        if epoch.state == "broken":
+            return
+        epoch.state = "broken"
+        epoch.stats.broken = trio.current_time()
+        epoch.store = None  # its port closes: nobody joins a broken epoch
+        for proc in epoch.procs.values():
+            self._rt.kill(proc)
+
+    def stopping(self) -> None:
+        """Its supervisor stops the members: their exits now are expected, not a break."""
+        if self.epoch is not None and self.epoch.state == "running":
+            self.epoch.state = "stopping"
+
+    def _end(self, epoch: _Epoch | None) -> None:
+        if epoch is not None:
+            if epoch.state == "running":
+                epoch.state = "stopping"
+            epoch.store = None
+
+    def close(self) -> None:
+        self._end(self.epoch)
+
+
+class _MemberListener:
+    """Hears a member's exits before the tree does: a member that exits by itself breaks its
+    group at once (the survivors are killed while the supervisor is still deciding)."""
+
+    def __init__(self, inner: Any, group: ProcessGroup) -> None:
+        self.inner = inner
+        self.group = group
+
+    def actor_exiting(self, path: str, incarnation: int) -> None:
+        self.inner.actor_exiting(path, incarnation)
+
+    def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
+        self.group.member_exited(path, incarnation)
+        self.inner.actor_exited(path, incarnation, reason)
+
+    async def resolve(self, path: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.inner.resolve(path)
+        return result
+
+
+class GroupPlacement:
+    """The app's placement, with process-group meshes formed and re-formed around it."""
+
+    def __init__(
+        self,
+        inner: Placement,
+        rt: Runtime,
+        specs: dict[str, Any],
+        slot: Any,
+        listeners: dict[str, Any],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.inner = inner
+        self._rt = rt
+        self._specs = specs  # path -> spec (the tree's, kept up to date by start_child)
+        self._slot = slot
+        self._listeners = listeners
+        self._nursery = nursery
+        self.groups: dict[str, ProcessGroup] = {}
+
+    def _group(self, info: SlotInfo) -> ProcessGroup | None:
+        spec = self._specs.get(info.name)
+        if not isinstance(spec, Mesh) or spec.process_group is None:
+            return None
+        if isinstance(self.inner, LocalPlacement):
+            raise StartError(ActorCrash("GroupError", _LOCAL_REFUSED.format(path=info.name)))
+        group = self.groups.get(info.name)
+        if group is None or group.spec is not spec:
+            group = ProcessGroup(
+                spec, info.name, info, self.inner, self._rt, self._slot, self._nursery
+            )
+            self.groups[info.name] = group
+        for rank in range(spec.size):
+            path = f"{info.name}/{rank}"
+            current = self._listeners.get(path)
+            if current is not None and not isinstance(current, _MemberListener):
+                self._listeners[path] = _MemberListener(current, group)
+        return group
+
+    def _group_of(self, actor_path: str) -> ProcessGroup | None:
+        return self.groups.get(actor_path.rpartition("/")[0])
+
+    async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
+        group = self._group(infos[0]) if infos else None
+        if group is None:
+            await self.inner.prepare(paths, infos)
+        elif group.needs_new_epoch(None):
+            await group.open_epoch()
+
+    async def start(
+        self,
+        slot: Slot,
+        incarnation: int,
+        actor: type | str,
+        args: Any,
+        kwargs: Any,
+        info: SlotInfo,
+    ) -> str:
+        group = self._group(info)
+        if group is None:
+            return await self.inner.start(slot, incarnation, actor, args, kwargs, info)
+        await group.member_ready(slot, info.rank)
+        try:
+            result = await self.inner.start(slot, incarnation, actor, args, kwargs, info)
+        except StartError:
+            if group.epoch is not None:
+                group.break_epoch(group.epoch)
+            raise
+        group.member_started(info.rank, slot.actor_id, incarnation)
+        return result
+
+    async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
+        group = self._group_of(slot.actor_id)
+        if group is not None:
+            group.stopping()
+        return await self.inner.stop(slot, incarnation, shutdown)
+
+    def kill(self, slot: Slot) -> None:
+        self.inner.kill(slot)
+
+    async def close(self) -> None:
+        for group in self.groups.values():
+            group.close()
+        await self.inner.close()
+
+    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
+        return await self.inner.inject(slot, kind, reason)
+
+    def process(self, slot: Slot) -> Proc | None:
+        return self.inner.process(slot)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a placement offers (added later) is the inner one's.
+        return getattr(self.inner, name)
+
+
+_LOCAL_REFUSED = (
+    "Mesh {path!r} has a process_group, which needs placement='procs' (each member a process of "
+    "its own); placement='local' runs every actor in this one process"
+)
+
+
+def with_process_groups(
+    tree: Any, placement: Placement, rt: Runtime, context: Any, nursery: trio.Nursery
+) -> Placement:
+    """`placement`, wrapped to form process groups if `tree` holds a Mesh with one."""
+    meshes = [path for path, spec in walk(tree) if isinstance(spec, Mesh) and spec.process_group]
+    if not meshes:
+        return placement
+    if isinstance(placement, LocalPlacement):
+        raise ValueError(_LOCAL_REFUSED.format(path=meshes[0]))
+    return GroupPlacement(
+        placement, rt, context.specs, context.slot, context.exit_listeners, nursery
+    )
