@@ -27,7 +27,9 @@ EXPECTED = {
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.
-SUBMODULES = {"bench", "bench_hosts", "bench_rdma", "testing", "chaos", "rdma", "launchers"}
+SUBMODULES = {
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "testing", "chaos", "rdma", "launchers",
+}  # fmt: skip
 
 
 def test_public_names_are_pinned() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -279,6 +280,12 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to keep trying to register again after losing the controller",
     )
+    p.add_argument(
+        "--ignore-sigterm",
+        action="store_true",
+        help="ignore SIGTERM, and so do the workers (Slurm sends it to every process of a job "
+        "that ends, the controller included, which then stops the tree within the grace)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log registrations and spawns")
     return p
 
@@ -303,6 +310,8 @@ def run_agent(args: argparse.Namespace) -> int:
     except SecretError as exc:
         print(f"otpmesh agent: {exc}", file=sys.stderr)
         return 2
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the fork server's workers
     agent = Agent(
         controller, secret, listen=args.listen, rank=rank, name=args.name, reconnect=args.reconnect
     )

@@ -5,7 +5,8 @@ them to register, and attaches the hosts to the runtime: from then on a mesh slo
 coordinate names the host whose agent forks its process (``proc_mesh(hosts=2, gpus=4)``).
 
 Host failure: controller and agents beat every HEARTBEAT_INTERVAL. A host whose agent connection
-closes, or which is silent for HOST_TIMEOUT, is declared dead: every process on it exits with a
+closes, which is silent for HOST_TIMEOUT, or whose launch ended (``launcher.ended()``: its srun
+step or ssh session), is declared dead: every process on it exits with a
 reason naming the host, so each actor's supervisor sees a process failure and restarts it, on the
 same host index if that host is back, else on the live host with the fewest workers (a spare),
 unless ``relocate=False``. A dead host's registration stays refused; its agent registers afresh.
@@ -160,8 +161,10 @@ class Cluster:
             host.last_seen = trio.current_time()
 
     async def watch(self) -> None:
-        """Beat to every live agent; declare dead those silent for HOST_TIMEOUT."""
+        """Beat to every live agent; declare dead those silent for HOST_TIMEOUT, and those whose
+        launch ended."""
         while True:
+            self._launches_ended()
             now = trio.current_time()
             for host in self.live:
                 if now - host.last_seen > HOST_TIMEOUT:
@@ -171,6 +174,18 @@ class Cluster:
                 else:
                     self._rt.node.sys_cast(host.conn, "beat", None)
             await trio.sleep(HEARTBEAT_INTERVAL / 2)
+
+    def _launches_ended(self) -> None:
+        """A host whose launch ended (its srun step: Slurm set its node DOWN; its ssh session) is
+        lost even while its agent still answers. The agent is told to stop, so it kills its
+        workers and exits instead of registering again."""
+        if self.launcher is None:
+            return
+        for rank, why in self.launcher.ended().items():
+            host = self._by_rank.get(rank)
+            if host is not None and host.alive:
+                self._rt.node.sys_cast(host.conn, "shutdown", None)
+                self.declare_dead(host, why)
 
     def connection_lost(self, conn: Connection) -> bool:
         host = next((h for h in self.hosts if h.conn is conn), None)
