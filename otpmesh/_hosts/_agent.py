@@ -34,7 +34,14 @@ import trio
 from .._core._errors import ProtocolError
 from .._node._fanout import Relay
 from .._node._node import Node
-from .._runtime._forkclient import ForkServer, forward_lines, watch_heartbeat
+from .._runtime._forkclient import (
+    BeatReader,
+    ForkServer,
+    StackRequests,
+    forward_lines,
+    watch_heartbeat,
+)
+from .._runtime._watchdog import STACKS_REQUEST
 from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
@@ -55,6 +62,10 @@ class _Proc:
         self.pid = 0
         self.alive = True
         self.hang_reason: str | None = None
+        self.hung: dict[str, Any] | None = None  # its watchdog's report (_watchdog.py)
+        self.reader: BeatReader | None = None
+        self.control_fd = -1
+        self.stacks = StackRequests()
 
 
 class Agent:
@@ -81,12 +92,15 @@ class Agent:
             sys_handlers={
                 "spawn_proc": self._spawn_proc,
                 "kill_proc": self._kill_proc,
+                "proc_stacks": self._proc_stacks,
                 "shutdown": self._shutdown,
             },
             secret=secret,
             tcp_secret=secret,
         )
-        self.node.parent_ops = frozenset({"spawn_proc", "kill_proc", "shutdown", "fanout", "beat"})
+        self.node.parent_ops = frozenset(
+            {"spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"}
+        )
         self.relay = Relay(self.node)
         self.node.sys_inline["beat"] = self._beat
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
@@ -172,12 +186,29 @@ class Agent:
         # from other hosts, not only on loopback.
         env = dict(p["env"], OTPMESH_HOST=self.name)
         env.setdefault("OTPMESH_RDMA_TCP_HOST", host.strip("[]"))
-        out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        proc.reader = BeatReader(beat_r, partial(self._worker_report, proc))
+        proc.control_fd = ctl_w
         assert self.node.nursery is not None
         start = self.node.nursery.start_soon
         start(forward_lines, out_r, partial(self._output, proc, 1))
         start(forward_lines, err_r, partial(self._output, proc, 2))
-        start(self._watch, proc, beat_r)
+        start(self._watch, proc, proc.reader)
+
+    def _worker_report(self, proc: _Proc, msg: dict[str, Any]) -> None:
+        if msg.get("op") == "hung":
+            proc.hung = msg
+        elif msg.get("op") == "stacks":
+            proc.stacks.answer(msg)
+
+    async def _proc_stacks(self, conn: Connection | None, p: dict[str, Any]) -> object:
+        """What a worker's actors are doing now, from its watchdog (or why there is no answer)."""
+        proc = self.procs.get(str(p.get("id")))
+        if proc is None or not proc.alive or proc.control_fd < 0:
+            return "its process is gone"
+        timeout = min(float(p.get("timeout", 1.0)), 10.0)
+        fd = proc.control_fd
+        return await proc.stacks.ask(lambda: os.write(fd, STACKS_REQUEST), timeout)
 
     def _listen_host(self) -> str:
         if self.listen:
@@ -220,8 +251,17 @@ class Agent:
             if proc is not None:
                 proc.alive = False
                 del self.procs[proc.proc_id]
+                if proc.reader is not None:
+                    proc.reader.drain()  # a hang report written just before it died
+                if proc.control_fd >= 0:
+                    os.close(proc.control_fd)
+                    proc.control_fd = -1
+                proc.stacks.fail("its process is gone")
                 reason = proc.hang_reason or msg["reason"]
-                self._send("proc_exit", {"id": proc.proc_id, "reason": reason})
+                report: dict[str, Any] = {"id": proc.proc_id, "reason": reason}
+                if proc.hung is not None:
+                    report["hung"] = proc.hung
+                self._send("proc_exit", report)
 
     def _forkserver_gone(self) -> None:
         for proc in self.procs.values():
@@ -234,13 +274,13 @@ class Agent:
     def _output(self, proc: _Proc, stream: int, line: bytes) -> None:
         self._send("proc_output", {"id": proc.proc_id, "stream": stream, "line": line})
 
-    async def _watch(self, proc: _Proc, fd: int) -> None:
+    async def _watch(self, proc: _Proc, reader: BeatReader) -> None:
         def hung(why: str) -> None:
             proc.hang_reason = f"{why} and was killed"
             self.forkserver.kill(proc.pid)
 
         await watch_heartbeat(
-            fd, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung, lambda: proc.pid
+            reader, WORKER_HEARTBEAT_TIMEOUT, lambda: proc.alive, hung, lambda: proc.pid
         )
 
 

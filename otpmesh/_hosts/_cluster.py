@@ -230,7 +230,8 @@ class Cluster:
     def _proc_exit(self, payload: Any) -> None:
         proc = self._proc(payload)
         if proc is not None:
-            self._rt.mark_exited(proc, payload["reason"])
+            hung = payload.get("hung")
+            self._rt.mark_exited(proc, payload["reason"], hung if isinstance(hung, dict) else None)
 
     def _proc_output(self, payload: Any) -> None:
         proc = self._proc(payload)
@@ -245,6 +246,21 @@ class Cluster:
             await self._rt.node.sys_call(host.conn, "spawn_proc", request, proc.proc_id)
         except (ActorError, ActorDiedError, trio.ClosedResourceError) as exc:
             self._rt.mark_exited(proc, f"could not be forked on host {host.name}: {exc}")
+
+    async def request_stacks(self, proc: Proc, timeout: float) -> dict[str, Any] | str:
+        """What `proc`'s actors are doing now, asked through its host's agent."""
+        host = proc.host
+        if host is None or not host.alive:
+            return f"its host {host.name if host else '?'} is gone"
+        try:
+            with trio.move_on_after(timeout + 1.0):
+                answer = await self._rt.node.sys_call(
+                    host.conn, "proc_stacks", {"id": proc.proc_id, "timeout": timeout}, proc.proc_id
+                )
+                return answer if isinstance(answer, dict | str) else repr(answer)
+        except (ActorError, ActorDiedError, trio.ClosedResourceError) as exc:
+            return f"its host {host.name} could not be asked: {exc}"
+        return f"no answer from its host {host.name} within {timeout + 1.0:g} s"
 
     def kill(self, proc: Proc) -> None:
         host = proc.host

@@ -230,9 +230,12 @@ class ActorCell:
         try:
             return await self._handle(method, args, kwargs, reply)
         except trio.Cancelled:
-            # Killed or crashed from outside mid-message: its caller still gets an answer.
+            # Killed or crashed from outside mid-message: its caller still gets an answer, which
+            # says the call was delivered (it may have had effects: never sent again for it).
             if reply is not None:
-                self.node.reply_dead(reply, self.describe_exit())
+                self.node.reply_error(
+                    reply, "ActorDiedError", self.describe_exit(), "", kind="lost"
+                )
             raise
         finally:
             _chain.CHAIN.reset(token)

@@ -22,7 +22,8 @@ from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
-from ._forkclient import ForkServer, forward_lines, watch_heartbeat
+from ._forkclient import BeatReader, ForkServer, StackRequests, forward_lines, watch_heartbeat
+from ._watchdog import STACKS_REQUEST, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")
 
@@ -59,6 +60,10 @@ class Proc:
     actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
     names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
     hang_reason: str | None = None  # set when the heartbeat watchdog killed it
+    hung: dict[str, Any] | None = None  # its watchdog's report: an actor past its deadline
+    reader: BeatReader | None = None  # its beat pipe (beats and its watchdog's reports)
+    control_fd: int = -1  # its control pipe (stacks requests)
+    stacks: StackRequests = field(default_factory=lambda: StackRequests())
     shut_down: bool = False  # stopped on purpose, with its host (its actors exit 'shutdown')
     host: Any = None  # the agent host that forked it (None: this host's own fork server)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -135,13 +140,49 @@ class Runtime:
             if proc.host is None:
                 self.mark_exited(proc, "was killed: the fork server stopped")
 
-    def mark_exited(self, proc: Proc, reason: str) -> None:
+    def mark_exited(self, proc: Proc, reason: str, hung: dict[str, Any] | None = None) -> None:
         """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
+        if proc.reader is not None:
+            proc.reader.drain()  # a hang report written just before it died comes first
+        if hung is not None and proc.hung is None:
+            proc.hung = hung
         if proc.exit_reason is None:
             proc.exit_reason = proc.hang_reason or reason
+        if proc.control_fd >= 0:
+            os.close(proc.control_fd)
+            proc.control_fd = -1
+        proc.stacks.fail(f"its process {proc.exit_reason}")
         self.node.relays.pop(proc.addr, None)
         proc.exited.set()
         proc.ready.set()
+
+    def _worker_report(self, proc: Proc, msg: dict[str, Any]) -> None:
+        """A report from `proc`'s watchdog thread (_watchdog.py)."""
+        if msg.get("op") == "hung":
+            proc.hung = msg
+        elif msg.get("op") == "stacks":
+            proc.stacks.answer(msg)
+
+    def exit_reason_of(self, proc: Proc, path: str) -> object:
+        """Why `path`, hosted by the dead `proc`, exited."""
+        if proc.shut_down:
+            return SHUTDOWN
+        hung = proc.hung
+        if hung is not None:
+            if hung.get("actor") == path:
+                return hung_reason(hung)
+            return ProcessExit(proc.pid, f"was killed: {hung.get('actor')} hung in it")
+        return ProcessExit(proc.pid, proc.exit_reason or "is gone")
+
+    async def request_stacks(self, proc: Proc, timeout: float) -> dict[str, Any] | str:
+        """What `proc`'s actors are doing now (its watchdog answers, even while the event loop
+        is blocked), or why there is no answer."""
+        if proc.host is not None:
+            answer: dict[str, Any] | str = await self.cluster.request_stacks(proc, timeout)
+            return answer
+        if not proc.alive or proc.control_fd < 0:
+            return f"its process {proc.exit_reason or 'is gone'}"
+        return await proc.stacks.ask(lambda: os.write(proc.control_fd, STACKS_REQUEST), timeout)
 
     # ------------------------------------------------------------ processes
 
@@ -218,16 +259,18 @@ class Runtime:
         # The secrets ride the fork server's private socket pair, never argv or the environment
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).
         cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
-        out_r, err_r, beat_r = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        proc.reader = BeatReader(beat_r, partial(self._worker_report, proc))
+        proc.control_fd = ctl_w
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
         self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
-        self.nursery.start_soon(self._watch_heartbeat, proc, beat_r)
+        self.nursery.start_soon(self._watch_heartbeat, proc, proc.reader)
 
-    async def _watch_heartbeat(self, proc: Proc, fd: int) -> None:
+    async def _watch_heartbeat(self, proc: Proc, reader: BeatReader) -> None:
         """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
         await proc.ready.wait()
         await watch_heartbeat(
-            fd,
+            reader,
             proc.heartbeat_timeout,
             lambda: proc.alive,
             partial(self.hung, proc),
@@ -294,13 +337,14 @@ class Runtime:
             await proc.exited.wait()
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
-        self.node.fail_pending(conn, proc.death())
+        hung = proc.hung
+        self.node.fail_pending(conn, describe(hung_reason(hung)) if hung else proc.death())
         actors, proc.actors = proc.actors, {}
         # A process stopped on purpose (its host shut down with its cluster) ends its actors
-        # with the normal 'shutdown'; anything else is a process failure.
-        reason = SHUTDOWN if proc.shut_down else ProcessExit(proc.pid, proc.exit_reason)
+        # with the normal 'shutdown'; one whose watchdog found an actor hung, with a Hung;
+        # anything else is a process failure.
         for path, incarnation in actors.items():
-            self.actor_exit(path, incarnation, reason)
+            self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import array
 import importlib.util
 import os
+import signal
 import socket
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,7 @@ import msgpack
 import trio
 
 from . import _liveness
+from ._watchdog import MAX_REPORT, REPORT
 
 
 def preload_modules() -> list[str]:
@@ -84,57 +87,149 @@ class ForkServer:
 
     async def spawn(
         self, proc_id: str, env: dict[str, str], cfg: dict[str, Any]
-    ) -> tuple[int, int, int]:
-        """Fork a worker; return the read ends of its stdout, stderr and heartbeat pipes."""
+    ) -> tuple[int, int, int, int]:
+        """Fork a worker; return the read ends of its stdout, stderr and beat pipes, and the
+        write end of its control pipe (_watchdog.py)."""
         assert self._sock is not None
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         beat_r, beat_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        os.set_blocking(ctl_w, False)
         request = msgpack.packb({"op": "spawn", "id": proc_id, "env": env, "cfg": cfg})
-        fds = array.array("i", [out_w, err_w, beat_w])
+        fds = array.array("i", [out_w, err_w, beat_w, ctl_r])
         try:
             await self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except BaseException:
-            for fd in (out_r, err_r, beat_r):
+            for fd in (out_r, err_r, beat_r, ctl_w):
                 os.close(fd)
             raise
         finally:
-            os.close(out_w)
-            os.close(err_w)
-            os.close(beat_w)
-        return out_r, err_r, beat_r
+            for fd in (out_w, err_w, beat_w, ctl_r):
+                os.close(fd)
+        return out_r, err_r, beat_r, ctl_w
 
-    def kill(self, pid: int) -> None:
-        """SIGKILL a worker (the fork server, its parent, then reports the exit)."""
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a worker (SIGKILL: the fork server, its parent, then reports the exit)."""
         if pid and self._raw is not None and not self.gone:
             try:
-                self._raw.send(msgpack.packb({"op": "kill", "pid": pid}))
+                self._raw.send(msgpack.packb({"op": "kill", "pid": pid, "sig": int(sig)}))
             except OSError:
                 pass
 
 
+class BeatReader:
+    """The parent's end of a worker's beat pipe: beats, and the watchdog's reports
+    (_watchdog.py), each handed to `on_report` once, whoever reads it first: the heartbeat
+    watcher, or ``drain()`` when the worker's exit is being reported."""
+
+    def __init__(self, fd: int, on_report: Callable[[dict[str, Any]], None]) -> None:
+        self.fd = fd
+        self._on_report = on_report
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        buf = self._pending + data
+        i = 0
+        while i < len(buf):
+            if buf[i : i + 1] != REPORT:
+                i += 1  # a beat
+                continue
+            if len(buf) - i < 5:
+                break
+            (size,) = struct.unpack(">I", buf[i + 1 : i + 5])
+            if size > MAX_REPORT or len(buf) - i - 5 < size:
+                if size > MAX_REPORT:
+                    i = len(buf)  # not a report of ours: drop what came
+                break
+            try:
+                msg = msgpack.unpackb(buf[i + 5 : i + 5 + size])
+            except ValueError:
+                msg = None
+            i += 5 + size
+            if isinstance(msg, dict):
+                self._on_report(msg)
+        self._pending = buf[i:]
+
+    def drain(self) -> None:
+        """Read what the worker already wrote (it may have just died)."""
+        if self.fd < 0:
+            return  # closed: the watcher read everything up to the end
+        try:
+            while data := os.read(self.fd, 1 << 16):
+                self.feed(data)
+        except OSError:
+            pass
+
+
+class _Asked:
+    __slots__ = ("answer", "done")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: dict[str, Any] | str = ""
+
+
+class StackRequests:
+    """Stacks asked of one worker's watchdog: callers asking at once share one request."""
+
+    def __init__(self) -> None:
+        self._asked: _Asked | None = None
+
+    async def ask(self, send: Callable[[], object], timeout: float) -> dict[str, Any] | str:
+        """Send the request (unless one is out) and wait up to `timeout` for its answer; a str
+        says why there is none."""
+        asked = self._asked
+        if asked is None:
+            asked = self._asked = _Asked()
+            try:
+                send()
+            except OSError as exc:
+                self._asked = None
+                return f"cannot be asked ({exc.strerror})"
+        with trio.move_on_after(timeout):
+            await asked.done.wait()
+        if not asked.done.is_set():
+            if self._asked is asked:
+                self._asked = None
+            return f"no answer within {timeout:g} s (stopped, or in C code holding the GIL)"
+        return asked.answer
+
+    def answer(self, msg: dict[str, Any] | str) -> None:
+        asked, self._asked = self._asked, None
+        if asked is not None:
+            asked.answer = msg
+            asked.done.set()
+
+    def fail(self, why: str) -> None:
+        self.answer(why)
+
+
 async def watch_heartbeat(
-    fd: int,
+    reader: BeatReader,
     timeout: float,
     alive: Callable[[], bool],
     on_hung: Callable[[str], None],
     pid: Callable[[], int],
 ) -> None:
-    """Call `on_hung(reason)` when a live worker's heartbeats on `fd` stop and the kernel says
-    it is stuck, not starved (_liveness.py): stopped, at `timeout` of silence; running or
-    sleeping without a beat, at HARD_FACTOR times that."""
+    """Call `on_hung(reason)` when a live worker's heartbeats stop and the kernel says it is
+    stuck, not starved (_liveness.py): stopped, at `timeout` of silence; running or sleeping
+    without a beat, at HARD_FACTOR times that. Reports on the pipe go to the reader's hook."""
+    fd = reader.fd
     stream = trio.lowlevel.FdStream(fd)
     try:
         last = trio.current_time()
         while alive():
             wait = last + timeout - trio.current_time()
             with trio.move_on_after(wait if wait > 0 else timeout / 4) as silent:
-                if not await stream.receive_some(4096):
+                data = await stream.receive_some(1 << 16)
+                if not data:
                     return  # the process exited: its exit is reported elsewhere
+                reader.feed(data)
                 last = trio.current_time()
             if not silent.cancelled_caught or not alive():
                 continue
-            if _liveness.pending_beats(fd):  # this watcher was the late one
+            if _liveness.pending_beats(fd, reader.feed):  # this watcher was the late one
                 last = trio.current_time()
                 continue
             reason = _liveness.verdict(
@@ -146,6 +241,8 @@ async def watch_heartbeat(
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return
     finally:
+        reader.drain()
+        reader.fd = -1
         with trio.CancelScope(shield=True):
             await stream.aclose()
 

@@ -7,7 +7,7 @@ SIGCHLD and reports each exit status, and it is the controller's insurance again
 the controller's socket closes, it SIGKILLs every child and exits.
 
 Requests and reports are msgpack packets on a SOCK_SEQPACKET socket pair; a spawn request carries
-the child's stdout and stderr pipe ends as SCM_RIGHTS file descriptors.
+the child's stdout, stderr, beat and control pipe ends as SCM_RIGHTS file descriptors.
 """
 
 from __future__ import annotations
@@ -68,12 +68,13 @@ def _child(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.close(wake_r)
         os.close(wake_w)
-        out, err, heartbeat = fds
+        out, err, heartbeat, control = fds
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.close(out)
         os.close(err)
         req["cfg"]["heartbeat_fd"] = heartbeat
+        req["cfg"]["control_fd"] = control
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
@@ -117,7 +118,7 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
         while True:
             for key, _ in sel.select():
                 if key.fileobj is sock:
-                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 3)
+                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 4)
                     if not data:
                         return
                     req = msgpack.unpackb(data)

@@ -16,6 +16,7 @@ Pure functions over the state and the silence; ``_forkclient.watch_heartbeat`` d
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 #: A live, not stopped process is declared hung after this many heartbeat timeouts of silence.
 HARD_FACTOR = 10.0
@@ -47,10 +48,12 @@ def verdict(state: str | None, silent_for: float, timeout: float) -> str | None:
     return None
 
 
-def pending_beats(fd: int) -> bool:
+def pending_beats(fd: int, feed: Callable[[bytes], None]) -> bool:
     """Whether beats are waiting unread in the pipe (the watcher itself was late, not the
-    worker); reads them."""
+    worker); reads them and hands them to `feed`."""
     try:
-        return bool(os.read(fd, 4096))
+        data = os.read(fd, 1 << 16)
     except (BlockingIOError, OSError):
         return False
+    feed(data)
+    return bool(data)

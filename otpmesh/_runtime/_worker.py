@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
 import sys
-import threading
-import time
 from typing import Any
 
 import trio
@@ -20,6 +19,7 @@ from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
 from ..rdma._channel import Channel
+from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
 
@@ -56,6 +56,14 @@ class Worker:
 
     async def main(self) -> None:
         set_current_node(self.node)
+        if self.cfg.get("heartbeat_fd") is not None:
+            Watchdog(
+                lambda: self.node.actors,
+                beat_fd=self.cfg["heartbeat_fd"],
+                control_fd=self.cfg.get("control_fd"),
+                interval=self.cfg["heartbeat_interval"],
+                token=trio.lowlevel.current_trio_token(),
+            ).start()
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
             controller = self.cfg["controller"]
@@ -127,24 +135,12 @@ class Worker:
         )
 
 
-def _beat(fd: int, interval: float) -> None:
-    """Heartbeats from a thread of their own: a busy event loop (a long plain-def endpoint) still
-    beats; a stopped or wedged process does not, and its controller replaces it."""
-    try:
-        while True:
-            os.write(fd, b".")
-            time.sleep(interval)
-    except OSError:
-        return  # the controller is gone
-
-
 def main(cfg: dict[str, Any]) -> int:
     """Run a worker until its controller goes away. Called in the forked child."""
-    if cfg.get("heartbeat_fd") is not None:
-        threading.Thread(
-            target=_beat, args=(cfg["heartbeat_fd"], cfg["heartbeat_interval"]), daemon=True
-        ).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker stuck in C with the GIL held has no watchdog thread running: its parent sends
+    # SIGUSR1 before killing it, and faulthandler writes every thread's stack to its stderr.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from . import _run
 
     _run.IN_WORKER = True

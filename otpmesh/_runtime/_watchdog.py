@@ -1,0 +1,176 @@
+"""A worker's watchdog thread: heartbeats, progress deadlines, and stacks on request.
+
+It runs beside the event loop, so it keeps working while the loop is blocked in a plain-def
+endpoint (it needs only the GIL, which Python code gives up every few milliseconds):
+
+- it writes a beat (``b"."``) to the beat pipe every interval (the parent's liveness check,
+  _liveness.py, hears them);
+- it reads requests from the control pipe (``b"s"``: send the stacks of every actor);
+- it watches the endpoint each actor serves (``ActorCell.serving``): one that made no progress
+  for its deadline is hung. The loop is asked to crash the actor with a ``Hung`` reason (an
+  async endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual); if the loop does
+  not answer within ``GRACE`` (it is blocked in that very endpoint), the watchdog reports the
+  hang on the beat pipe and kills its own process with SIGKILL: the parent reads the report
+  before it reports the exit, so the actor's exit reason is the ``Hung``, with the stacks.
+
+Reports on the beat pipe are ``b"!"``, a 4-byte big-endian length and a msgpack map; the
+watchdog is the pipe's only writer, so beats and reports never interleave. ``BeatReader`` (the
+parent's side) is in _forkclient.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import signal
+import struct
+import threading
+import time
+from typing import Any
+
+import msgpack
+import trio
+
+from .._core._exits import Hung
+from . import _stacks
+
+log = logging.getLogger("otpmesh.worker")
+
+#: How long the event loop has to crash a hung actor itself before the process is killed.
+GRACE = 0.3
+#: Reports longer than this are cut (a stack dump of many threads).
+MAX_REPORT = 256 * 1024
+REPORT = b"!"
+BEAT = b"."
+STACKS_REQUEST = b"s"
+
+
+def frame_report(msg: dict[str, Any]) -> bytes:
+    """One report as it travels on the beat pipe."""
+    body: bytes = msgpack.packb(msg)
+    return REPORT + struct.pack(">I", len(body)) + body
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_REPORT // 2 else text[: MAX_REPORT // 2] + "\n  ... (cut)"
+
+
+def hung_reason(report: dict[str, Any]) -> Hung:
+    """The exit reason a "hung" report stands for."""
+    return Hung(
+        str(report.get("endpoint", "")),
+        float(report.get("seconds", 0.0)),
+        str(report.get("how", "")),
+        str(report.get("stacks", "")),
+    )
+
+
+class Watchdog:
+    """The thread; `cells()` gives the node's actor cells (path -> cell) when called."""
+
+    def __init__(
+        self,
+        cells: Any,
+        *,
+        beat_fd: int | None,
+        control_fd: int | None,
+        interval: float,
+        token: trio.lowlevel.TrioToken,
+    ) -> None:
+        self._cells = cells
+        self._beat_fd = beat_fd
+        self._control_fd = control_fd
+        self._interval = interval
+        self._token = token
+        self._handled: set[int] = set()  # ids of Serving records already acted on
+        self.ident: int | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="otpmesh-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        self.ident = threading.get_ident()
+        next_beat = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._write(BEAT)
+                    next_beat = now + self._interval
+                wait = max(0.0, min(next_beat, self._next_expiry()) - now)
+                if self._control_fd is not None:
+                    ready, _, _ = select.select([self._control_fd], [], [], wait)
+                    if ready:
+                        self._serve_request(os.read(self._control_fd, 64))
+                else:
+                    time.sleep(wait)
+                self._check(time.monotonic())
+        except OSError:
+            return  # the parent is gone: the process follows its connection
+
+    def _write(self, data: bytes) -> None:
+        if self._beat_fd is None:
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._beat_fd, view) :]
+
+    def _serve_request(self, data: bytes) -> None:
+        if not data:
+            self._control_fd = None  # the parent closed it; beat on until the process ends
+            return
+        if STACKS_REQUEST in data:
+            snapshot = _stacks.snapshot(dict(self._cells()), skip_threads=[threading.get_ident()])
+            snapshot["actors"] = {p: _cut(t) for p, t in snapshot["actors"].items()}
+            snapshot["threads"] = _cut(snapshot["threads"])
+            self._write(frame_report({"op": "stacks", **snapshot}))
+
+    def _next_expiry(self) -> float:
+        expiry = math.inf
+        for cell in list(self._cells().values()):
+            serving = cell.serving
+            if serving is not None and serving.deadline is not None:
+                expiry = min(expiry, serving.progress_at + serving.deadline)
+        return expiry
+
+    def _check(self, now: float) -> None:
+        for cell in list(self._cells().values()):
+            serving = cell.serving
+            if (
+                serving is None
+                or serving.deadline is None
+                or now - serving.progress_at <= serving.deadline
+                or id(serving) in self._handled
+            ):
+                continue
+            self._handled.add(id(serving))
+            self._hung(cell, serving)
+
+    def _hung(self, cell: Any, serving: Any) -> None:
+        stacks = _stacks.actor_stack(cell)
+        others = _stacks.thread_stacks(skip=[threading.get_ident()])
+        text = _cut(f"{stacks}\n{others}" if others else stacks)
+        path = cell.ctx.path
+        reason = Hung(serving.method, serving.deadline, "ran past its progress deadline", text)
+        log.error("%s: %s", path, reason)
+        crashed = threading.Event()
+
+        def crash() -> None:
+            if cell.serving is serving:
+                cell.crash(reason)
+            crashed.set()
+
+        try:
+            self._token.run_sync_soon(crash)
+        except trio.RunFinishedError:
+            return
+        if crashed.wait(GRACE):
+            return  # the loop answered: the actor exits with the reason like any crash
+        # The loop is blocked in the endpoint itself: say why, then end the process.
+        report = {"op": "hung", "actor": path, "incarnation": cell.incarnation}
+        report.update(endpoint=reason.endpoint, seconds=reason.seconds, how=reason.how, stacks=text)
+        report["how"] = "ran past its progress deadline; its process was killed"
+        self._write(frame_report(report))
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,49 @@
+"""Actors that get stuck in the ways real ones do, for the progress-deadline tests."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+import otpmesh
+
+
+class Stuck(otpmesh.Actor):
+    """Each endpoint hangs its own way; `steady` keeps saying it progresses."""
+
+    def __init__(self) -> None:
+        self.never = trio.Event()
+
+    @otpmesh.endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @otpmesh.endpoint
+    def incarnation_pid(self) -> int:
+        return otpmesh.context().pid
+
+    @otpmesh.endpoint
+    def spin_forever(self) -> None:
+        while True:
+            pass
+
+    @otpmesh.endpoint
+    def sleep_forever(self) -> None:
+        time.sleep(3600)
+
+    @otpmesh.endpoint
+    async def await_forever(self) -> None:
+        await self.never.wait()
+
+    @otpmesh.endpoint(progress_deadline=0.5)
+    def short_fuse(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "done"
+
+    @otpmesh.endpoint
+    def steady(self, steps: int, step: float) -> int:
+        for _ in range(steps):
+            time.sleep(step)
+            otpmesh.progress()
+        return steps
