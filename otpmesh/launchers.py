@@ -4,15 +4,14 @@ Each is a small adapter over a tool people already run; otpmesh schedules nothin
 
     Local(hosts=2)                 agents as subprocesses of this program (one machine)
     SSH(["gpu1", "gpu2"])          ``ssh HOST otpmesh agent ...`` per host
-    Slurm()                        one ``srun`` over the allocation, one agent per node
+    Slurm()                        one ``srun`` step per node of the allocation, one agent each
     Static(hosts=4)                agents started by anything else (Kubernetes, torchrun's
                                    environment); the controller waits for that many
 
 On a host, ``otpmesh agent --controller tcp:HOST:PORT`` runs an agent; ``run_agent(...)`` is the
 same as a Python call. An agent gets the controller's address on its command line and the secret
-on its stdin (Local, SSH) or in its environment (Slurm); never in argv, where ``ps`` would show
-it. An agent whose stdin a launcher holds exits when that stdin closes, so none outlives its
-controller.
+on its stdin (Local, SSH, Slurm through srun); never in argv, where ``ps`` would show it. An agent
+whose stdin a launcher holds exits when that stdin closes, so none outlives its controller.
 """
 
 from __future__ import annotations
@@ -20,11 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import FrameType
+from typing import Any, Protocol
 
 import trio
 
@@ -41,6 +43,10 @@ class Launcher(Protocol):
     def failure(self) -> str | None:
         """Why an agent it started has already exited (before registering), if one has."""
 
+    def ended(self) -> dict[int, str]:
+        """The ranks whose launch has ended (the agent's process, ssh session or srun step),
+        each with why: their hosts are lost, whatever their agents still say."""
+
 
 def agent_args(controller: str, *, rank: int | None = None, listen: str | None = None) -> list[str]:
     """The agent's arguments after its command (``otpmesh agent`` or ``python -m ...``)."""
@@ -55,7 +61,8 @@ def agent_args(controller: str, *, rank: int | None = None, listen: str | None =
 class _Processes:
     """Subprocesses whose stdin carries the secret and then holds them alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str) -> None:
+        self.what = what  # what each process is to its host: "agent process", "ssh session"
         self.procs: list[trio.Process] = []
 
     async def spawn(self, argv: list[str], secret: bytes, env: dict[str, str] | None) -> None:
@@ -72,6 +79,14 @@ class _Processes:
             if proc.returncode is not None:
                 return f"agent {shlex.join(proc.args)!r} exited with code {proc.returncode}"  # type: ignore[arg-type]
         return None
+
+    def ended(self) -> dict[int, str]:
+        """Read after "which" in a host's reason: "... host n2, which lost its srun step ..."."""
+        return {
+            rank: f"lost its {self.what} (exit code {proc.returncode})"
+            for rank, proc in enumerate(self.procs)
+            if proc.returncode is not None
+        }
 
     async def stop(self, timeout: float = 5.0) -> None:
         for proc in self.procs:
@@ -99,7 +114,7 @@ class Local:
     prefixes: Sequence[Sequence[str]] | None = None
     listen: Sequence[str] | None = None
     python: str = sys.executable
-    _procs: _Processes = field(default_factory=_Processes, repr=False)
+    _procs: _Processes = field(default_factory=lambda: _Processes("agent process"), repr=False)
 
     async def start(self, controller: str, secret: bytes) -> None:
         env = dict(os.environ)
@@ -118,6 +133,9 @@ class Local:
     def failure(self) -> str | None:
         return self._procs.failure()
 
+    def ended(self) -> dict[int, str]:
+        return self._procs.ended()
+
     @property
     def processes(self) -> list[trio.Process]:
         """The agents' processes, by rank (for chaos tests: kill one to kill its host)."""
@@ -135,7 +153,7 @@ class SSH:
     host_names: Sequence[str]
     ssh: Sequence[str] = ("ssh", "-o", "BatchMode=yes")
     agent: Sequence[str] = ("otpmesh", "agent")
-    _procs: _Processes = field(default_factory=_Processes, repr=False)
+    _procs: _Processes = field(default_factory=lambda: _Processes("ssh session"), repr=False)
 
     @property
     def hosts(self) -> int:
@@ -152,20 +170,33 @@ class SSH:
     def failure(self) -> str | None:
         return self._procs.failure()
 
+    def ended(self) -> dict[int, str]:
+        return self._procs.ended()
+
 
 @dataclass
 class Slurm:
-    """One agent per node of the current Slurm allocation, started by one ``srun``.
+    """One agent per node of the current Slurm allocation, each started by its own ``srun``.
 
-    The node count comes from ``SLURM_JOB_NUM_NODES`` (or `nodes`); each agent's rank from its
-    ``SLURM_NODEID``. The secret travels in srun's environment (``OTPMESH_SECRET``), which Slurm
-    propagates to the tasks.
+    The node count comes from ``SLURM_JOB_NUM_NODES`` (or `nodes`). Agent `i` runs as a one-task
+    step on the allocation's node `i` (``srun --nodes=1 --ntasks=1 --relative=i``), so that when
+    one agent dies only its own step ends: a lost node is a lost host, which the supervision
+    tree handles, never the whole mesh killed by srun. The secret goes over srun's stdin, which
+    srun forwards to its task and whose end is the agent's lifeline.
+
+    When the job ends (``scancel``, the time limit, preemption), Slurm sends SIGTERM to every
+    process of the job, then SIGKILL after its grace (``KillWait``, or the partition's
+    ``GraceTime``). For that grace the agents and their workers ignore SIGTERM, and this
+    program takes it as Ctrl-C: the tree stops in order, each actor's ``on_stop`` runs, and
+    only then are the agents told to exit. Submit with ``--no-kill`` (``sbatch -k``) so that a
+    node that fails ends only its host, not the job.
     """
 
     nodes: int | None = None
     srun: Sequence[str] = ("srun",)
     agent: Sequence[str] = ("otpmesh", "agent")
-    _procs: _Processes = field(default_factory=_Processes, repr=False)
+    _procs: _Processes = field(default_factory=lambda: _Processes("srun step"), repr=False)
+    _sigterm: _Sigterm | None = field(default=None, repr=False)
 
     @property
     def hosts(self) -> int:
@@ -173,21 +204,61 @@ class Slurm:
             return self.nodes
         count = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
         if not count:
-            raise RuntimeError("Slurm launcher outside an allocation: no SLURM_JOB_NUM_NODES")
+            raise RuntimeError(
+                "launchers.Slurm() outside a Slurm allocation: no SLURM_JOB_NUM_NODES; run the "
+                "controller inside 'sbatch' or 'salloc', or pass Slurm(nodes=N)"
+            )
         return int(count)
 
+    def step_argv(self, controller: str, rank: int) -> list[str]:
+        """The ``srun`` command line that starts agent `rank` on the allocation's node `rank`."""
+        step = [*self.srun, "--nodes=1", "--ntasks=1", f"--relative={rank}"]
+        # A failed agent ends its own step, quietly; --overlap: the agents' steps leave the
+        # allocation's CPUs to whatever else the job runs (the workers are the agents' children).
+        step += ["--kill-on-bad-exit=0", "--overlap", f"--job-name=otpmesh-agent-{rank}"]
+        return [*step, *self.agent, *agent_args(controller, rank=rank), "--ignore-sigterm"]
+
     async def start(self, controller: str, secret: bytes) -> None:
-        n = self.hosts
-        argv = [*self.srun, f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
-        argv += [*self.agent, "--controller", controller, "--rank-from-env", "SLURM_NODEID"]
-        env = dict(os.environ, OTPMESH_SECRET=secret.decode())
-        await self._procs.spawn(argv, b"", env)
+        self._sigterm = _Sigterm.install()
+        for rank in range(self.hosts):
+            await self._procs.spawn(self.step_argv(controller, rank), secret, None)
 
     async def stop(self) -> None:
         await self._procs.stop()
+        if self._sigterm is not None:
+            self._sigterm.uninstall()
+            self._sigterm = None
 
     def failure(self) -> str | None:
         return self._procs.failure()
+
+    def ended(self) -> dict[int, str]:
+        return self._procs.ended()
+
+
+class _Sigterm:
+    """SIGTERM taken as SIGINT (Ctrl-C) while a Slurm cluster runs: the end of the job is an
+    orderly stop within Slurm's grace, not an instant death that skips every ``on_stop``."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    @classmethod
+    def install(cls) -> _Sigterm | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None  # signals reach only the main thread's handlers
+
+        def as_interrupt(signum: int, frame: FrameType | None) -> None:
+            handler = signal.getsignal(signal.SIGINT)
+            if callable(handler):
+                handler(signal.SIGINT, frame)  # trio's: KeyboardInterrupt in the main task
+            else:
+                raise KeyboardInterrupt
+
+        return cls(signal.signal(signal.SIGTERM, as_interrupt))
+
+    def uninstall(self) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
 
 
 @dataclass
@@ -204,6 +275,9 @@ class Static:
 
     def failure(self) -> str | None:
         return None
+
+    def ended(self) -> dict[int, str]:
+        return {}
 
 
 def run_agent(

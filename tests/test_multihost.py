@@ -321,19 +321,20 @@ def test_ssh_launcher_runs_agents_through_ssh_with_the_secret_on_stdin(tmp_path:
     assert "test-cluster-secret" not in argv  # never on a command line
 
 
-def test_slurm_launcher_starts_one_agent_per_node_with_srun(
+def test_slurm_launcher_starts_one_srun_step_per_node(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stand-in for srun that starts --ntasks copies with SLURM_NODEID set, as Slurm does."""
+    """A stand-in for srun that runs its one task here, as node --relative=N would (the real
+    srun on a real Slurm cluster: tests/test_slurm.py)."""
     srun = _fake_tool(
         tmp_path,
         "srun",
         f'echo "$@" >> {tmp_path}/argv\n'
-        'n=1; while true; do case "$1" in --ntasks=*) n="${1#--ntasks=}"; shift;; -*) shift;; '
+        'while true; do case "$1" in --relative=*) n="${1#--relative=}"; shift;; -*) shift;; '
         "*) break;; esac; done\n"
-        # Node 1 registers first: its rank must still come from SLURM_NODEID, not arrival.
-        'i=$((n-1)); while [ $i -ge 0 ]; do SLURM_NODEID=$i "$@" --name node$i & '
-        "sleep 0.5; i=$((i-1)); done; wait\n",
+        # Node 1 registers first: its rank must still be its own, not its arrival order.
+        '[ "$n" = 0 ] && sleep 0.5\n'
+        'exec "$@" --name node$n\n',
     )
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
     agent = (sys.executable, "-m", "otpmesh._hosts._agent")
@@ -348,8 +349,9 @@ def test_slurm_launcher_starts_one_agent_per_node_with_srun(
 
     run_trio(main, timeout=60)
     argv = (tmp_path / "argv").read_text()
-    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in argv
-    assert "--rank-from-env SLURM_NODEID" in argv and "test-cluster-secret" not in argv
+    assert "--nodes=1 --ntasks=1 --relative=0 --kill-on-bad-exit=0" in argv
+    assert "--relative=1" in argv and "--secret-stdin" in argv
+    assert "test-cluster-secret" not in argv
 
 
 def test_static_cluster_waits_for_agents_started_elsewhere() -> None:

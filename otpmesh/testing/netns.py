@@ -1,9 +1,11 @@
 """Separate hosts on one machine, for tests and benchmarks of multi-host meshes: network
-namespaces on a private bridge (10.231.0.0/24).
+namespaces on a private bridge (10.231.0.0/24 unless told another ``subnet``).
 
 The controller stays in this namespace on the bridge's address; host `i` is namespace
 ``otpm<id>h<i>`` at 10.231.0.(10+i), its agent and workers run inside it. Cutting a host off is
 setting its veth down. Needs root and iproute2; ``unavailable()`` says why when it cannot.
+Several sets can exist at once (the Slurm helper makes its own): each gets a `kind` letter in
+its names and a subnet of its own.
 
     hosts = netns.make_hosts(3)
     try:
@@ -30,13 +32,23 @@ CONTROLLER_IP = f"{SUBNET}.1"
 class NetnsHosts:
     tag: str
     names: list[str]
+    subnet: str = SUBNET
 
     @property
     def bridge(self) -> str:
         return f"otpm{self.tag}br"
 
+    @property
+    def controller_ip(self) -> str:
+        """This namespace's address on the bridge."""
+        return f"{self.subnet}.1"
+
     def ip(self, i: int) -> str:
-        return f"{SUBNET}.{10 + i}"
+        return f"{self.subnet}.{10 + i}"
+
+    def net(self, i: int) -> str:
+        """Host `i`'s network namespace file (for ``nsenter --net=...``)."""
+        return f"/run/netns/{self.names[i]}"
 
     def veth(self, i: int) -> str:
         return f"otpm{self.tag}v{i}"
@@ -85,7 +97,7 @@ def remove_stale() -> None:
     (their names carry the pid of the process that made them)."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    for match in re.finditer(r"\botpm(\d+)(h\d+|br)\b", listed + links):
+    for match in re.finditer(r"\botpm(\d+)[a-z]?(h\d+|br)\b", listed + links):
         pid, kind = int(match.group(1)), match.group(2)
         if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
             continue
@@ -95,13 +107,18 @@ def remove_stale() -> None:
             subprocess.run(["ip", "netns", "del", match.group(0)], capture_output=True)
 
 
-def make_hosts(n: int) -> NetnsHosts:
-    """`n` namespaced hosts on a fresh bridge; call ``remove()`` when done."""
+def make_hosts(n: int, *, subnet: str = SUBNET, kind: str = "") -> NetnsHosts:
+    """`n` namespaced hosts on a fresh bridge; call ``remove()`` when done.
+
+    `subnet` is the first three octets; `kind` (one letter or none) tells this set's names from
+    another's made by the same process."""
+    if not re.fullmatch(r"[a-z]?", kind):
+        raise ValueError(f"kind must be one lowercase letter or empty, not {kind!r}")
     remove_stale()
-    hosts = NetnsHosts(tag=str(os.getpid()), names=[])
+    hosts = NetnsHosts(tag=f"{os.getpid()}{kind}", names=[], subnet=subnet)
     try:
         _ip("link", "add", hosts.bridge, "type", "bridge")
-        _ip("addr", "add", f"{CONTROLLER_IP}/24", "dev", hosts.bridge)
+        _ip("addr", "add", f"{hosts.controller_ip}/24", "dev", hosts.bridge)
         _ip("link", "set", hosts.bridge, "up")
         for i in range(n):
             name = f"otpm{hosts.tag}h{i}"
