@@ -1,9 +1,10 @@
 """What a node needs of its tensor channel: the interface, not the channel (otpmesh.rdma
 implements it; the processes that run a node pass one in, so nothing is installed by an import).
 
-Large tensors in ordinary calls travel by handle: the sender's node *offers* each one to its
+Large values in ordinary calls travel by handle: the sender's node *offers* each one to its
 channel when it packs a message, the receiving node *fetches* the ones a frame named before it
-delivers the message, and the sender drops what it offered once the call is over.
+delivers the message, and the sender drops what it offered once the call is over (a cast's once
+its targets have read it).
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ if TYPE_CHECKING:
 class TensorChannel(Protocol):
     """A node's tensor channel, as the node uses it."""
 
-    def offer(self, tensor: Any, collect: list[int] | None) -> Any:
-        """Register a large `tensor` for readers; its handle data (or None: send it inline).
-        With `collect`, the buffer id is appended there: its sender drops it later."""
+    def offer(self, value: Any, collect: list[int] | None) -> Any:
+        """Register a large `value` for readers (a tensor, or a flat byte memoryview: see
+        ``_codec.Offer``); its handle data (or None: send it inline). With `collect`, the
+        buffer id is appended there: its sender releases it later."""
 
     def drop_offered(self, buffer_ids: list[int]) -> None:
         """A call ended: release the buffers its arguments were offered in."""
+
+    def release_after(self, buffer_ids: list[int], readers: int) -> None:
+        """A cast went to `readers` actors: release its buffers once each has read them."""
 
     def deliver_later(
         self, conn: Connection, msg: list[Any], pending: list[PendingTensor]

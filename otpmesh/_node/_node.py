@@ -111,6 +111,7 @@ class Node(Outgoing):
         self._conns: dict[str, Connection] = {}
         self._side: dict[str, Connection] = {}
         self._dialing: dict[str, trio.Event] = {}
+        self._side_dialing: dict[str, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self.parent: Connection | None = None  # a worker's controller connection
         self.close_hooks: list[Callable[[Connection], None]] = []  # e.g. release RDMA pins
@@ -220,11 +221,22 @@ class Node(Outgoing):
 
     async def connect_side(self, addr: str) -> Connection:
         """A second connection to `addr`, for the tensor channel's own requests. It must not share
-        the call connection: that one's reader may be waiting for a transfer these requests make."""
-        conn = self._side.get(addr)
-        if conn is not None and not conn.closed:
-            return conn
-        return await self._open(addr, self._side)
+        the call connection: that one's reader may be waiting for a transfer these requests make.
+        Concurrent first transfers to one owner share one dial (no extra connections)."""
+        while True:
+            conn = self._side.get(addr)
+            if conn is not None and not conn.closed:
+                return conn
+            dialing = self._side_dialing.get(addr)
+            if dialing is None:
+                break
+            await dialing.wait()  # then use its connection, or dial again if it failed
+        self._side_dialing[addr] = done = trio.Event()
+        try:
+            return await self._open(addr, self._side)
+        finally:
+            del self._side_dialing[addr]
+            done.set()
 
     async def _open(self, addr: str, table: dict[str, Connection]) -> Connection:
         """Dial `addr`, keep the connection in `table` and serve it until it closes."""

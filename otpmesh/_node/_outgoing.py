@@ -192,7 +192,10 @@ class Outgoing:
 
     async def cast(self, targets: Sequence[Target], method: str, args: Any, kwargs: Any) -> None:
         """Fire-and-forget to every target, FIFO with later calls from this node."""
-        body = _call_body(method, args, kwargs, self.offer(None))
+        offered: list[int] = []
+        body = _call_body(method, args, kwargs, self.offer(offered))
+        if offered and self.channel is not None:  # large values: gone once every target read
+            self.channel.release_after(offered, len(targets))
         for target in targets:
             if target.addr == self.addr:
                 m, a, k = self._unpack_local(body)

@@ -1,4 +1,4 @@
-"""msgpack encoding of messages: plain data, tuples, torch tensors and actor refs. Never pickle.
+"""msgpack encoding of messages: plain data, tuples, tensors, arrays and actor refs. Never pickle.
 
 Extension types (codes are part of the wire protocol, see docs/wire.md):
 
@@ -12,6 +12,11 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     8  rdma buffer  msgpack map: the buffer's handle (owner, size, dtype, one entry per backend)
     9  channel tensor  a large tensor left in its sender's memory: the handle of a temporary
                     buffer; the receiver reads it over the tensor channel before delivery
+   10  array       a numpy array: u16 header length, msgpack header [dtype str, shape], raw bytes
+   11  channel buffer  a large bytes, bytearray, memoryview or numpy array left in its sender's
+                    memory: msgpack [form, handle], where form is "bytes", "bytearray",
+                    ["memoryview", format, shape] or ["ndarray", dtype str, shape]; the receiver
+                    reads it as a channel tensor and rebuilds that type
 
 Extension values nest (a tuple of tuples, a tensor in a tuple in a value mesh): each one met
 inside another's payload is one level, and at most MAX_NESTING levels travel. The limit is the
@@ -19,7 +24,14 @@ same both ways: the sender raises EncodeError, the receiver ProtocolError (closi
 connection). Plain lists and maps nest within one payload without counting here: msgpack's C
 unpacker walks them iteratively and refuses more than 1024 levels (StackError).
 
-torch is imported only when a tensor is met, so processes that never touch one never pay for it.
+torch is imported only when a tensor is met, so processes that never touch one never pay for it;
+numpy only when an array arrives (a sender meets arrays only if it imported numpy itself).
+
+Large values ride the tensor channel when the sending node passes its ``offer``: tensors and
+numpy arrays anywhere (msgpack hands them to ``_default``), and bytes, bytearray and memoryview
+objects of CHANNEL_THRESHOLD bytes or more, which msgpack would pack itself: ``pack`` first wraps
+those in the message's lists, tuples and dicts (``_lift``), when a cheap scan or the packed size
+says there may be one.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import re
 import reprlib
 import struct
 import sys
@@ -51,7 +64,9 @@ EXT_ACTOR_CRASH = 6
 EXT_PROCESS_EXIT = 7
 EXT_RDMA_BUFFER = 8
 EXT_CHANNEL_TENSOR = 9
-EXT_HUNG = 10
+EXT_ARRAY = 10
+EXT_CHANNEL_BUFFER = 11
+EXT_HUNG = 12
 
 _U16 = struct.Struct(">H")
 
@@ -71,12 +86,22 @@ MAX_TENSOR_DIMS = 64
 # its cost on the hot path. The size after packing is checked too, for what this misses.
 _SCAN_LEVELS = 3
 _SCAN_ITEMS = 32
+# How deep in lists, tuples and dicts a large bytes-like is found for the channel (deeper ones
+# travel inline): a bound on the walk's recursion.
+_LIFT_LEVELS = 32
+#: memoryview formats a receiver can make again (``memoryview.cast``): single native items.
+#: A view of any other format, or with a zero in its shape, arrives as flat bytes ('B').
+VIEW_FORMATS = frozenset("bBhHiIlLqQnNfde?c")
+# numpy dtypes that travel: one kind, byte order and size (``dtype.str``), no objects or fields.
+_ARRAY_DTYPE = re.compile(r"[<>|][biufcmMSUV][0-9]{1,9}(\[[0-9]{0,9}[A-Za-z]{1,2}\])?")
 
 #: Tensors at least this big travel over the tensor channel (otpmesh.rdma), not inline.
 CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)))
 
-#: Offers a large tensor to the sending node's tensor channel: its handle data, or None to send
-#: it inline. A node passes its own to ``pack``; nothing is installed here.
+#: Offers a large value to the sending node's tensor channel: a contiguous CPU torch tensor, or
+#: the bytes of a bytes-like or numpy array as a flat memoryview (format 'B'; read-only when it
+#: is a whole ``bytes``, which nobody can change). Returns its handle data, or None to send it
+#: inline. A node passes its own to ``pack``; nothing is installed here.
 Offer = Callable[[Any], Any]
 
 # The core's values that travel as extensions: code -> (type, to data, from data). The codec
@@ -117,30 +142,62 @@ _UPPER_EXTS: Mapping[int, str] = MappingProxyType(
 
 
 class PendingTensor:
-    """A tensor still in its sender's memory: ``handle`` says where (the receiving node's tensor
-    channel reads it). Packed again (a host agent relaying a reply), it travels as it came."""
+    """A large value still in its sender's memory: ``handle`` says where (the receiving node's
+    tensor channel reads it); ``form`` says what to rebuild (None: a torch tensor; else the
+    form of a channel buffer, see the module docstring). Packed again (a host agent relaying a
+    reply), it travels as it came."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("form", "handle")
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, form: Any = None) -> None:
         self.handle = handle
+        self.form = form
 
 
 class _Packing:
     """What one ``pack`` call needs below its top level: the channel offer, and whether the
-    receiver is in this same process (then nothing is offered and no size limit applies)."""
+    receiver is in this same process (then nothing is offered and no size limit applies).
 
-    __slots__ = ("local", "offer")
+    ``offered`` records the handles offered for each value (by id) when a second packing of the
+    same message may follow, which then ``replays`` them: a value is offered once per message."""
+
+    __slots__ = ("local", "offer", "offered", "replays")
 
     def __init__(self, offer: Offer | None, local: bool) -> None:
         self.offer = offer
         self.local = local
+        self.offered: dict[int, list[Any]] | None = None
+        self.replays: dict[int, list[Any]] | None = None
+
+    def handle_for(self, original: Any, prepared: Any) -> Any:
+        """The channel handle for `original` (offered as `prepared`), or None: inline."""
+        if self.replays is not None:
+            handles = self.replays.get(id(original))
+            if handles:
+                return handles.pop(0)
+        if self.offer is None:
+            return None
+        handle = self.offer(prepared)
+        if self.offered is not None:
+            self.offered.setdefault(id(original), []).append(handle)
+        return handle
+
+
+class _Blob:
+    """A bytes, bytearray or memoryview of CHANNEL_THRESHOLD bytes or more, wrapped by ``_lift``
+    so that msgpack hands it to ``_default`` (which offers it to the channel)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray | memoryview) -> None:
+        self.value = value
 
 
 _PLAIN = _Packing(None, False)
 
 
-def _encode_tensor(t: Any, level: int, how: _Packing) -> msgpack.ExtType:
+def _encode_tensor(original: Any, level: int, how: _Packing) -> msgpack.ExtType:
+    t = original
     if t.layout is not sys.modules["torch"].strided:
         raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
     t = t.detach()
@@ -149,7 +206,7 @@ def _encode_tensor(t: Any, level: int, how: _Packing) -> msgpack.ExtType:
     t = t.resolve_conj().resolve_neg().contiguous()
     nbytes = t.numel() * t.element_size()
     if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
-        handle = how.offer(t)
+        handle = how.handle_for(original, t)
         if handle is not None:
             return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle, level + 1, _PLAIN))
     if nbytes > MAX_FRAME_SIZE and not how.local:
@@ -201,6 +258,141 @@ def _decode_tensor(data: bytes) -> Any:
     return flat.view(dtype).reshape(shape)
 
 
+def _encode_array(a: Any, level: int, how: _Packing) -> msgpack.ExtType:
+    """A numpy array: inline (EXT_ARRAY) or, from CHANNEL_THRESHOLD bytes, over the channel."""
+    numpy = sys.modules["numpy"]
+    if type(a) is not numpy.ndarray:
+        raise EncodeError(
+            f"cannot send a {type(a).__module__}.{type(a).__qualname__} (a numpy array "
+            "subclass): send numpy.asarray(value), or its parts, explicitly"
+        )
+    dt = a.dtype
+    if (
+        dt.hasobject
+        or dt.fields is not None
+        or not dt.itemsize
+        or not _ARRAY_DTYPE.fullmatch(dt.str)
+    ):
+        raise EncodeError(
+            f"cannot send a numpy array of dtype {dt!r}: arrays travel as raw bytes, so only "
+            "plain numeric, bool, datetime, bytes and str dtypes do (no objects, no fields); "
+            "send its fields as separate arrays"
+        )
+    contiguous = a if a.flags.c_contiguous else a.copy(order="C")
+    flat = contiguous.reshape(-1).view(numpy.uint8)
+    nbytes = int(flat.nbytes)
+    shape = [int(d) for d in a.shape]
+    if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
+        handle = how.handle_for(a, memoryview(flat))
+        if handle is not None:
+            form = ["ndarray", dt.str, shape]
+            return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([form, handle], level + 1, _PLAIN))
+    if nbytes > MAX_FRAME_SIZE and not how.local:
+        raise EncodeError(
+            f"cannot send a numpy array of {nbytes} bytes inline: a frame carries at most "
+            f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large arrays go "
+            "over the tensor channel)"
+        )
+    header = msgpack.packb([dt.str, shape])
+    return msgpack.ExtType(EXT_ARRAY, b"".join((_U16.pack(len(header)), header, memoryview(flat))))
+
+
+def array_dtype(name: Any) -> Any:
+    """The numpy dtype an array's header names; ProtocolError unless it is one that travels."""
+    if not isinstance(name, str) or not _ARRAY_DTYPE.fullmatch(name):
+        raise ProtocolError(f"unknown array dtype {brief(name)}")
+    import numpy
+
+    try:
+        dt = numpy.dtype(name)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"unknown array dtype {brief(name)}: {exc}") from None
+    if dt.hasobject or dt.fields is not None or not dt.itemsize or dt.str != name:
+        raise ProtocolError(f"array dtype {brief(name)} does not travel as raw bytes")
+    return dt
+
+
+def array_numel(shape: Any) -> int:
+    """The number of items of an array or view `shape` from the wire; ProtocolError if it is
+    not a list of sizes."""
+    if type(shape) is not list or len(shape) > MAX_TENSOR_DIMS:
+        raise ProtocolError(f"array shape {brief(shape)} is not a list of at most 64 sizes")
+    numel = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ProtocolError(f"array shape {brief(shape)} has a dim that is not a size")
+        numel *= dim
+    return numel
+
+
+def _decode_array(data: bytes) -> Any:
+    if len(data) < 2:
+        raise ProtocolError(f"malformed frame: a {len(data)}-byte array payload has no header")
+    (hlen,) = _U16.unpack_from(data, 0)
+    if 2 + hlen > len(data):
+        raise ProtocolError(f"array header of {hlen} bytes overruns its {len(data)}-byte payload")
+    header = msgpack.unpackb(data[2 : 2 + hlen])
+    if not (isinstance(header, list) and len(header) == 2):
+        raise ProtocolError(f"array header is not [dtype, shape]: {brief(header)}")
+    dt = array_dtype(header[0])
+    numel = array_numel(header[1])
+    body = memoryview(data)[2 + hlen :]
+    if len(body) != numel * dt.itemsize:
+        raise ProtocolError(
+            f"array of shape {brief(header[1])} and dtype {header[0]} needs "
+            f"{numel * dt.itemsize} bytes, frame has {len(body)}"
+        )
+    import numpy
+
+    return numpy.frombuffer(bytearray(body), dtype=numpy.uint8).view(dt).reshape(header[1])
+
+
+def _encode_blob(value: bytes | bytearray | memoryview, level: int, how: _Packing) -> Any:
+    """A large bytes-like (wrapped by ``_lift``): over the channel, or inline as msgpack bin."""
+    form: Any
+    if isinstance(value, memoryview):
+        shape = list(value.shape or ())
+        fmt = value.format
+        flat = value.cast("B") if value.c_contiguous else memoryview(value.tobytes())
+        if fmt in VIEW_FORMATS and 0 not in shape:
+            form = ["memoryview", fmt, shape]
+        else:
+            form = ["memoryview", "B", [flat.nbytes]]
+    else:
+        form = "bytes" if isinstance(value, bytes) else "bytearray"
+        flat = memoryview(value)
+    handle = how.handle_for(value, flat) if how.offer is not None else None
+    if handle is None:
+        return bytes(value)  # what msgpack would have packed (bin)
+    return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([form, handle], level + 1, _PLAIN))
+
+
+def _lift(obj: Any, levels: int) -> Any:
+    """`obj` with every bytes-like of CHANNEL_THRESHOLD bytes or more in its lists, tuples,
+    dicts and value meshes (`levels` deep) wrapped as a ``_Blob``; `obj` itself if none was."""
+    if isinstance(obj, bytes | bytearray):
+        return _Blob(obj) if len(obj) >= CHANNEL_THRESHOLD else obj
+    if isinstance(obj, memoryview):
+        return _Blob(obj) if obj.nbytes >= CHANNEL_THRESHOLD else obj
+    if levels <= 0:
+        return obj
+    if isinstance(obj, list | tuple):
+        items = [_lift(item, levels - 1) for item in obj]
+        if all(new is old for new, old in zip(items, obj, strict=True)):
+            return obj
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, dict):
+        lifted = {key: _lift(value, levels - 1) for key, value in obj.items()}
+        if all(lifted[key] is value for key, value in obj.items()):
+            return obj
+        return lifted
+    if type(obj) is ValueMesh:
+        values = obj.values()
+        new = _lift(values, levels - 1)
+        return obj if new is values else ValueMesh(dict(obj.shape.items()), new)
+    return obj
+
+
 def _too_deep() -> EncodeError:
     return EncodeError(
         f"cannot send a value nested more than {MAX_NESTING} levels deep in tuples, tensors, "
@@ -225,12 +417,23 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
         data = _CORE_EXTS[code][1](obj) if code in _CORE_EXTS else obj._to_wire()
         return msgpack.ExtType(code, _pack(data, level + 1, how))
     if kind is PendingTensor:  # relayed as it came: its reader fetches it from its owner
-        return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(obj.handle, level + 1, _PLAIN))
+        if obj.form is None:
+            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(obj.handle, level + 1, _PLAIN))
+        return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([obj.form, obj.handle], level + 1, _PLAIN))
+    if kind is _Blob:
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return _encode_blob(obj.value, level, how)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if level >= MAX_NESTING:
             raise _too_deep()
         return _encode_tensor(obj, level, how)
+    numpy = sys.modules.get("numpy")  # never imported here: only a sender that has it has arrays
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        if level >= MAX_NESTING:
+            raise _too_deep()
+        return _encode_array(obj, level, how)
     # strict_types sends subclasses here (bool-like ints, enums, OrderedDict, ...): use the base.
     bases: tuple[Callable[[Any], Any], ...] = (bool, int, float, str, bytes, dict, list)
     for base in bases:
@@ -240,7 +443,8 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
         return bytes(obj)
     raise EncodeError(
         f"cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}: "
-        "messages carry msgpack data, tuples, torch tensors and actor refs (never pickle)"
+        "messages carry msgpack data, tuples, torch tensors, numpy arrays and actor refs (never "
+        "pickle)"
     )
 
 
@@ -261,6 +465,15 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
         return _decode_tensor(data)
     if code == EXT_CHANNEL_TENSOR:
         placeholder = PendingTensor(_unpack(data, level + 1, pending))
+        pending.append(placeholder)
+        return placeholder
+    if code == EXT_ARRAY:
+        return _decode_array(data)
+    if code == EXT_CHANNEL_BUFFER:
+        payload = _unpack(data, level + 1, pending)
+        if type(payload) is not list or len(payload) != 2:
+            raise ProtocolError(f"channel buffer payload is not [form, handle]: {brief(payload)}")
+        placeholder = PendingTensor(payload[1], payload[0])
         pending.append(placeholder)
         return placeholder
     core = _CORE_EXTS.get(code)
@@ -340,10 +553,24 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
     (without one they travel inline). `local`: the receiver is in this process (no channel, and
     no frame to fit in)."""
     how = _PLAIN if offer is None and not local else _Packing(None if local else offer, local)
-    if not local and _blob_bytes(obj, _SCAN_LEVELS) > MAX_FRAME_SIZE:
-        raise _too_big(_blob_bytes(obj, _SCAN_LEVELS), exact=False)
+    if local:
+        return _pack(obj, 0, how)
+    blobs = _blob_bytes(obj, _SCAN_LEVELS)
+    if how.offer is not None:
+        if blobs >= CHANNEL_THRESHOLD:  # large bytes-likes near the top: to the channel
+            obj = _lift(obj, _LIFT_LEVELS)
+            blobs = _blob_bytes(obj, _SCAN_LEVELS)
+        else:  # maybe deeper: the packed size says (then pack again, offering nothing twice)
+            how.offered = {}
+    if blobs > MAX_FRAME_SIZE:
+        raise _too_big(blobs, exact=False)
     packed = _pack(obj, 0, how)
-    if not local and len(packed) > MAX_FRAME_SIZE:
+    if how.offered is not None and len(packed) >= CHANNEL_THRESHOLD:
+        lifted = _lift(obj, _LIFT_LEVELS)
+        if lifted is not obj:
+            how.replays, how.offered = how.offered, None
+            packed = _pack(lifted, 0, how)
+    if len(packed) > MAX_FRAME_SIZE:
         raise _too_big(len(packed), exact=True)
     return packed
 

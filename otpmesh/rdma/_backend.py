@@ -40,9 +40,9 @@ class Backend(Protocol):
     def unavailable(self) -> str | None:
         """None when this process can use the backend, else why not (said once, in the log)."""
 
-    def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
-        """In the owner: make `region` reachable; return this backend's entry (sent to token
-        holders only, in the answer to a pin)."""
+    def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
+        """In the owner: make `region` reachable (for reads only, unless `writable`); return this
+        backend's entry (sent to token holders only, in the answer to a pin)."""
 
     def unregister(self, buffer_id: int) -> None:
         """In the owner: forget the buffer (drop)."""

@@ -53,10 +53,15 @@ def _describe_target(obj: Any) -> tuple[Region, str | None, list[int] | None]:
     """The memory of a tensor or writable buffer, with its dtype and shape (tensors only)."""
     torch = _torch()
     if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type == "cuda":
+            raise RDMAError(
+                "a cuda tensor needs the cuda_ipc backend, which this build does not provide "
+                "yet; register a CPU copy (tensor.cpu()) instead"
+            )
         if obj.device.type != "cpu":
             raise RDMAError(
-                f"a {obj.device.type} tensor needs the cuda_ipc backend, which this "
-                "build does not provide yet; move it to the CPU first"
+                f"a {obj.device.type} tensor: RDMABuffer takes CPU tensors; register "
+                "tensor.cpu() instead"
             )
         if not obj.is_contiguous():
             raise RDMAError("RDMABuffer needs a contiguous tensor: call .contiguous() first")
@@ -97,35 +102,59 @@ class RDMABuffer:
         self._register_on(node, data)
 
     @classmethod
-    def _register(cls, node: Node, data: Any, *, snapshot: bool = False) -> RDMABuffer:
-        """A buffer of `data` registered with `node` (its channel offering a large tensor).
-        `snapshot`: register a copy of `data` taken now (``_snapshot.py``), not `data` itself."""
+    def _offered(
+        cls,
+        node: Node,
+        obj: Any,
+        region: Region,
+        dtype: str | None,
+        shape: tuple[int, ...] | None,
+        *,
+        snapshot: bool,
+    ) -> RDMABuffer:
+        """A read-only buffer of a value in a message, registered with `node` (its channel
+        offering it): `region`, the memory of `obj`, which nobody writes any more (a copy); or,
+        with `snapshot`, a sealed copy of `region` taken now (``_snapshot.py``)."""
         buf = cls.__new__(cls)
-        buf._register_on(node, data, snapshot=snapshot)
-        return buf
-
-    def _register_on(self, node: Node, data: Any, *, snapshot: bool = False) -> None:
-        region, dtype, shape = _describe_target(data)
-        dims = None if shape is None else tuple(shape)
+        reg_of = registry(node)
         if snapshot and region.nbytes:
             copy = Snapshot(region)
             try:
-                buffer_id, reg = registry(node).register(
-                    copy, copy.region, dtype, dims, snapshot=copy
+                buffer_id, reg = reg_of.register(
+                    copy, copy.region, dtype, shape, snapshot=copy, writable=False
                 )
             except BaseException:
                 copy.close()
                 raise
         else:
-            buffer_id, reg = registry(node).register(data, region, dtype, dims)
+            buffer_id, reg = reg_of.register(obj, region, dtype, shape, writable=False)
+        buf._adopt(node, buffer_id, reg.token, region.nbytes, dtype, shape, reg.grant)
+        return buf
+
+    def _register_on(self, node: Node, data: Any) -> None:
+        region, dtype, shape = _describe_target(data)
+        dims = None if shape is None else tuple(shape)
+        buffer_id, reg = registry(node).register(data, region, dtype, dims)
+        self._adopt(node, buffer_id, reg.token, region.nbytes, dtype, dims, reg.grant)
+
+    def _adopt(
+        self,
+        node: Node,
+        buffer_id: int,
+        token: str,
+        nbytes: int,
+        dtype: str | None,
+        dims: tuple[int, ...] | None,
+        grant: dict[str, Any],
+    ) -> None:
         self._handle = Handle(
             buffer=buffer_id,
-            token=reg.token,
+            token=token,
             owner=node.addr,
-            nbytes=region.nbytes,
+            nbytes=nbytes,
             dtype=dtype,
             shape=dims,
-            backends=tuple(reg.grant["entries"]),
+            backends=tuple(grant["entries"]),
         )
         self.backend: str | None = None
 
@@ -231,7 +260,10 @@ class RDMABuffer:
 
     def _copy_locally(self, node: Node, make: Callable[[], Any], op: str) -> Any:
         h = self._handle
-        reg = registry(node).check(h.buffer, h.token)
+        owned = registry(node)
+        reg = owned.check(h.buffer, h.token)
+        if op == "write":
+            owned.check_write(h.buffer, reg)
         check_matches(h, reg.region.nbytes, reg.dtype, reg.shape)
         local = make()
         region = self._check(local)
@@ -266,7 +298,8 @@ class RDMABuffer:
                 f"buffer {h.buffer}",
             )
 
-        answer = await self._owner_call(node, conn, {"op": "pin", "token": h.token})
+        pin = {"op": "pin", "token": h.token, "write": op == "write"}
+        answer = await self._owner_call(node, conn, pin)
         try:
             grant = Grant.from_wire(answer)
             answered_by = peer_pid(conn.sock)

@@ -1,14 +1,20 @@
-"""The tensor channel of one node: large tensors in ordinary calls travel over it, transparently.
+"""The tensor channel of one node: large values in ordinary calls travel over it, transparently.
 
-When a message holds a tensor of at least ``OTPMESH_CHANNEL_THRESHOLD`` bytes (1 MiB by default),
-the sender's node offers it here: it copies the tensor once, as it is when sent, registers the
-copy as a temporary buffer, and the handle travels instead of the bytes. The receiving node takes
-it before the message is delivered, then lets the sender drop it. From ``MAP_ABOVE`` bytes the
-copy is a sealed memory file (``_snapshot.py``) that receivers of this host map copy-on-write (no
-further copy, however many receive it); below, or on other hosts, each receiver reads the copy
-over the best backend into a fresh tensor. Either way the receiver's tensor is its own. Messages
-from one connection are still delivered in order. A temporary buffer nobody fetched is dropped
-after ``TEMP_TTL`` s.
+When a message holds a tensor, numpy array, bytes, bytearray or memoryview of at least
+``OTPMESH_CHANNEL_THRESHOLD`` bytes (1 MiB by default), the sender's node offers it here: it
+copies it once, as it is when sent (a whole ``bytes`` needs no copy: nobody can change it),
+registers the copy as a temporary read-only buffer, and the handle travels instead of the bytes.
+The receiving node takes it before the message is delivered and rebuilds the sender's type. From
+``MAP_ABOVE`` bytes the copy is a sealed memory file (``_snapshot.py``) that receivers of this host
+map copy-on-write (no further copy, however many receive it); below, or on other hosts, each
+receiver reads the copy over the best backend into fresh memory. Either way what the receiver
+gets is its own (a ``bytes`` is copied out of a mapping: it owns its memory). Messages from one
+connection are still delivered in order.
+
+A temporary buffer is dropped when its readers are done: a reply's by its one reader, a call's by
+its caller when the call ends, a cast's after as many reads as it had targets. Whatever happens
+to them (a reader dies, a target was unreachable), it is dropped ``TEMP_TTL`` s after it was sent,
+by the registry's own timer.
 
 Every otpmesh process that runs a node passes ``Channel`` in when it makes it (the controller,
 each worker); the channel uses only the node's public methods.
@@ -19,16 +25,20 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from collections.abc import Awaitable
+import struct
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from .._core._errors import ProtocolError
 from .._core._valuemesh import ValueMesh
 from .._node._node import Node
-from .._wire._codec import PendingTensor
+from .._wire._codec import VIEW_FORMATS, PendingTensor, array_dtype, array_numel
 from .._wire._connection import Connection
 from .._wire._frames import ERR, OK, remote_error
+from ._backend import Region
 from ._buffer import RDMABuffer
 from ._error import RDMAError
 from ._handle import Handle, check_matches
@@ -95,6 +105,69 @@ def _copy_of(tensor: Any) -> Any:
     return copy
 
 
+def _raw_address(view: memoryview) -> int | None:
+    """The address of a flat byte view's memory, or None when it cannot be had in place (a
+    read-only view of anything but a whole ``bytes``)."""
+    if not view.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    if type(view.obj) is bytes and view.nbytes == len(view.obj):
+        return ctypes.cast(ctypes.c_char_p(view.obj), ctypes.c_void_p).value
+    return None
+
+
+def _rebuilder(form: Any, handle: Handle) -> Callable[[Any], Any]:
+    """How to rebuild a channel buffer of `form` from its bytes (a bytearray or a mapping),
+    after checking that the form fits the handle; RDMAError for a malformed one, before
+    anything is asked or allocated."""
+    if handle.dtype is not None or handle.shape is not None:
+        raise RDMAError(f"a channel buffer's handle names a tensor ({handle.describe()})")
+    if form == "bytes":
+        return lambda raw: bytes(memoryview(raw).cast("B"))
+    if form == "bytearray":
+        return lambda raw: raw if type(raw) is bytearray else bytearray(memoryview(raw).cast("B"))
+    if not (type(form) is list and len(form) == 3 and form[0] in ("memoryview", "ndarray")):
+        raise RDMAError(f"malformed channel buffer form {str(form)[:80]!r}")
+    kind, item, shape = form
+    try:
+        numel = array_numel(shape)
+        if kind == "memoryview":
+            if item not in VIEW_FORMATS and item != "B":
+                raise RDMAError(f"a channel memoryview of format {str(item)[:20]!r}")
+            itemsize = struct.calcsize(item)
+        else:
+            try:
+                dtype = array_dtype(item)
+            except ImportError:
+                raise RDMAError(
+                    "a numpy array arrived, but numpy is not installed in this process"
+                ) from None
+            itemsize = dtype.itemsize
+    except ProtocolError as exc:
+        raise RDMAError(f"malformed channel buffer form: {exc}") from None
+    if numel * itemsize != handle.nbytes:
+        raise RDMAError(
+            f"a channel buffer's form {str(form)[:80]!r} needs {numel * itemsize} bytes, its "
+            f"handle says {handle.nbytes}"
+        )
+    if kind == "memoryview":
+        return lambda raw: memoryview(raw).cast("B").cast(item, shape)
+    numpy = sys.modules["numpy"]  # array_dtype imported it
+    return lambda raw: numpy.frombuffer(raw, dtype=numpy.uint8).view(dtype).reshape(shape)
+
+
+def _raw_over(memory: Any, handle: Handle) -> Any:
+    return memory
+
+
+def _build(build: Callable[[Any], Any], raw: Any, form: Any) -> Any:
+    try:
+        return build(raw)
+    except (TypeError, ValueError) as exc:  # a form that numpy or memoryview refuses
+        raise RDMAError(
+            f"cannot rebuild a channel buffer of form {str(form)[:80]!r}: {exc}"
+        ) from None
+
+
 def _tensor_over(memory: Any, handle: Handle) -> Any:
     """A tensor over `memory` (a mapped snapshot), shaped as `handle` says; it keeps the mapping
     alive, and the mapping goes when the last tensor over it does."""
@@ -120,19 +193,46 @@ class Channel:
             self._registry = Registry(self.node)
         return self._registry
 
-    def offer(self, tensor: Any, collect: list[int] | None) -> Any:
-        # Copied now: the receivers get the tensor as it was when sent, whatever the sender
+    def offer(self, value: Any, collect: list[int] | None) -> Any:
+        # Copied now: the receivers get the value as it was when sent, whatever the sender
         # does to it later (and a broadcast costs this one copy, when receivers map it).
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes >= MAP_ABOVE and snapshots_available():
-            buf = RDMABuffer._register(self.node, tensor, snapshot=True)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor):
+            buf = self._offer_tensor(value)
         else:
-            buf = RDMABuffer._register(self.node, _copy_of(tensor))
+            buf = self._offer_bytes(value)
         handle = buf._handle
         self.registry.expire(handle.buffer, trio.current_time() + TEMP_TTL)
         if collect is not None:
             collect.append(handle.buffer)  # a call's arguments: dropped when the call ends
         return handle.to_wire()
+
+    def _offer_tensor(self, tensor: Any) -> RDMABuffer:
+        nbytes = tensor.numel() * tensor.element_size()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        shape = tuple(tensor.shape)
+        if nbytes >= MAP_ABOVE and snapshots_available():
+            region = Region(tensor.data_ptr(), nbytes)
+            return RDMABuffer._offered(self.node, tensor, region, dtype, shape, snapshot=True)
+        copy = _copy_of(tensor)
+        region = Region(copy.data_ptr(), nbytes)
+        return RDMABuffer._offered(self.node, copy, region, dtype, shape, snapshot=False)
+
+    def _offer_bytes(self, view: memoryview) -> RDMABuffer:
+        """A flat byte view (of a bytes-like or a numpy array), registered raw: the receiver
+        rebuilds the type from the form that travels beside the handle."""
+        address = _raw_address(view)
+        mapped = view.nbytes >= MAP_ABOVE and snapshots_available()
+        if address is None or (not mapped and not view.readonly):
+            view = memoryview(bytes(view))  # a copy nobody can change: registered in place
+            address = _raw_address(view)
+        region = Region(address or 0, view.nbytes)
+        return RDMABuffer._offered(self.node, view.obj, region, None, None, snapshot=mapped)
+
+    def release_after(self, buffer_ids: list[int], readers: int) -> None:
+        reg = self.registry
+        for buffer_id in buffer_ids:
+            reg.release_after(buffer_id, readers)
 
     def drop_offered(self, buffer_ids: list[int]) -> None:
         reg = self.registry
@@ -147,19 +247,36 @@ class Channel:
         for placeholder in pending:
             buf = RDMABuffer._from_wire(placeholder.handle)
             handle = buf._handle
-            _tensor_dtype(handle)  # a malformed one fails before anything is asked or allocated
-            # Allocated only once the owner vouched for the handle: a forged one cannot make
-            # this process allocate whatever shape it names.
-            found[id(placeholder)] = await buf._read_new(
-                functools.partial(_empty_like, handle), functools.partial(self._mapped, handle)
-            )
+            # A malformed one fails before anything is asked or allocated; what is allocated,
+            # only once the owner vouched for the handle: a forged one cannot make this
+            # process allocate whatever size it names.
+            if placeholder.form is None:
+                _tensor_dtype(handle)
+                found[id(placeholder)] = await buf._read_new(
+                    functools.partial(_empty_like, handle),
+                    functools.partial(self._mapped, handle, _tensor_over),
+                )
+            else:
+                build = _rebuilder(placeholder.form, handle)
+                raw = await buf._read_new(
+                    functools.partial(bytearray, handle.nbytes),
+                    functools.partial(self._mapped, handle, _raw_over),
+                )
+                found[id(placeholder)] = _build(build, raw, placeholder.form)
             if drop:
                 buf.drop()
         return _substitute(msg, found)
 
-    def _mapped(self, handle: Handle, backend: str, entry: dict[str, Any], pid: int) -> Any:
-        """The owner's snapshot of `handle`'s tensor mapped copy-on-write, if the grant offers
-        one this process can map; else None (the caller copies)."""
+    def _mapped(
+        self,
+        handle: Handle,
+        over: Callable[[Any, Handle], Any],
+        backend: str,
+        entry: dict[str, Any],
+        pid: int,
+    ) -> Any:
+        """The owner's snapshot of `handle`'s value mapped copy-on-write (as `over` makes it),
+        if the grant offers one this process can map; else None (the caller copies)."""
         fd = entry.get("memfd")
         if backend != "shm" or type(fd) is not int or fd < 0 or not handle.nbytes:
             return None
@@ -168,7 +285,7 @@ class Channel:
         except OSError as exc:  # pidfd_getfd refused, a lying owner: copy instead
             log.warning("tensor channel: cannot map buffer %s, copying it: %s", handle.buffer, exc)
             return None
-        return _tensor_over(memory, handle)
+        return over(memory, handle)
 
     def fetch_local(self, value: Any, pending: list[PendingTensor]) -> Any:
         """A message between two actors of this process: map (or copy) from our own registry."""
@@ -178,13 +295,26 @@ class Channel:
             handle = Handle.from_wire(placeholder.handle)
             entry = reg.check(handle.buffer, handle.token)
             check_matches(handle, entry.region.nbytes, entry.dtype, entry.shape)
+            form = placeholder.form
+            build = None if form is None else _rebuilder(form, handle)
+            got: Any
             if entry.snapshot is not None:
-                tensor = _tensor_over(map_private(entry.snapshot.fd, handle.nbytes), handle)
+                memory = map_private(entry.snapshot.fd, handle.nbytes)
+                got = _tensor_over(memory, handle) if build is None else memory
+            elif build is None:
+                got = _empty_like(handle)
+                ctypes.memmove(got.data_ptr(), entry.region.address, handle.nbytes)
             else:
-                tensor = _empty_like(handle)
-                ctypes.memmove(tensor.data_ptr(), entry.region.address, handle.nbytes)
-            reg.drop(handle.buffer)
-            found[id(placeholder)] = tensor
+                got = bytearray(handle.nbytes)
+                ctypes.memmove(
+                    (ctypes.c_char * handle.nbytes).from_buffer(got),
+                    entry.region.address,
+                    handle.nbytes,
+                )
+            # One read over: a cast's buffer goes after its last reader; a call's stays until
+            # the call ends (its other targets may not have read it yet).
+            reg.taken(handle.buffer)
+            found[id(placeholder)] = got if build is None else _build(build, got, form)
         return _substitute(value, found)
 
     def deliver_later(

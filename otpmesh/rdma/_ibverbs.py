@@ -1,9 +1,11 @@
 """The ``ibverbs`` backend: one-sided RDMA READ/WRITE on RC queue pairs, through pyverbs.
 
 Owner side: ``register`` registers the buffer's existing memory as one memory region (MR) with
-remote read/write access, once per buffer, and puts what a reader needs in the handle entry
-(device, port, GID/LID, rkey, address, size). ``serve("connect", ...)`` creates the owner's half of
-a reliable-connected (RC) queue pair for one reader and moves it to RTR/RTS.
+remote read/write access (read only, for a read-only buffer: a tensor sent in a message), once per
+buffer, and returns what a reader needs as this backend's entry (device, port, GID/LID, rkey,
+address, size). The entry reaches a reader only in the owner's answer to a pin that presented the
+buffer's token (``_handle.Grant``), never in the handle. ``serve("connect", ...)`` creates the
+owner's half of a reliable-connected (RC) queue pair for one reader and moves it to RTR/RTS.
 
 Reader side: one RC queue pair per (reader process, owner process), created on first use through
 ``peer.request("ibverbs", "connect", ...)`` and cached. Each transfer registers the local region for
@@ -302,14 +304,18 @@ class IbverbsBackend:
 
     # ---- owner side ---------------------------------------------------------------------------
 
-    def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
+    def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
         dev = self._device()
         if buffer_id in self._mrs:
             raise IbverbsError(f"buffer {buffer_id} is already registered")
         rkey = 0
         if region.nbytes > 0:  # a zero-length MR is invalid; nothing to reach anyway
             pv, e = _pyverbs(), _enums()
-            access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+            access = (
+                e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+                if writable
+                else e.IBV_ACCESS_REMOTE_READ  # the NIC refuses writes (a remote access error)
+            )
             # Registers (and pins) the tensor's own pages: no copy, no allocation.
             mr = pv.mr.MR(dev.pd, region.nbytes, access, address=region.address)
             self._mrs[buffer_id] = mr

@@ -3,12 +3,18 @@ the pins readers hold on them (tied to their connections, so a dead reader leave
 
 Every request about a buffer presents its token: the owner answers a pin with a ``Grant`` (where
 the buffer really is) only for the token it issued, so a forged or stale handle learns nothing
-and moves nothing."""
+and moves nothing. A pin says whether it is for writing; a read-only buffer (a value sent in a
+message) refuses that.
+
+Temporary buffers (large values of messages) go when their readers are done: after as many
+reads as the sender expects (``release_after``), or when the sender drops them, and at the
+latest at their deadline (``expire``), which a task of the node's own enforces on trio's clock."""
 
 from __future__ import annotations
 
 import importlib
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +72,18 @@ class _Registered:
     pins: dict[int, int] = field(default_factory=dict)  # id(conn) -> count
     dropped: bool = False
     snapshot: Snapshot | None = None  # a channel tensor's copy (closed when forgotten)
+    writable: bool = True  # False: a value sent in a message, which readers only read
+    readers: int | None = None  # reads left before it is dropped (None: not counted)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegistryStatistics:
+    """What a node's tensor channel holds now (``Registry.statistics()``)."""
+
+    buffers: int  # registered, dropped but still pinned included
+    pinned: int  # buffers some reader has pinned
+    expiring: int  # temporary buffers waiting for their readers or their deadline
+    snapshots: int  # memory files (each one descriptor and one mapping in this process)
 
 
 class Registry:
@@ -79,7 +97,10 @@ class Registry:
         self._ids = itertools.count(1)
         self._issued = 0  # the highest buffer id handed out
         self._host = (boot_id(), pid_namespace())  # read once: a pin must stay cheap
-        self._expiring: dict[int, float] = {}
+        self._expiring: dict[int, float] = {}  # buffer id -> deadline (trio's clock)
+        self._next_expiry = math.inf  # when the expiry task wakes next
+        self._expiry_wake: trio.Event | None = None  # None: the expiry task is not running
+        self._changed = trio.Event()  # set (and replaced) whenever a buffer is forgotten
         node.sys_handlers["rdma"] = self._serve
         node.close_hooks.append(self._release_pins)
 
@@ -91,12 +112,18 @@ class Registry:
         shape: tuple[int, ...] | None,
         *,
         snapshot: Snapshot | None = None,
+        writable: bool = True,
     ) -> tuple[int, _Registered]:
-        """Register `region` (the memory of `obj`). With `snapshot` (a channel tensor's copy,
-        whose ``region`` this is), readers of this host may map it instead of copying it."""
+        """Register `region` (the memory of `obj`), for reads only unless `writable`. With
+        `snapshot` (a channel tensor's copy, whose ``region`` this is), readers of this host may
+        map it instead of copying it."""
         buffer_id = self._issued = next(self._ids)
         allowed = allowed_backends()
-        entries = {n: b.register(buffer_id, region) for n, b in self.usable.items() if n in allowed}
+        entries = {
+            n: b.register(buffer_id, region, writable=writable)
+            for n, b in self.usable.items()
+            if n in allowed
+        }
         if snapshot is not None and "shm" in entries:
             entries["shm"] = {**entries["shm"], "memfd": snapshot.fd}
         grant = Grant(
@@ -109,7 +136,14 @@ class Registry:
             entries=entries,
         )
         reg = _Registered(
-            obj, region, new_token(), dtype, shape, grant.to_wire(), snapshot=snapshot
+            obj,
+            region,
+            new_token(),
+            dtype,
+            shape,
+            grant.to_wire(),
+            snapshot=snapshot,
+            writable=writable,
         )
         self.buffers[buffer_id] = reg
         return buffer_id, reg
@@ -136,14 +170,78 @@ class Registry:
             )
         return reg
 
+    def check_write(self, buffer_id: int, reg: _Registered) -> None:
+        """Refuse a write to a read-only buffer (a value sent in a message: other receivers
+        may still read it, and its sender's snapshot must stay what was sent)."""
+        if not reg.writable:
+            raise RDMAError(
+                f"buffer {buffer_id} is read-only: it holds a value sent in a message (a "
+                "snapshot other receivers read too), so write_from is refused; write to an "
+                "RDMABuffer its owner registered instead"
+            )
+
     def expire(self, buffer_id: int, deadline: float) -> None:
-        """Drop a temporary buffer at `deadline` if nobody fetched it (its reader died)."""
+        """Drop the temporary buffer `buffer_id` at `deadline` (trio's clock) at the latest,
+        whatever its readers did (one died, a cast's target was unreachable)."""
         self._expiring[buffer_id] = deadline
-        now = trio.current_time()
+        if deadline < self._next_expiry:
+            self._next_expiry = deadline
+            if self._expiry_wake is not None:
+                self._expiry_wake.set()
+        if self._expiry_wake is None and self.node.nursery is not None:
+            self._expiry_wake = trio.Event()
+            self.node.nursery.start_soon(self._expire_at_deadlines)
+        elif self.node.nursery is None:  # not serving: no task to wait in, sweep now
+            self._drop_expired(trio.current_time())
+
+    async def _expire_at_deadlines(self) -> None:
+        """The node's expiry task: sleeps until the earliest deadline, drops what is due."""
+        while True:
+            self._drop_expired(trio.current_time())
+            self._next_expiry = min(self._expiring.values(), default=math.inf)
+            self._expiry_wake = wake = trio.Event()
+            with trio.move_on_at(self._next_expiry):
+                await wake.wait()
+
+    def _drop_expired(self, now: float) -> None:
         for old, when in list(self._expiring.items()):
             if when <= now:
-                del self._expiring[old]
                 self.drop(old)
+
+    def release_after(self, buffer_id: int, readers: int) -> None:
+        """Drop the temporary buffer `buffer_id` once `readers` reads of it are over (a cast to
+        that many actors): each reader's unpin counts, a dead reader's pins too."""
+        reg = self.buffers.get(buffer_id)
+        if reg is None or reg.dropped:
+            return
+        reg.readers = readers
+        if readers <= 0:
+            self.drop(buffer_id)
+
+    def taken(self, buffer_id: int) -> None:
+        """A reader of this process took the temporary buffer `buffer_id`: one read is over."""
+        reg = self.buffers.get(buffer_id)
+        if reg is not None:
+            self._count_reads(buffer_id, reg, 1)
+
+    def _count_reads(self, buffer_id: int, reg: _Registered, done: int) -> None:
+        if reg.readers is not None and not reg.dropped:
+            reg.readers -= done
+            if reg.readers <= 0:
+                self.drop(buffer_id)
+
+    def statistics(self) -> RegistryStatistics:
+        return RegistryStatistics(
+            buffers=len(self.buffers),
+            pinned=sum(1 for reg in self.buffers.values() if reg.pins),
+            expiring=len(self._expiring),
+            snapshots=sum(1 for reg in self.buffers.values() if reg.snapshot is not None),
+        )
+
+    async def wait_changed(self) -> None:
+        """Wait until a buffer is next forgotten (for a caller that waits for the registry to
+        drain, without polling)."""
+        await self._changed.wait()
 
     def drop(self, buffer_id: int) -> None:
         self._expiring.pop(buffer_id, None)
@@ -160,11 +258,18 @@ class Registry:
             backend.unregister(buffer_id)
         if reg is not None and reg.snapshot is not None:
             reg.snapshot.close()  # readers' mappings keep their pages; nothing else does
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
 
     def _release_pins(self, conn: Connection) -> None:
         for buffer_id, reg in list(self.buffers.items()):
-            if reg.pins.pop(id(conn), None) is not None and reg.dropped and not reg.pins:
+            held = reg.pins.pop(id(conn), None)
+            if held is None:
+                continue
+            if reg.dropped and not reg.pins:
                 self._forget(buffer_id)
+            else:  # a reader that died mid-read will not read again
+                self._count_reads(buffer_id, reg, held)
 
     async def _serve(self, conn: Connection | None, p: Any) -> Any:
         if not isinstance(p, dict):
@@ -174,6 +279,8 @@ class Registry:
         key = id(conn)
         if op == "pin":  # the token check: only its issuer's token learns where the buffer is
             reg = self.check(buffer_id, token)
+            if p.get("write", False) is not False:
+                self.check_write(buffer_id, reg)
             reg.pins[key] = reg.pins.get(key, 0) + 1
             return reg.grant
         if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
@@ -196,13 +303,17 @@ class Registry:
         raise RDMAError(f"unknown tensor-channel request {op!r:.40}")
 
     def _unpin(self, buffer_id: int, reg: _Registered, key: int) -> None:
-        left = reg.pins.get(key, 0) - 1
+        if key not in reg.pins:
+            return  # not this connection's pin: nothing to release, no read to count
+        left = reg.pins[key] - 1
         if left > 0:
             reg.pins[key] = left
         else:
             reg.pins.pop(key, None)
         if reg.dropped and not reg.pins:
             self._forget(buffer_id)
+        else:
+            self._count_reads(buffer_id, reg, 1)
 
 
 def registry(node: Node) -> Registry:

@@ -75,7 +75,9 @@ class ShmBackend:
             return "process_vm_readv is not available (not Linux)"
         return None
 
-    def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
+    def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
+        # Read-only buffers: the owner refuses a pin for writing (``Registry``); a channel
+        # snapshot's pages are not even writable (``process_vm_writev`` fails with EFAULT).
         return {"address": region.address, "nbytes": region.nbytes}
 
     def unregister(self, buffer_id: int) -> None:

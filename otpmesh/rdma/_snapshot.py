@@ -9,13 +9,16 @@ the seals and the size, maps it copy-on-write (``MAP_PRIVATE``) and closes the d
 
 - a reader copies nothing: its tensor is the sender's snapshot, and a broadcast to n readers
   costs one copy in all; pages fault in as the reader first touches them;
-- the reader's tensor is its own: writing to it copies the written pages (copy-on-write), and the
-  sender never writes to the snapshot, so later writes on either side are invisible to the other;
+- the reader's tensor is its own: writing to it copies the written pages (copy-on-write), and
+  nobody can write to the snapshot: the file is sealed against writes (``F_SEAL_WRITE``) and the
+  sender maps it read-only, so later writes on either side are invisible to the other (a
+  ``process_vm_writev`` into the sender's mapping fails: its pages are not writable);
 - nothing can leak: no file is named anywhere (not in /dev/shm), the reader holds no descriptor,
   and the memory lives exactly as long as the last mapping or descriptor of it (the reader's
   tensor; the sender's registered buffer); a SIGKILLed process's go with it;
-- a reader can never be made to fault: it maps only a file sealed against shrinking
-  (``F_SEAL_SHRINK``), of at least the size the handle says.
+- a reader can never be made to fault, nor see the bytes change: it maps only a file sealed
+  against shrinking and writes (``F_SEAL_SHRINK``, ``F_SEAL_WRITE``), of at least the size the
+  handle says.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ _libc.mmap.argtypes = (
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture Linux numbers uniformly
-#: A reader maps only a file sealed so (its size cannot change under the reader's mapping).
-SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+#: A reader maps only a file sealed so: its size and its bytes cannot change under the mapping.
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _NAME = "otpmesh-channel"  # shows in /proc/PID/maps and fd links: "/memfd:otpmesh-channel"
 
 
@@ -53,8 +56,8 @@ def available() -> bool:
     return hasattr(os, "memfd_create") and hasattr(os, "pidfd_open")
 
 
-def _map(fd: int, nbytes: int, flags: int) -> int:
-    address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+def _map(fd: int, nbytes: int, flags: int, prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> int:
+    address = _libc.mmap(None, nbytes, prot, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of a tensor snapshot failed: {os.strerror(err)}")
@@ -76,7 +79,8 @@ def _mapping_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
 
 class Snapshot:
     """The sender's copy of a tensor in a sealed memory file: ``fd`` for readers of this host,
-    ``region`` (a shared mapping) for the other backends. ``close`` when the buffer is dropped."""
+    ``region`` (a read-only shared mapping) for the other backends. ``close`` when the buffer is
+    dropped."""
 
     def __init__(self, src: Region) -> None:
         fd = os.memfd_create(_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -89,7 +93,7 @@ class Snapshot:
             while done < src.nbytes:
                 done += os.pwrite(fd, view[done:], done)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
-            address = _map(fd, src.nbytes, mmap.MAP_SHARED)
+            address = _map(fd, src.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             raise

@@ -2,8 +2,9 @@
 per transfer, chunked, never through the control mailbox.
 
 The owner listens on loopback (``OTPMESH_RDMA_TCP_HOST`` to bind elsewhere) and serves each
-transfer in a thread straight from / into the tensor's memory; the handle carries a random token
-that a request must present.
+transfer in a thread straight from / into the tensor's memory; the owner's answer to a pin
+carries a random per-buffer token that a request must present. A read-only buffer (a tensor sent
+in a message) refuses writes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from ._backend import Peer, Region
 _LEN = struct.Struct(">I")
 _CHUNK = 4 << 20
 _OK, _FAIL = b"\x00", b"\x01"
+#: What a write to a read-only buffer is told (the registry says the same at the pin).
+READ_ONLY = (
+    "buffer {} is read-only: it holds a value sent in a message (a snapshot other receivers "
+    "read too); write to an RDMABuffer its owner registered instead"
+)
 
 
 def _view(region: Region, offset: int, nbytes: int) -> memoryview:
@@ -59,7 +65,7 @@ class TcpBackend:
     name: ClassVar[str] = "tcp"
 
     def __init__(self) -> None:
-        self._buffers: dict[int, tuple[Region, str]] = {}
+        self._buffers: dict[int, tuple[Region, str, bool]] = {}  # region, token, writable
         self._address: tuple[str, int] | None = None
         self._listener: socket.socket | None = None
 
@@ -68,10 +74,10 @@ class TcpBackend:
 
     # ---------------------------------------------------------------- owner
 
-    def register(self, buffer_id: int, region: Region) -> dict[str, Any]:
+    def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
         host, port = self._listen()
         token = secrets.token_hex(16)
-        self._buffers[buffer_id] = (region, token)
+        self._buffers[buffer_id] = (region, token, writable)
         return {"host": host, "port": port, "token": token, "buffer": buffer_id}
 
     def unregister(self, buffer_id: int) -> None:
@@ -110,7 +116,10 @@ class TcpBackend:
                 if found is None or not secrets.compare_digest(found[1], req["token"]):
                     sock.sendall(_FAIL + b"buffer not registered (dropped?)")
                     return
-                region = found[0]
+                region, _, writable = found
+                if req["op"] != "read" and not writable:
+                    sock.sendall(_FAIL + READ_ONLY.format(req["buffer"]).encode())
+                    return
                 if req["offset"] + req["nbytes"] > region.nbytes:
                     sock.sendall(_FAIL + b"transfer runs past the end of the buffer")
                     return

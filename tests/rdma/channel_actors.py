@@ -94,3 +94,126 @@ class Keeper(otpmesh.Actor):
     @otpmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class BufferKeeper(otpmesh.Actor):
+    """Keeps bytes-likes and numpy arrays it is sent; says what they are and changes them."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+        self.casts = 0
+
+    @otpmesh.endpoint
+    def keep(self, key: str, value: Any) -> None:
+        self.kept[key] = value
+
+    @otpmesh.endpoint
+    def take(self, key: str, value: Any) -> None:
+        """A cast's target: keeps the value and counts the casts."""
+        self.kept[key] = value
+        self.casts += 1
+
+    @otpmesh.endpoint
+    def count(self) -> int:
+        return self.casts
+
+    @otpmesh.endpoint
+    def get(self, key: str) -> Any:
+        return self.kept[key]
+
+    @otpmesh.endpoint
+    def describe(self, key: str) -> dict[str, Any]:
+        """Type, bytes and, where they apply, writability, format, dtype and shape."""
+        value = self.kept[key]
+        kind = type(value).__name__
+        info: dict[str, Any] = {"type": kind}
+        if kind == "ndarray":
+            info.update(
+                dtype=value.dtype.str,
+                shape=list(value.shape),
+                writable=bool(value.flags.writeable),
+                raw=value.tobytes(),
+            )
+        elif kind == "memoryview":
+            info.update(
+                format=value.format,
+                shape=list(value.shape),
+                writable=not value.readonly,
+                raw=value.tobytes(),
+            )
+        else:
+            info.update(raw=bytes(value), writable=kind == "bytearray")
+        return info
+
+    @otpmesh.endpoint
+    def scribble(self, key: str) -> None:
+        """Write to the kept value in place (its first and last byte)."""
+        value = self.kept[key]
+        view = memoryview(value).cast("B") if type(value).__name__ != "ndarray" else None
+        if view is None:
+            flat = value.reshape(-1).view("u1")
+            flat[0] ^= 0xFF
+            flat[-1] ^= 0xFF
+        else:
+            view[0] ^= 0xFF
+            view[-1] ^= 0xFF
+
+    @otpmesh.endpoint
+    def mapped(self, key: str) -> bool:
+        """Whether the kept value lies in a mapped channel snapshot (not a copy)."""
+        value = self.kept[key]
+        import ctypes
+
+        if type(value).__name__ == "ndarray":
+            address = value.ctypes.data
+        else:
+            view = memoryview(value).cast("B")
+            address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "otpmesh-channel" in line:
+                    start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                    if start <= address < end:
+                        return True
+        return False
+
+    @otpmesh.endpoint
+    def offer_one(self, nbytes: int) -> Any:
+        """A value offered on this node's channel as a message would offer it, handed out as
+        an RDMABuffer (a receiver never sees one; a test does, to try writing to it)."""
+        from otpmesh._node._node import current_node
+        from otpmesh.rdma import RDMABuffer
+
+        node = current_node()
+        assert node is not None and node.channel is not None
+        self.kept["offered"] = bytearray(range(256)) * (nbytes // 256)
+        handle = node.channel.offer(memoryview(self.kept["offered"]), None)
+        return RDMABuffer._from_wire(handle)
+
+    @otpmesh.endpoint
+    async def write_into(self, buf: Any, nbytes: int) -> str:
+        """Try to write zeros into `buf`: what the channel said (an actor that raises is gone)."""
+        from otpmesh.rdma import RDMAError
+
+        try:
+            await buf.write_from(bytearray(nbytes))
+        except RDMAError as exc:
+            return f"RDMAError: {exc}"
+        return "written"
+
+    @otpmesh.endpoint
+    async def read_from(self, buf: Any) -> bytes:
+        dst = bytearray(buf.nbytes)
+        await buf.read_into(dst)
+        return bytes(dst[:64])
+
+    @otpmesh.endpoint
+    def channel_statistics(self) -> dict[str, int]:
+        from otpmesh._node._node import current_node
+
+        node = current_node()
+        registry = None if node is None else node.channel._registry  # type: ignore[union-attr]
+        if registry is None:
+            return {"buffers": 0, "snapshots": 0}
+        stats = registry.statistics()
+        return {"buffers": stats.buffers, "snapshots": stats.snapshots}

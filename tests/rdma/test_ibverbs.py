@@ -63,7 +63,9 @@ def _owner_main(conn: Connection) -> None:
                 bid, nbytes, seed = args
                 buf = (ctypes.c_char * nbytes).from_buffer_copy(_pattern(seed, nbytes))
                 buffers[bid] = buf
-                reply: Any = backend.register(bid, Region(ctypes.addressof(buf), nbytes))
+                reply: Any = backend.register(
+                    bid, Region(ctypes.addressof(buf), nbytes), writable=True
+                )
             elif cmd == "register_torch":
                 import torch
 
@@ -71,7 +73,7 @@ def _owner_main(conn: Connection) -> None:
                 tensor = torch.frombuffer(bytearray(_pattern(seed, nbytes)), dtype=torch.uint8)
                 buffers[bid] = tensor
                 region = Region(tensor.data_ptr(), tensor.numel() * tensor.element_size())
-                reply = backend.register(bid, region)
+                reply = backend.register(bid, region, writable=True)
             elif cmd == "serve":
                 op, payload = args
                 reply = trio.run(backend.serve, op, payload)
