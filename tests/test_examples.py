@@ -90,3 +90,17 @@ def test_multihost_local_spreads_a_mesh_over_two_hosts_and_survives_losing_one()
     assert "child_started  rl/rollouts/3  #2" in after
     for rank in range(4):  # all four answer again, from the host that is left
         assert f"rl/rollouts/{rank} on host local0" in after
+
+
+def test_process_group_survives_a_sigkill_in_all_reduce_and_restores_from_its_checkpoint() -> None:
+    out = _run("process_group.py")
+    assert "the blocked call fails: dp/0 is dead" in out
+    assert "child_exited dp/1: its process" in out and "killed by signal 9" in out
+    before = out.split("before: ")[1].splitlines()[0]
+    after = out.split("after:  ")[1].splitlines()[0]
+    assert "'epoch': 1, 'step': 3" in before and "'epoch': 2, 'step': 3" in after
+    # The new epoch's members restored the checkpointed weights in on_start.
+    weights = before.split("'w': ")[1].split(", 'pid'")[0]
+    assert f"'w': {weights}" in after
+    assert "new epoch: 2, new processes: True" in out
+    assert "ranks agree: True" in out

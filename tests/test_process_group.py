@@ -14,6 +14,7 @@ import otpmesh
 from otpmesh import ONE_FOR_ALL, LogKind, Mesh, Supervisor
 from otpmesh._controller._app import context
 from otpmesh._controller._pgroup import GroupPlacement
+from otpmesh._core._spec import Strategy
 from tests.conftest import run_trio
 
 pytest.importorskip("torch.distributed")
@@ -207,3 +208,34 @@ def test_two_process_groups_in_one_tree_do_not_interfere() -> None:
             assert (await b.all_reduce(1.0)).values() == [2.0, 2.0]
 
     run_trio(body, GUARD)
+
+
+@pytest.mark.parametrize("strategy", ["one_for_one", "rest_for_one"])
+def test_a_strategy_that_replaces_one_member_is_refused_at_spec_time(strategy: str) -> None:
+    with pytest.raises(
+        otpmesh.SpecError,
+        match=rf"Mesh 'dp': strategy='{strategy}' is invalid \(a torch.distributed group "
+        r"cannot admit a replacement rank.*use strategy=ONE_FOR_ALL\)",
+    ):
+        Mesh("dp", Member, shape={"procs": 2}, strategy=Strategy(strategy), process_group="gloo")
+
+
+def test_an_unknown_backend_is_refused_at_spec_time() -> None:
+    with pytest.raises(otpmesh.SpecError, match=r"process_group='mpi' is invalid; allowed: None"):
+        Mesh("dp", Member, strategy=ONE_FOR_ALL, process_group="mpi")
+
+
+def test_a_process_group_needs_worker_processes() -> None:
+    tree = Supervisor("root", children=[_group(2)])
+
+    async def body() -> None:
+        with pytest.raises(ValueError, match="needs placement='procs'"):
+            async with otpmesh.start(tree, placement="local"):
+                pass
+
+    run_trio(body, GUARD)
+
+
+def test_group_outside_a_member_says_where_it_works() -> None:
+    with pytest.raises(RuntimeError, match=r"only available inside an actor of a Mesh with"):
+        otpmesh.group()
