@@ -13,10 +13,16 @@ tensor; ``seconds`` is that best time):
 - ``broadcast x4``: one call, the tensor as its argument, to 4 actors in 4 processes (wall time);
 - ``argument inline`` (the smallest size only): a tensor 4 bytes below the channel threshold,
   which travels in the message itself.
+
+``measure_hosts`` measures ``read_into``, ``argument`` and ``result`` between two hosts made as
+network namespaces (``otpmesh.testing.netns``; needs root), where the only backend that reaches
+is ``tcp``: ``python -m otpmesh.bench_rdma --between-hosts``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import time
@@ -258,3 +264,64 @@ def _row(mib: int, what: str, backend: str, got: dict[str, Any]) -> dict[str, An
         "gb_per_s": round(mib * MIB / got["best"] / 1e9, 2),
         "median_gb_per_s": round(mib * MIB / got["median"] / 1e9, 2),
     }
+
+
+HOSTS_WHAT = ("read_into", "argument", "result")
+
+
+async def measure_hosts(size_mib: int = 256, repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per measurement in ``HOSTS_WHAT``: a holder on one namespaced host, a taker on
+    another (so ``tcp``, over a veth pair and a bridge), beside ``copy_`` and ``clone`` in this
+    process. RuntimeError where namespaced hosts cannot be made (not root, no iproute2)."""
+    from otpmesh import launchers
+    from otpmesh.testing import netns
+
+    why = netns.unavailable()
+    if why is not None:
+        raise RuntimeError(f"cannot measure between namespaced hosts: {why}")
+    nbytes = size_mib * MIB
+    rows = []
+    spaces = netns.make_hosts(2, kind="r")
+    try:
+        launcher = launchers.Local(hosts=2, prefixes=spaces.prefixes(), listen=spaces.listen())
+        async with otpmesh.cluster(launcher, listen=spaces.controller_ip):
+            procs = await otpmesh.proc_mesh(hosts=2, procs=1)
+            holder = (await procs.spawn("holder", Holder))[0]
+            taker = (await procs.spawn("taker", Taker))[1]
+            for kind in HOSTS_WHAT:
+                if kind == "read_into":
+                    got = await taker.read(await holder.offer(nbytes), repeats)
+                else:
+                    got = await holder.send(taker, nbytes, repeats, kind)
+                rows.append({**_row(size_mib, kind, "tcp", got), "between": "netns hosts"})
+            await procs.stop()
+    finally:
+        spaces.remove()
+    base = baselines(nbytes, repeats)
+    for row in rows:
+        row["copy_gb_per_s"] = round(base["copy"], 2)
+        row["clone_gb_per_s"] = round(base["clone"], 2)
+        row["vs_copy"] = round(row["gb_per_s"] / base["copy"], 2)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m otpmesh.bench_rdma``: the same host (``otpmesh bench rdma`` has the options),
+    or ``--between-hosts``: two namespaced hosts over tcp. Rows as JSON lines."""
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_rdma")
+    parser.add_argument("--between-hosts", action="store_true", help="two netns hosts (root)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256], help="MiB (default 256)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    async def run() -> list[dict[str, Any]]:
+        if args.between_hosts:
+            return [r for mib in args.sizes for r in await measure_hosts(mib, args.repeats)]
+        return await measure(args.sizes, ["shm"], args.repeats, gloo=False)
+
+    for row in otpmesh.run(run):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
