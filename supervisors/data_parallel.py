@@ -19,6 +19,15 @@ also one step ahead of whatever the new rank could load. So when one rank fails,
 the others (newest first) and starts all of them again in rank order, and every rank resumes
 from the same checkpoint, so the group agrees on the step and the weights.
 
+With ``process_group="gloo"`` (or ``"nccl"``), ``make_group_tree`` makes the same mesh a real
+``torch.distributed`` group: the trainers all-reduce their gradients themselves
+(``GroupTrainer.train_step``), otpmesh forms the group at start and again, under a new epoch,
+at every restart, and when a rank dies inside the all-reduce the others are killed at once
+instead of hanging (docs/process-groups.md)::
+
+    dp                  Mesh  gpus=4, ONE_FOR_ALL, process_group="gloo", 3 restarts per 300 s
+    └── 0 1 2 3         one GroupTrainer per GPU, one torch.distributed group, epoch 1, 2, ...
+
 A restart of the whole group counts as ONE restart against the intensity. The window is long
 (300 s) because a group restart is expensive (checkpoint reload, communicator setup): three
 failures in five minutes means something is wrong with the job, not with one step, and the mesh
@@ -36,7 +45,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any, Literal
 
 import otpmesh
-from otpmesh import ALL_FOR_ONE, Mesh
+from otpmesh import ALL_FOR_ONE, ONE_FOR_ALL, Mesh
 
 
 class Trainer(otpmesh.Actor):
@@ -89,6 +98,36 @@ def make_tree(*, gpus: int = 4, checkpoint: str | None = None) -> Mesh:
         intensity=3,
         period=300.0,
         kwargs={"checkpoint": checkpoint},
+    )
+
+
+class GroupTrainer(Trainer):
+    """A rank of a process-group mesh: it all-reduces its own gradient (gloo or NCCL)."""
+
+    @otpmesh.endpoint
+    def train_step(self, batch: list[float], checkpoint_every: int = 2) -> float:
+        """One whole step inside the group: gradient, all-reduce, apply; the mean gradient."""
+        import torch
+        import torch.distributed as dist
+
+        grad = torch.tensor([self.grad(batch)])
+        dist.all_reduce(grad)
+        mean = float(grad.item()) / otpmesh.group().size
+        self.apply(mean, checkpoint_every)
+        return mean
+
+
+def make_group_tree(*, gpus: int = 4, backend: str = "gloo", checkpoint: str | None = None) -> Mesh:
+    """`make_tree`, as one torch.distributed group of GroupTrainers (needs worker processes)."""
+    return Mesh(
+        "dp",
+        GroupTrainer,
+        shape={"gpus": gpus},
+        strategy=ONE_FOR_ALL,
+        intensity=3,
+        period=300.0,
+        kwargs={"checkpoint": checkpoint},
+        process_group=backend,
     )
 
 

@@ -239,3 +239,28 @@ def test_a_process_group_needs_worker_processes() -> None:
 def test_group_outside_a_member_says_where_it_works() -> None:
     with pytest.raises(RuntimeError, match=r"only available inside an actor of a Mesh with"):
         otpmesh.group()
+
+
+def test_the_data_parallel_group_tree_steps_together_and_resumes_from_its_checkpoint(
+    tmp_path: Any,
+) -> None:
+    from supervisors import data_parallel
+
+    tree = data_parallel.make_group_tree(gpus=2, checkpoint=str(tmp_path / "dp.json"))
+    batch = [1.0, 2.0, 3.0, 4.0]
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            dp = app.mesh("dp")
+            for _ in range(3):
+                await dp.train_step(batch)
+            assert len(set((await dp.state()).values())) == 1  # the ranks agree
+            with pytest.raises(otpmesh.ActorError, match="FloatingPointError"):
+                await dp[1].train_step([1.0, float("nan"), 3.0, 4.0])  # rank 1's shard is poisoned
+            await app.settled()
+            # Both ranks are back at the step-2 checkpoint, in a new group.
+            assert [s[0] for s in (await dp.state()).values()] == [2, 2]
+            await dp.train_step(batch)
+            assert [s[0] for s in (await dp.state()).values()] == [3, 3]
+
+    run_trio(body, GUARD)
