@@ -58,10 +58,11 @@ __all__ = [
     "kill",
     "partition",
     "stop",
+    "wedge",
 ]
 
 #: The faults a ChaosMonkey can throw, by name.
-FAULTS = ("crash", "stop", "kill", "hang", "partition", "delay", "drop", "fail_start")
+FAULTS = ("crash", "stop", "kill", "hang", "wedge", "partition", "delay", "drop", "fail_start")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,17 @@ async def hang(app: App, path: str) -> Fault:
     return _record(app, "hang", path, f"SIGSTOP pid {proc.pid}")
 
 
+async def wedge(app: App, path: str, seconds: float | None = None) -> Fault:
+    """Wedge the actor's next endpoint call: it blocks its thread (in ``chaos_wedge``, which its
+    stack shows) for `seconds`, or for ever, as a wedged engine does, while its process stays
+    alive and beating. Only a progress deadline (``progress_deadline`` in its spec or endpoint)
+    gets it out: use it to test yours. In ``placement="local"`` the controller itself blocks."""
+    if seconds is not None and not (isinstance(seconds, int | float) and seconds > 0):
+        raise ValueError(f"wedge seconds must be positive or None, not {seconds!r}")
+    detail = "for ever" if seconds is None else f"for {seconds:g} s"
+    return await _inject(app, "wedge", path, detail, "wedge", seconds)
+
+
 async def partition(app: App, path: str, seconds: float) -> Fault:
     """Cut the actor's process off for `seconds`: every call, cast and reply it sends or receives
     is lost (calls to it time out: give them a timeout). Supervision's own messages and the
@@ -240,6 +252,8 @@ async def _throw(app: App, kind: str, path: str, seconds: float, why: str) -> Fa
             return await kill(app, path)
         if kind == "hang":
             return await hang(app, path)
+        if kind == "wedge":
+            return await wedge(app, path, seconds)
         if kind == "partition":
             return await partition(app, path, seconds)
         if kind == "delay":

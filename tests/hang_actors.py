@@ -42,6 +42,11 @@ class Stuck(otpmesh.Actor):
         return "done"
 
     @otpmesh.endpoint
+    def nap(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "rested"
+
+    @otpmesh.endpoint
     def steady(self, steps: int, step: float) -> int:
         for _ in range(steps):
             time.sleep(step)

@@ -7,7 +7,7 @@ import otpmesh
 EXPECTED = {
     # actors and meshes
     "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "ProcMesh", "ValueMesh",
-    "context", "endpoint", "proc_mesh", "run", "retry",
+    "context", "endpoint", "proc_mesh", "run", "retry", "progress",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
     "ChildInfo", "ChildStatus",
@@ -15,7 +15,7 @@ EXPECTED = {
     "PERMANENT", "TRANSIENT", "TEMPORARY", "BRUTAL_KILL", "INFINITY",
     "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT",
     # exits
-    "ActorCrash", "ProcessExit", "Ignore", "describe",
+    "ActorCrash", "ProcessExit", "Hung", "Ignore", "describe",
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",

@@ -25,6 +25,7 @@ from .._runtime._controller_runtime import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
+from ._inspect import Stacks, collect, serve_signal
 from ._pgroup import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
@@ -90,6 +91,13 @@ class App:
             "supervisors": supervisors,
             "workers": len(children) - supervisors,
         }
+
+    async def stacks(self, path: str = "") -> Stacks:
+        """What every running actor under `path` (default: all) is doing now: 'idle', or the
+        endpoint it serves and its frames, innermost first, with the other threads of each
+        process; ``str()`` groups actors with identical stacks. Processes are asked at once and
+        have 1 s to answer (a stopped one, or one in C code holding the GIL, says it did not)."""
+        return await collect(await runtime(), path)
 
     async def start_child(self, sup_path: str, spec: Worker | Supervisor | Mesh) -> Outcome:
         """OTP's start_child: add `spec` to the supervisor at `sup_path` and start it."""
@@ -157,6 +165,7 @@ async def start(
                 ctx.placement = with_process_groups(tree, ctx.placement, rt, ctx, nursery)
                 ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), tree.id, None)
                 nursery.start_soon(ctx.root.run)
+                nursery.start_soon(serve_signal, rt)  # otpmesh stacks PID
                 await ctx.root.started.wait()
                 try:
                     if ctx.root.init_failure is None:

@@ -23,7 +23,7 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, StackRequests, forward_lines, watch_heartbeat
-from ._watchdog import STACKS_REQUEST, hung_reason
+from ._watchdog import STACKS_REQUEST, Watchdog, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")
 
@@ -119,7 +119,20 @@ class Runtime:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 await nursery.start(self.node.serve)
+                # Progress deadlines of the actors placed in this process (placement="local").
+                watchdog = Watchdog(
+                    lambda: self.node.actors,
+                    beat_fd=None,
+                    control_fd=None,
+                    interval=HEARTBEAT_INTERVAL,
+                    token=trio.lowlevel.current_trio_token(),
+                    may_kill=False,
+                ).start()
                 started.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    watchdog.stop()
         except Exception:
             log.exception("otpmesh runtime failed")
             started.set()

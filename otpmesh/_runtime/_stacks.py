@@ -58,7 +58,8 @@ def endpoint_frames_sync(main: FrameType | None) -> list[FrameType]:
     """A plain-def endpoint's frames, innermost first: the main thread's, up to the cell."""
     frames = _outward(main)
     for i, frame in enumerate(frames):
-        if frame.f_code.co_filename.endswith(_CELL_FILE):
+        code = frame.f_code
+        if code.co_filename.endswith(_CELL_FILE) and code.co_name != "chaos_wedge":
             frames = frames[:i]
             break
     return frames[:MAX_FRAMES]

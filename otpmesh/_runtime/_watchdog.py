@@ -78,23 +78,30 @@ class Watchdog:
         control_fd: int | None,
         interval: float,
         token: trio.lowlevel.TrioToken,
+        may_kill: bool = True,
     ) -> None:
         self._cells = cells
         self._beat_fd = beat_fd
         self._control_fd = control_fd
         self._interval = interval
         self._token = token
+        # A worker may end its own process; the controller (placement="local") may not.
+        self._may_kill = may_kill
         self._handled: set[int] = set()  # ids of Serving records already acted on
-        self.ident: int | None = None
+        self._stopped = threading.Event()
 
-    def start(self) -> None:
+    def start(self) -> Watchdog:
         threading.Thread(target=self._run, name="otpmesh-watchdog", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """End the thread (a worker's ends with its process)."""
+        self._stopped.set()
 
     def _run(self) -> None:
-        self.ident = threading.get_ident()
         next_beat = 0.0
         try:
-            while True:
+            while not self._stopped.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
                     self._write(BEAT)
@@ -105,7 +112,7 @@ class Watchdog:
                     if ready:
                         self._serve_request(os.read(self._control_fd, 64))
                 else:
-                    time.sleep(wait)
+                    self._stopped.wait(wait)
                 self._check(time.monotonic())
         except OSError:
             return  # the parent is gone: the process follows its connection
@@ -168,6 +175,11 @@ class Watchdog:
             return
         if crashed.wait(GRACE):
             return  # the loop answered: the actor exits with the reason like any crash
+        if not self._may_kill:
+            # The controller's own loop is blocked in the endpoint: the crash waits its turn
+            # (queued above) and happens when the endpoint returns.
+            log.error("%s cannot be stopped until its endpoint returns", path)
+            return
         # The loop is blocked in the endpoint itself: say why, then end the process.
         report = {"op": "hung", "actor": path, "incarnation": cell.incarnation}
         report.update(endpoint=reason.endpoint, seconds=reason.seconds, how=reason.how, stacks=text)

@@ -1,0 +1,191 @@
+"""Hangs become supervision events: an endpoint past its progress deadline exits as ``Hung``
+with its stacks and is restarted; ``otpmesh.progress()`` keeps a long one alive; ``app.stacks()``
+and ``otpmesh stacks`` show what every actor is doing. Real worker processes throughout.
+
+No assertion here is about speed (the time from a deadline to the restart is measured by
+``otpmesh bench``); the 30 s guards only stop a test that would otherwise hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import LogKind, Mesh, Supervisor, Worker, chaos
+from tests.conftest import run_trio
+from tests.hang_actors import Stuck
+
+
+def _exits(app: otpmesh.App) -> list[object]:
+    return [e.reason for e in app.events.of_kind(LogKind.CHILD_EXITED)]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "how"),
+    [
+        ("spin_forever", "its process was killed"),  # a Python loop blocks the event loop
+        ("sleep_forever", "its process was killed"),  # so does C code that released the GIL
+        ("await_forever", "ran past its progress deadline"),  # cancelled through trio
+    ],
+)
+def test_a_stuck_endpoint_exits_hung_with_its_stack_and_is_restarted(
+    endpoint: str, how: str
+) -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=0.5)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            w = app.actor("s/w")
+            first = await w.incarnation_pid()
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError) as caught:
+                await getattr(w, endpoint)()
+            assert endpoint in str(caught.value)  # the caller is told where it was stuck
+            assert caught.value.delivered is not False  # it reached the actor: never resent
+            await app.settled()
+            assert await w.incarnation_pid() != first or endpoint == "await_forever"
+            assert await w.ping() == "pong"
+            [reason] = _exits(app)
+            assert isinstance(reason, otpmesh.Hung)
+            assert reason.endpoint == endpoint and reason.seconds == 0.5
+            assert how in reason.how
+            assert f"at {endpoint} (" in reason.stacks  # the stuck frame, with its source line
+            assert "hang_actors.py" in reason.stacks
+            assert endpoint in otpmesh.describe(reason)
+
+    run_trio(body, timeout=60)
+
+
+def test_progress_keeps_a_long_endpoint_alive_and_an_endpoint_deadline_overrides_the_spec() -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=1.0)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            w = app.actor("s/w")
+            # 15 steps of 0.1 s: 1.5 s in all, past the deadline, but it says it progresses.
+            assert await w.steady(15, 0.1) == 15
+            assert await w.short_fuse(0.0) == "done"
+            # Its own 0.5 s deadline, not the spec's 1 s: 2 s asleep is too long.
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
+                await w.short_fuse(2.0)
+            await app.settled()
+            [reason] = _exits(app)
+            assert isinstance(reason, otpmesh.Hung)
+            assert (reason.endpoint, reason.seconds) == ("short_fuse", 0.5)
+
+    run_trio(body, timeout=60)
+
+
+def test_without_a_deadline_a_long_endpoint_is_left_alone() -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            assert await app.actor("s/w").nap(1.0) == "rested"
+            assert not _exits(app)
+
+    run_trio(body, timeout=60)
+
+
+def test_an_async_endpoint_in_the_controller_is_cancelled_at_its_deadline() -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=0.5)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree, placement="local") as app:
+            w = app.actor("s/w")
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
+                await w.await_forever()
+            await app.settled()
+            [reason] = _exits(app)
+            assert isinstance(reason, otpmesh.Hung) and reason.endpoint == "await_forever"
+            assert await w.ping() == "pong"
+
+    run_trio(body, timeout=60)
+
+
+def test_chaos_wedge_is_caught_by_the_deadline_and_its_stack_shows_the_wedge() -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=0.5)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            w = app.actor("s/w")
+            fault = await chaos.wedge(app, "s/w")
+            assert fault.hit
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
+                await w.ping()  # the next call wedges
+            await app.settled()
+            [reason] = _exits(app)
+            assert isinstance(reason, otpmesh.Hung) and reason.endpoint == "ping"
+            assert "at chaos_wedge (" in reason.stacks
+            assert await w.ping() == "pong"  # the next incarnation is not wedged
+
+    run_trio(body, timeout=60)
+
+
+def test_stacks_group_identical_actors_and_name_the_silent_ones(tmp_path: object) -> None:
+    tree = Supervisor(
+        "s",
+        children=[Mesh("m", Stuck, shape={"procs": 3}), Worker("w", Stuck), Worker("z", Stuck)],
+    )
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("s/m")
+            stopped = app.actor("s/z")
+            pid = await stopped.incarnation_pid()
+            async with trio.open_nursery() as nursery:
+                for rank in range(3):
+                    nursery.start_soon(mesh.slice(procs=rank).with_timeout(30).sleep_forever)
+                nursery.start_soon(app.actor("s/w").with_timeout(30).await_forever)
+                with trio.fail_after(30):
+                    while True:  # until all four are inside their endpoints
+                        stacks = await app.stacks()
+                        if sum(s != "idle" for s in stacks.actors.values()) == 4:
+                            break
+                        await trio.sleep(0.05)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    stacks = await app.stacks()
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                groups = stacks.groups()
+                assert groups[0][1] == ["s/m/0", "s/m/1", "s/m/2"]
+                assert "at sleep_forever (" in groups[0][0]
+                assert "at await_forever (" in stacks.actors["s/w"]
+                assert "no answer" in stacks.actors["s/z"]  # stopped: it cannot answer
+                assert "3 actors: s/m/0, s/m/1, s/m/2" in str(stacks)
+                assert set((await app.stacks("s/m")).actors) == {"s/m/0", "s/m/1", "s/m/2"}
+
+                # The command line asks this very process (the app's controller).
+                out = await trio.run_process(
+                    [sys.executable, "-m", "otpmesh", "stacks", str(os.getpid()), "--path", "s/w"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                )
+                text = out.stdout.decode()
+                assert "1 actor: s/w" in text and "await_forever" in text
+                assert "s/m/0" not in text
+                nursery.cancel_scope.cancel()
+
+    run_trio(body, timeout=90)
+
+
+def test_otpmesh_stacks_refuses_a_process_that_is_not_an_app() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sleeper.poll() is None  # not signalled: SIGUSR2 would have ended it
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert out.returncode == 2
+    assert f"process {sleeper.pid} is not a running otpmesh app" in out.stderr
