@@ -15,9 +15,15 @@ from otpmesh import ONE_FOR_ALL, LogKind, Mesh, Supervisor
 from otpmesh._controller._app import context
 from otpmesh._controller._pgroup import GroupPlacement
 from otpmesh._core._spec import Strategy
+from tests import test_multihost as multihost
 from tests.conftest import run_trio
 
 pytest.importorskip("torch.distributed")
+
+# The namespaced hosts of the multi-host tests (and their cluster secret), for a group across hosts.
+cluster_secret = multihost.cluster_secret
+spaces = multihost.spaces
+where = multihost.where
 
 # Generous hang guards: four workers joining a group on two loaded cores take a while.
 GUARD = 60.0
@@ -84,11 +90,11 @@ def test_a_group_of_four_all_reduces_with_mesh_ranks() -> None:
         async with otpmesh.start(tree) as app:
             mesh = app.mesh("root/dp")
             assert (await mesh.all_reduce(1.0)).values() == [4.0] * 4
-            where = (await mesh.where()).values()
-            assert [w["rank"] for w in where] == [w["dist_rank"] for w in where] == [0, 1, 2, 3]
-            assert {w["size"] for w in where} == {w["dist_size"] for w in where} == {4}
-            assert {w["epoch"] for w in where} == {1}
-            assert len({w["pid"] for w in where}) == 4
+            members = (await mesh.where()).values()
+            assert [w["rank"] for w in members] == [w["dist_rank"] for w in members] == [0, 1, 2, 3]
+            assert {w["size"] for w in members} == {w["dist_size"] for w in members} == {4}
+            assert {w["epoch"] for w in members} == {1}
+            assert len({w["pid"] for w in members}) == 4
 
     run_trio(body, GUARD)
 
@@ -119,9 +125,9 @@ async def _kill_during_all_reduce(app: otpmesh.App, how: str) -> None:
     assert len(failures) == 3
     assert all(isinstance(f, otpmesh.ActorDiedError | otpmesh.ActorError) for f in failures)
     await app.settled()
-    where = (await mesh.where()).values()
-    assert {w["epoch"] for w in where} == {2}
-    assert not {w["pid"] for w in where} & set(pids), "all four members are new processes"
+    members = (await mesh.where()).values()
+    assert {w["epoch"] for w in members} == {2}
+    assert not {w["pid"] for w in members} & set(pids), "all four members are new processes"
     assert (await mesh.all_reduce(2.0)).values() == [8.0] * 4
     # One exit was the group's failure (rank 3's, or a peer's whose gloo saw it first), and
     # one restart of the whole group followed.
@@ -264,3 +270,34 @@ def test_the_data_parallel_group_tree_steps_together_and_resumes_from_its_checkp
             assert [s[0] for s in (await dp.state()).values()] == [3, 3]
 
     run_trio(body, GUARD)
+
+
+def test_a_group_across_two_hosts_survives_a_host_kill(where: Any) -> None:
+    mesh = Mesh(
+        "dp",
+        Member,
+        shape={"hosts": 2, "procs": 1},
+        strategy=ONE_FOR_ALL,
+        intensity=5,
+        period=60.0,
+        process_group="gloo",
+    )
+    tree = Supervisor("root", children=[mesh])
+
+    async def body() -> None:
+        async with where(3) as hosts, otpmesh.start(tree) as app:
+            dp = app.mesh("root/dp")
+            assert (await dp.all_reduce(1.0)).values() == [2.0, 2.0]
+            before = (await dp.where()).values()
+            os.kill(multihost.hosts_launcher(hosts).processes[1].pid, signal.SIGKILL)  # host 1 dies
+            await app.settled()
+            with trio.fail_after(30):  # a hang guard: the lost host is found by heartbeats
+                while not app.events.of_kind(LogKind.CHILD_EXITED):
+                    await trio.sleep(0.05)
+            await app.settled()
+            after = (await dp.where()).values()
+            assert {w["epoch"] for w in after} == {2}
+            assert not {w["pid"] for w in after} & {w["pid"] for w in before}
+            assert (await dp.all_reduce(3.0)).values() == [6.0, 6.0]
+
+    run_trio(body, 90.0)
