@@ -42,6 +42,17 @@ class Stuck(otpmesh.Actor):
         return "done"
 
     @otpmesh.endpoint
+    def gil_deadlock(self) -> None:
+        """Lock a plain mutex twice from C with the GIL held: no Python thread runs again, and
+        signals do not interrupt it (a mutex wait is not a syscall that returns EINTR)."""
+        import ctypes
+
+        libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
+        mutex = ctypes.create_string_buffer(64)  # zeroed: a default (non-recursive) mutex
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)
+
+    @otpmesh.endpoint
     def nap(self, seconds: float) -> str:
         time.sleep(seconds)
         return "rested"

@@ -189,3 +189,21 @@ def test_otpmesh_stacks_refuses_a_process_that_is_not_an_app() -> None:
         sleeper.wait()
     assert out.returncode == 2
     assert f"process {sleeper.pid} is not a running otpmesh app" in out.stderr
+
+
+def test_a_worker_stuck_in_c_holding_the_gil_is_killed_with_its_faulthandler_stacks() -> None:
+    # Silent and running for 10 x 0.3 s: hung. Its watchdog thread cannot run (the GIL is
+    # held), so the runtime has faulthandler dump its threads (SIGUSR1) before the kill.
+    tree = Supervisor("s", children=[Worker("g", Stuck)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree, heartbeat_timeout=0.3) as app:
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
+                await app.actor("s/g").gil_deadlock()
+            await app.settled()
+            [reason] = _exits(app)
+            assert isinstance(reason, otpmesh.Hung), reason
+            assert "no heartbeat" in reason.how
+            assert "in gil_deadlock" in reason.stacks and "hang_actors.py" in reason.stacks
+
+    run_trio(body, timeout=60)

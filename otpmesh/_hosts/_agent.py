@@ -41,7 +41,6 @@ from .._runtime._forkclient import (
     forward_lines,
     watch_heartbeat,
 )
-from .._runtime._watchdog import STACKS_REQUEST
 from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
@@ -208,7 +207,7 @@ class Agent:
             return "its process is gone"
         timeout = min(float(p.get("timeout", 1.0)), 10.0)
         fd = proc.control_fd
-        return await proc.stacks.ask(lambda: os.write(fd, STACKS_REQUEST), timeout)
+        return await proc.stacks.ask(lambda request: os.write(fd, request), timeout)
 
     def _listen_host(self) -> str:
         if self.listen:

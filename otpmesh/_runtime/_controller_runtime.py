@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -23,7 +25,8 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, StackRequests, forward_lines, watch_heartbeat
-from ._watchdog import STACKS_REQUEST, Watchdog, hung_reason
+from ._liveness import HARD_FACTOR
+from ._watchdog import Watchdog, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")
 
@@ -42,6 +45,9 @@ SPAWN_TIMEOUT = 60.0
 #: Workers beat this often; one silent for HEARTBEAT_TIMEOUT is hung (SIGSTOP, wedged) and killed.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HEARTBEAT_INTERVAL", "0.2"))
 HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
+#: How long a worker stuck in C has to write its faulthandler dump before it is killed.
+FAULTHANDLER_WAIT = 1.0
+_ERR_TAIL = 400
 # How long a lost connection waits for the fork server's exit status before reporting.
 _EXIT_STATUS_WAIT = 1.0
 
@@ -69,6 +75,9 @@ class Proc:
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # its app's (otpmesh.start(heartbeat_timeout=))
+    # Its last lines on stderr, counted: where a faulthandler dump is read back (hung()).
+    err_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_ERR_TAIL))
+    err_count: int = 0
 
     @property
     def alive(self) -> bool:
@@ -182,7 +191,7 @@ class Runtime:
             return SHUTDOWN
         hung = proc.hung
         if hung is not None:
-            if hung.get("actor") == path:
+            if hung.get("actor") in (None, path):
                 return hung_reason(hung)
             return ProcessExit(proc.pid, f"was killed: {hung.get('actor')} hung in it")
         return ProcessExit(proc.pid, proc.exit_reason or "is gone")
@@ -195,7 +204,7 @@ class Runtime:
             return answer
         if not proc.alive or proc.control_fd < 0:
             return f"its process {proc.exit_reason or 'is gone'}"
-        return await proc.stacks.ask(lambda: os.write(proc.control_fd, STACKS_REQUEST), timeout)
+        return await proc.stacks.ask(lambda request: os.write(proc.control_fd, request), timeout)
 
     # ------------------------------------------------------------ processes
 
@@ -292,17 +301,49 @@ class Runtime:
 
     def hung(self, proc: Proc, why: str) -> None:
         """`proc` stopped beating while alive, stuck (not starved): kill it, and make its exit
-        say why."""
+        say why. One that is running (in C code holding the GIL: its watchdog thread cannot
+        run) is first made to write its threads' stacks with faulthandler (SIGUSR1)."""
         how = f"{why} and was killed"
         log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
         proc.hang_reason = how
+        if proc.host is not None or "stopped" in why or self.nursery is None:
+            self.kill(proc)  # a stopped process cannot run a signal handler
+            return
+        self.nursery.start_soon(self._dump_then_kill, proc, how)
+
+    async def _dump_then_kill(self, proc: Proc, how: str) -> None:
+        mark = proc.err_count
+        self.forkserver.kill(proc.pid, signal.SIGUSR1)
+        # faulthandler writes from its C signal handler, GIL or not; give the lines time to
+        # come through the stderr pipe.
+        # It ends when no line came for a moment (the dump has no end mark).
+        with trio.move_on_after(FAULTHANDLER_WAIT):
+            seen = mark
+            while proc.alive:
+                await trio.sleep(0.1)
+                if seen != mark and proc.err_count == seen:
+                    break
+                seen = proc.err_count
+        dump = _lines_since(proc, mark)
+        proc.hung = {
+            "op": "hung",
+            "actor": None,  # every actor in it
+            "endpoint": "",
+            "seconds": proc.heartbeat_timeout * HARD_FACTOR,
+            "how": how,
+            "stacks": "\n".join(dump),
+        }
         self.kill(proc)
 
     @staticmethod
     def output(proc: Proc, sink: Any, line: bytes) -> None:
         """Write one line of a worker's output to ours, prefixed with its actors' paths."""
+        text = line.decode(errors="replace")
+        if sink is sys.stderr:
+            proc.err_tail.append(text)
+            proc.err_count += 1
         try:
-            sink.write(f"[{proc.label()}] {line.decode(errors='replace')}\n")
+            sink.write(f"[{proc.label()}] {text}\n")
             sink.flush()
         except (OSError, ValueError):
             pass
@@ -384,6 +425,12 @@ class Runtime:
             listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
             log.warning("%s exited: %s", path, describe(reason))
+
+
+def _lines_since(proc: Proc, mark: int) -> list[str]:
+    """`proc`'s stderr lines after its `mark`-th (as many as are kept)."""
+    count = min(proc.err_count - mark, len(proc.err_tail))
+    return list(proc.err_tail)[-count:] if count > 0 else []
 
 
 async def runtime() -> Runtime:

@@ -20,7 +20,7 @@ import msgpack
 import trio
 
 from . import _liveness
-from ._watchdog import MAX_REPORT, REPORT
+from ._watchdog import MAX_REPORT, REPORT, stacks_request
 
 
 def preload_modules() -> list[str]:
@@ -163,27 +163,31 @@ class BeatReader:
 
 
 class _Asked:
-    __slots__ = ("answer", "done")
+    __slots__ = ("answer", "done", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
         self.done = trio.Event()
         self.answer: dict[str, Any] | str = ""
 
 
 class StackRequests:
-    """Stacks asked of one worker's watchdog: callers asking at once share one request."""
+    """Stacks asked of one worker's watchdog: callers asking at once share one request; an
+    answer counts only for the request whose sequence number it carries."""
 
     def __init__(self) -> None:
         self._asked: _Asked | None = None
+        self._seq = 0
 
-    async def ask(self, send: Callable[[], object], timeout: float) -> dict[str, Any] | str:
+    async def ask(self, send: Callable[[bytes], object], timeout: float) -> dict[str, Any] | str:
         """Send the request (unless one is out) and wait up to `timeout` for its answer; a str
         says why there is none."""
         asked = self._asked
         if asked is None:
-            asked = self._asked = _Asked()
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            asked = self._asked = _Asked(self._seq)
             try:
-                send()
+                send(stacks_request(asked.seq))
             except OSError as exc:
                 self._asked = None
                 return f"cannot be asked ({exc.strerror})"
@@ -195,14 +199,18 @@ class StackRequests:
             return f"no answer within {timeout:g} s (stopped, or in C code holding the GIL)"
         return asked.answer
 
-    def answer(self, msg: dict[str, Any] | str) -> None:
-        asked, self._asked = self._asked, None
-        if asked is not None:
+    def answer(self, msg: dict[str, Any]) -> None:
+        asked = self._asked
+        if asked is not None and msg.get("seq") == asked.seq:
+            self._asked = None
             asked.answer = msg
             asked.done.set()
 
     def fail(self, why: str) -> None:
-        self.answer(why)
+        asked, self._asked = self._asked, None
+        if asked is not None:
+            asked.answer = why
+            asked.done.set()
 
 
 async def watch_heartbeat(

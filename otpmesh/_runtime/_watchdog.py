@@ -5,7 +5,8 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
 
 - it writes a beat (``b"."``) to the beat pipe every interval (the parent's liveness check,
   _liveness.py, hears them);
-- it reads requests from the control pipe (``b"s"``: send the stacks of every actor);
+- it reads requests from the control pipe (``b"s"`` and a sequence number: send the stacks of
+  every actor);
 - it watches the endpoint each actor serves (``ActorCell.serving``): one that made no progress
   for its deadline is hung. The loop is asked to crash the actor with a ``Hung`` reason (an
   async endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual); if the loop does
@@ -45,6 +46,13 @@ MAX_REPORT = 256 * 1024
 REPORT = b"!"
 BEAT = b"."
 STACKS_REQUEST = b"s"
+#: A request on the control pipe: its kind (one byte) and a 4-byte big-endian sequence number,
+#: echoed in the answer so a late answer is never taken for a newer request's.
+REQUEST_SIZE = 5
+
+
+def stacks_request(seq: int) -> bytes:
+    return STACKS_REQUEST + struct.pack(">I", seq & 0xFFFFFFFF)
 
 
 def frame_report(msg: dict[str, Any]) -> bytes:
@@ -88,6 +96,7 @@ class Watchdog:
         # A worker may end its own process; the controller (placement="local") may not.
         self._may_kill = may_kill
         self._handled: set[int] = set()  # ids of Serving records already acted on
+        self._requests = b""
         self._stopped = threading.Event()
 
     def start(self) -> Watchdog:
@@ -128,11 +137,20 @@ class Watchdog:
         if not data:
             self._control_fd = None  # the parent closed it; beat on until the process ends
             return
-        if STACKS_REQUEST in data:
+        self._requests += data
+        seq = None
+        while len(self._requests) >= REQUEST_SIZE:
+            request, self._requests = (
+                self._requests[:REQUEST_SIZE],
+                self._requests[REQUEST_SIZE:],
+            )
+            if request[:1] == STACKS_REQUEST:
+                (seq,) = struct.unpack(">I", request[1:])
+        if seq is not None:  # one answer, to the newest request, serves those before it
             snapshot = _stacks.snapshot(dict(self._cells()), skip_threads=[threading.get_ident()])
             snapshot["actors"] = {p: _cut(t) for p, t in snapshot["actors"].items()}
             snapshot["threads"] = _cut(snapshot["threads"])
-            self._write(frame_report({"op": "stacks", **snapshot}))
+            self._write(frame_report({"op": "stacks", "seq": seq, **snapshot}))
 
     def _next_expiry(self) -> float:
         expiry = math.inf
