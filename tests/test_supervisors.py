@@ -144,13 +144,11 @@ def check_rl_pipeline(out: str) -> None:
 
 
 def check_data_parallel(out: str) -> None:
-    assert section(out, "rank 2 fails") == [
-        ("child_exited", "dp/2"),
-        ("child_terminated", "dp/3"),
-        ("child_terminated", "dp/1"),
-        ("child_terminated", "dp/0"),
-        *[("child_started", f"dp/{rank}") for rank in range(4)],
-    ]
+    steps = section(out, "rank 2 fails")
+    assert steps[0] == ("child_exited", "dp/2")
+    # A mesh stops its members all at once (docs/supervision.md): they end in any order.
+    assert sorted(steps[1:4]) == [("child_terminated", f"dp/{rank}") for rank in (0, 1, 3)]
+    assert steps[4:] == [("child_started", f"dp/{rank}") for rank in range(4)]
     assert "(step, weight) per rank: [(2, 3.375), (2, 3.375), (2, 3.375), (2, 3.375)]" in out
 
 
