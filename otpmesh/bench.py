@@ -54,6 +54,64 @@ class BenchActor(otpmesh.Actor):
     def stuck(self, seconds: float) -> None:
         time.sleep(seconds)  # a plain-def endpoint: no stop reaches it, only a kill
 
+    @otpmesh.endpoint
+    async def wedged(self) -> None:
+        await trio.sleep_forever()  # an async endpoint: its deadline cancels it
+
+
+# ---------------------------------------------------------------- hangs (--hangs)
+
+
+async def _deadline_to_reply(endpoint: str, deadline: float, n: int) -> list[float]:
+    """Seconds past `deadline` from a call that hangs to the restarted actor's first reply."""
+    tree = otpmesh.Supervisor(
+        "h",
+        intensity=n + 1,
+        period=3600,
+        children=[otpmesh.Worker("w", BenchActor, progress_deadline=deadline)],
+    )
+    late = []
+    async with otpmesh.start(tree) as app:
+        w = app.actor("h/w")
+        for _ in range(n):
+            before = await w.ident()
+            started = time.perf_counter()
+            with contextlib.suppress(otpmesh.ActorDiedError):
+                await (w.stuck(600.0) if endpoint == "stuck" else w.wedged())
+            while await _until_answers(w.ident) == before:
+                await trio.sleep(0)
+            late.append(time.perf_counter() - started - deadline)
+    return late
+
+
+async def _stacks_of(actors: int, n: int) -> list[float]:
+    mesh = otpmesh.Mesh("s", BenchActor, shape={"procs": actors})
+    times = []
+    async with otpmesh.start(mesh) as app:
+        for _ in range(n):
+            started = time.perf_counter()
+            stacks = await app.stacks()
+            times.append(time.perf_counter() - started)
+            assert len(stacks.actors) == actors
+    return times
+
+
+async def hangs_benchmark(n: int = 5, deadline: float = 0.5, actors: int = 100) -> dict[str, Any]:
+    """Progress deadlines and stacks: how long past its deadline a hung actor answers again
+    (restarted), for a plain-def endpoint (its process killed) and an async one (cancelled);
+    and ``app.stacks()`` over `actors` worker processes."""
+    sync = await _deadline_to_reply("stuck", deadline, n)
+    async_ = await _deadline_to_reply("wedged", deadline, n)
+    stacks = await _stacks_of(actors, n)
+    return {
+        "deadline_s": deadline,
+        "trials": n,
+        "sync_past_deadline_p50_ms": _ms(sync),
+        "async_past_deadline_p50_ms": _ms(async_),
+        "stacks_actors": actors,
+        "stacks_p50_ms": _ms(stacks),
+    }
+
 
 # ---------------------------------------------------------------- shutdown (--shutdown)
 
@@ -371,7 +429,16 @@ def main(argv: list[str] | None = None) -> None:
         help="only the stop of 4 actors stuck in plain-def endpoints (5 s shutdown each): as a "
         "Mesh (all at once) and as an ordinary supervisor (one at a time); about 35 s",
     )
+    parser.add_argument(
+        "--hangs",
+        action="store_true",
+        help="only progress deadlines (time past a 0.5 s deadline to the restarted actor's "
+        "first reply, plain-def and async) and app.stacks() over 100 processes; about 40 s",
+    )
     args = parser.parse_args(argv)
+    if args.hangs:
+        print(json.dumps(otpmesh.run(hangs_benchmark), indent=2))
+        return
     if args.echo_server:
         trio.run(_echo_server, args.echo_server)
         return

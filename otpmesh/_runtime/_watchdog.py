@@ -8,11 +8,12 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
 - it reads requests from the control pipe (``b"s"`` and a sequence number: send the stacks of
   every actor);
 - it watches the endpoint each actor serves (``ActorCell.serving``): one that made no progress
-  for its deadline is hung. The loop is asked to crash the actor with a ``Hung`` reason (an
-  async endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual); if the loop does
-  not answer within ``GRACE`` (it is blocked in that very endpoint), the watchdog reports the
-  hang on the beat pipe and kills its own process with SIGKILL: the parent reads the report
-  before it reports the exit, so the actor's exit reason is the ``Hung``, with the stacks.
+  for its deadline is hung. For an async endpoint the loop is asked to crash the actor with a
+  ``Hung`` reason (the endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual).
+  A plain-def endpoint blocks the loop itself, as does an async one the loop does not get back
+  from within ``GRACE``: the watchdog reports the hang on the beat pipe and kills its own
+  process with SIGKILL. The parent reads the report before it reports the exit, so the actor's
+  exit reason is the ``Hung``, with the stacks.
 
 Reports on the beat pipe are ``b"!"``, a 4-byte big-endian length and a msgpack map; the
 watchdog is the pipe's only writer, so beats and reports never interleave. ``BeatReader`` (the
@@ -39,7 +40,8 @@ from . import _stacks
 
 log = logging.getLogger("otpmesh.worker")
 
-#: How long the event loop has to crash a hung actor itself before the process is killed.
+#: How long the event loop has to crash a hung async endpoint's actor itself before the
+#: process is killed (a plain-def endpoint blocks the loop: its process is killed at once).
 GRACE = 0.3
 #: Reports longer than this are cut (a stack dump of many threads).
 MAX_REPORT = 256 * 1024
@@ -191,7 +193,9 @@ class Watchdog:
             self._token.run_sync_soon(crash)
         except trio.RunFinishedError:
             return
-        if crashed.wait(GRACE):
+        # A plain-def endpoint runs on the loop's own thread: the loop cannot answer until it
+        # returns, so there is nothing to wait for. An async one is cancelled by the loop.
+        if (serving.is_async or not self._may_kill) and crashed.wait(GRACE):
             return  # the loop answered: the actor exits with the reason like any crash
         if not self._may_kill:
             # The controller's own loop is blocked in the endpoint: the crash waits its turn
