@@ -11,6 +11,7 @@ from . import launchers as launchers
 from ._controller._app import App as App
 from ._controller._app import start as start
 from ._controller._events import EventLog as EventLog
+from ._controller._inspect import Stacks as Stacks
 from ._controller._procmesh import ProcMesh as ProcMesh
 from ._controller._procmesh import proc_mesh as proc_mesh
 from ._core._actor import Actor as Actor

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -165,12 +166,11 @@ def write_stacks(stacks: Stacks, pid: int) -> Path:
 async def serve_signal(rt: Runtime) -> None:
     """Answer SIGUSR2 (``otpmesh stacks PID``) for as long as the app runs, unless the program
     has its own handler for it. Needs the main thread (signals go there)."""
-    try:
-        if signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL:
-            return
-        receiver = trio.open_signal_receiver(signal.SIGUSR2)
-    except RuntimeError:
-        return  # not in the main thread: no signals here
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals reach the main thread only (an app in a test's helper thread)
+    if signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL:
+        return
+    receiver = trio.open_signal_receiver(signal.SIGUSR2)
     pid = os.getpid()
     with receiver as signals:
         try:

@@ -17,6 +17,7 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
                     memory: msgpack [form, handle], where form is "bytes", "bytearray",
                     ["memoryview", format, shape] or ["ndarray", dtype str, shape]; the receiver
                     reads it as a channel tensor and rebuilds that type
+   12  hung        msgpack [endpoint, seconds, how, stacks] (an exit reason)
 
 Extension values nest (a tuple of tuples, a tensor in a tuple in a value mesh): each one met
 inside another's payload is one level, and at most MAX_NESTING levels travel. The limit is the
