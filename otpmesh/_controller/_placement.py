@@ -26,7 +26,7 @@ from ._slotenv import slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
 # process is killed (an actor stuck in code that never yields cannot be cancelled in-process).
-_STOP_GRACE = 1.0
+_STOP_GRACE = 0.25
 
 
 class StartError(Exception):
