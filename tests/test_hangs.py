@@ -208,3 +208,33 @@ def test_a_worker_stuck_in_c_holding_the_gil_is_killed_with_its_faulthandler_sta
             assert "in gil_deadlock" in reason.stacks and "hang_actors.py" in reason.stacks
 
     run_trio(body, timeout=60)
+
+
+def test_deadlines_and_stacks_work_through_a_host_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers are forked by a host agent (a real process): the agent reads their watchdog
+    # reports, relays stacks requests and the Hung reason of a worker that killed itself.
+    monkeypatch.setenv("OTPMESH_SECRET", "test-cluster-secret")
+    tree = Mesh("m", Stuck, shape={"hosts": 1, "procs": 2}, progress_deadline=0.5)
+
+    async def body() -> None:
+        async with otpmesh.cluster(otpmesh.launchers.Local(hosts=1)), otpmesh.start(tree) as app:
+            mesh = app.mesh("m")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mesh.slice(procs=1).steady, 600, 0.05)  # 30 s, progressing
+                with trio.fail_after(30):
+                    while "endpoint steady" not in (await app.stacks()).actors["m/1"]:
+                        await trio.sleep(0.05)
+                stacks = await app.stacks()
+                assert stacks.actors["m/0"] == "idle"
+                assert "at steady (" in stacks.actors["m/1"]
+                nursery.cancel_scope.cancel()
+            with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
+                await mesh.slice(procs=0).spin_forever()
+            await app.settled()
+            [exit_] = app.events.of_kind(LogKind.CHILD_EXITED)
+            hung = exit_.reason  # its process killed itself; the agent relayed why
+            assert exit_.child_path == "m/0"
+            assert isinstance(hung, otpmesh.Hung) and hung.endpoint == "spin_forever"
+            assert "at spin_forever (" in hung.stacks
+
+    run_trio(body, timeout=90)
