@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import Supervisor, Worker
+from otpmesh import Mesh, Supervisor, Worker
 from tests.actors import Waiter
 from tests.conftest import run_trio
 
@@ -59,5 +59,28 @@ def test_a_cancelled_caller_task_cancels_its_calls_running_or_queued(
             lines = journal.read_text().splitlines()
             # The queued call was skipped, or (its cancel came once it had started) cancelled.
             assert "started queued" not in lines or "finally queued" in lines, lines
+
+    run_trio(body, timeout=60)
+
+
+def test_a_caller_timeout_cancels_calls_relayed_through_a_host_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two actors on one agent host: the broadcast goes to the agent once (a fanout) and the agent
+    # relays it; the caller's CANCEL follows the same way, under the agent's own call ids.
+    monkeypatch.setenv("OTPMESH_SECRET", "test-cluster-secret")
+    journal = tmp_path / "journal"
+    tree = Mesh("m", Waiter, shape={"hosts": 1, "procs": 2}, args=(str(journal),))
+
+    async def body() -> None:
+        async with otpmesh.cluster(otpmesh.launchers.Local(hosts=1)), otpmesh.start(tree) as app:
+            mesh = app.mesh("m")
+            with pytest.raises(otpmesh.CallTimeoutError):
+                await mesh.with_timeout(1.0).wait_forever("relayed")
+            with trio.fail_after(30):  # a guard: without the relayed cancel it never comes
+                while journal.read_text().splitlines().count("finally relayed") < 2:
+                    await trio.sleep(0.02)
+            assert (await mesh.ping()).values() == ["pong", "pong"]  # both serve on
+            assert not app.events.of_kind(otpmesh.LogKind.CHILD_EXITED)
 
     run_trio(body, timeout=60)

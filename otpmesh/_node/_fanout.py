@@ -6,20 +6,22 @@ for each, allocated on the caller's connection to the agent. The agent relays th
 worker on its host and sends every reply back on that connection under the caller's call id, so
 the caller's reply handling is unchanged; replies that reach the agent together travel back
 together, in one REPLIES frame. A worker that dies with the call in flight answers ``ERR`` of
-kind ``lost``: it died after delivery (not safe to resend blindly).
+kind ``lost``: it died after delivery (not safe to resend blindly). A caller that gives up
+sends the agent a CANCEL for its call id, which the agent relays to the worker under its own.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._core._errors import ActorDiedError, ActorError
 from .._wire import _codec
-from .._wire._frames import _ARRAY6, _ARRAY7, _P_CALL, ERR, OK, REPLIES, _pack_uint
+from .._wire._frames import _ARRAY6, _ARRAY7, _P_CALL, CANCEL, ERR, OK, REPLIES, _pack_uint
 
 if TYPE_CHECKING:
     from .._wire._connection import Connection
@@ -55,6 +57,7 @@ class _Forward:
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         call_id = self.ids[index]
+        self.relay.forwarded.pop((self.caller, call_id), None)
         if ok:
             reply = [OK, call_id, value]
         elif isinstance(value, ActorDiedError):
@@ -70,11 +73,18 @@ class _Forward:
         """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
         call_id = conn.expect_reply(self, index)
         actor_id = self.paths[index]
+        self.relay.forwarded[(self.caller, self.ids[index])] = (conn, call_id, actor_id)
         head = (_P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body)
         if chain:  # the actors waiting on the call, for the worker's deadlock check
             conn.send_nowait(_ARRAY7, *head, _codec.pack(chain))
         else:
             conn.send_nowait(_ARRAY6, *head)
+
+
+def _cancel(conn: Connection, call_id: int, actor_id: str, forget: Callable[[], object]) -> None:
+    forget()
+    if not conn.closed:
+        conn.send_nowait(_codec.pack([CANCEL, call_id, actor_id]))
 
 
 def send(
@@ -87,8 +97,15 @@ def send(
     chain: tuple[str, ...] = (),
 ) -> None:
     """Send one ``fanout`` cast to `agent` for the targets at `indices` of a call `group`."""
+    ids = []
+    for index in indices:
+        call_id = agent.expect_reply(group, index)
+        # A caller that gives up tells the agent, which tells the worker (Relay.cancel).
+        forget = group.cancels[index]
+        group.cancels[index] = partial(_cancel, agent, call_id, targets[index].actor_id, forget)
+        ids.append(call_id)
     payload = {
-        "ids": [agent.expect_reply(group, index) for index in indices],
+        "ids": ids,
         "actors": [targets[i].actor_id for i in indices],
         "addrs": [targets[i].addr for i in indices],
         "body": body,
@@ -107,7 +124,21 @@ class Relay:
         self._send, self._receive = trio.open_memory_channel["tuple[Connection, Any]"](1024)
         self._out: dict[Connection, list[list[Any]]] = {}
         self._queued = 0  # fanouts waiting in the channel (a worker to dial first)
+        # Relayed calls still out: (caller's connection, its call id) -> (the worker's
+        # connection, the relayed call id, the actor), so a caller's CANCEL reaches the actor.
+        self.forwarded: dict[tuple[Connection, int], tuple[Connection, int, str]] = {}
         node.sys_inline["fanout"] = self._enqueue
+        node.cancel_relayed = self.cancel
+
+    def cancel(self, caller: Connection, call_id: Any) -> None:
+        """The caller gave up on a call relayed here: forget its reply, tell the worker."""
+        entry = self.forwarded.pop((caller, call_id), None)
+        if entry is None:
+            return
+        conn, relayed_id, actor_id = entry
+        conn.pending.pop(relayed_id, None)
+        if not conn.closed:
+            conn.send_nowait(_codec.pack([CANCEL, relayed_id, actor_id]))
 
     def _enqueue(self, payload: Any) -> None:
         parent = self.node.parent

@@ -119,6 +119,8 @@ class Node(Outgoing):
         self.inflight: dict[str, int] = {}  # actor id -> calls this node is waiting on
         #: Worker address -> its host agent's connection: broadcasts go through it (_fanout.py).
         self.relays: dict[str, Connection] = {}
+        # A host agent's relay: cancels a relayed call in its worker (_fanout.Relay.cancel).
+        self.cancel_relayed: Callable[[Connection, Any], None] | None = None
         #: This node's tensor channel (otpmesh.rdma's, passed in by the process that runs the
         #: node); None: large tensors travel inline.
         self.channel: TensorChannel | None = channel(self) if channel is not None else None
@@ -362,10 +364,13 @@ class Node(Outgoing):
         return None
 
     def cancel_local(self, actor_id: str, reply: ReplyTo) -> None:
-        """A caller in this process gave up on its call to `actor_id`: cancel it there."""
+        """A caller gave up on its call to `actor_id`: cancel it there (or, in a host agent,
+        in the worker the call was relayed to)."""
         cell = self.actors.get(actor_id)
         if cell is not None:
             cell.cancel(reply)
+        elif self.cancel_relayed is not None and not isinstance(reply[0], CallGroup):
+            self.cancel_relayed(reply[0], reply[1])
 
     def _refuse_op(self, conn: Connection, call_id: Any, op: Any) -> None:
         why = f"node operation {op!r} refused: only this process's parent may ask for it"
