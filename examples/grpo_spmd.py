@@ -1,20 +1,21 @@
 """GRPO as an SPMD torch.distributed program: the twin of ``python -m examples.grpo``.
 
     python examples/grpo_spmd.py [--iters 200] [--seed 0] [--out-dir grpo_spmd_out]
-    torchrun --nproc-per-node=6 examples/grpo_spmd.py [--iters 200] [--seed 0]
+    torchrun --nproc-per-node=7 examples/grpo_spmd.py [--iters 200] [--seed 0]
 
-Six ranks, one per actor of the otpmesh version, so the two move the same data between the same
-roles: rank 0 is the learner, rank 1 the reward model, ranks 2-5 the rollouts (rollout rank
-``rank - 2``). Five ranks would do (the learner could score the batches itself), but then the
-comparison would no longer be like for like. Started without torchrun, the script starts its six
-ranks itself (forked, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set as torchrun sets
-them); gloo on CPU.
+Seven ranks, one per actor of the otpmesh version, so the two move the same data between the same
+roles: ranks 0 and 1 are the data-parallel learner (each updates on its half of every batch's rows,
+the gradients all-reduced over a group of the two; rank 0 broadcasts the weights), rank 2 is the
+reward model, ranks 3-6 the rollouts (rollout rank ``rank - 3``). Fewer ranks would do (a learner
+could score the batches itself), but then the comparison would no longer be like for like. Started
+without torchrun, the script starts its seven ranks itself (forked, with MASTER_ADDR, MASTER_PORT,
+RANK and WORLD_SIZE set as torchrun sets them); gloo on CPU.
 
 The task, the policy, sampling and the update are ``examples/grpo/task.py``, shared with the
 otpmesh version: same seed, same curve, bit for bit (``tests/test_grpo.py`` checks it). The
 learner rank prints one line per iteration and writes ``curve.json`` to ``--out-dir``.
 There is no fault tolerance: a rank that dies ends the job (torchrun's ``--max-restarts`` would
-restart all six from scratch).
+restart all seven from scratch).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import torch.distributed as dist
 from grpo.task import Config, GRPOLearner, flat_size, generate, make_policy, score, setup_torch
 
 # coordination: begin
-LEARNER, REWARD, ROLLOUTS = 0, 1, (2, 3, 4, 5)
-WORLD = 2 + len(ROLLOUTS)
+LEARNERS, REWARD, ROLLOUTS = (0, 1), 2, (3, 4, 5, 6)
+LEARNER = LEARNERS[0]  # the rank that broadcasts the weights and reports
+WORLD = len(LEARNERS) + 1 + len(ROLLOUTS)
 BATCH_KEYS = ("prompts", "answers", "logprobs")
 # coordination: end
 
@@ -68,19 +70,30 @@ def recv_batch(cfg: Config, src: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def learner(cfg: Config, iters: int, weights_group: dist.ProcessGroup) -> None:
-    """Broadcast the weights, receive the batches and their rewards, update; report."""
-    core = GRPOLearner(cfg)
+def learner(
+    cfg: Config,
+    iters: int,
+    rank: int,
+    weights_group: dist.ProcessGroup,
+    learner_group: dist.ProcessGroup,
+) -> None:
+    """Broadcast the weights (rank 0), receive the batches and their rewards, update on this
+    rank's half (the gradients all-reduced over `learner_group`); rank 0 reports."""
+    core = GRPOLearner(cfg, rank=rank, ranks=len(LEARNERS), group=learner_group)
     curve, started = [], time.monotonic()
     for iteration in range(iters):
-        dist.broadcast(core.flat_weights(), src=LEARNER, group=weights_group)
+        if rank == LEARNER:
+            dist.broadcast(core.flat_weights(), src=LEARNER, group=weights_group)
         batches = [recv_batch(cfg, src) for src in ROLLOUTS]
         rewards = torch.empty(len(ROLLOUTS), cfg.prompts_per_rollout * cfg.group_size)
         dist.recv(rewards, src=REWARD)
         stats = core.update(batches, list(rewards))
         # coordination: end
         curve.append(stats)
-        report(iteration, stats, started)
+        if rank == LEARNER:
+            report(iteration, stats, started)
+    if rank != LEARNER:
+        return
     Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.out_dir) / "curve.json").write_text(json.dumps(curve))
     print(f"final reward {curve[-1]['reward']:.4f}; wrote {Path(cfg.out_dir) / 'curve.json'}")
@@ -91,29 +104,33 @@ def reward(cfg: Config, iters: int) -> None:
     """Receive every rollout's batch, score them all, send the rewards to the learner."""
     for _ in range(iters):
         batches = [recv_batch(cfg, src) for src in ROLLOUTS]
-        dist.send(torch.stack([score(batch) for batch in batches]), dst=LEARNER)
+        scores = torch.stack([score(batch) for batch in batches])
+        for dst in LEARNERS:
+            dist.send(scores, dst=dst)
 
 
 def rollout(cfg: Config, iters: int, rank: int, weights_group: dist.ProcessGroup) -> None:
-    """Receive the weights, sample this rank's batch, send it to the reward model and learner."""
+    """Receive the weights, sample this rank's batch, send it to the reward model and the
+    learners."""
     policy = make_policy(cfg)
     flat = torch.empty(flat_size(policy))
     for iteration in range(iters):
         dist.broadcast(flat, src=LEARNER, group=weights_group)
         torch.nn.utils.vector_to_parameters(flat, policy.parameters())
         batch = generate(policy, cfg, iteration, rank - ROLLOUTS[0])
-        send_batch(batch, dst=REWARD)
-        send_batch(batch, dst=LEARNER)
+        for dst in (REWARD, *LEARNERS):
+            send_batch(batch, dst=dst)
 
 
 def run_rank(rank: int, args: argparse.Namespace) -> None:
     """What every rank runs: join the group, then play the role its rank number says."""
     setup_torch()
-    cfg = Config(seed=args.seed, out_dir=args.out_dir)
+    cfg = Config(seed=args.seed, learners=len(LEARNERS), out_dir=args.out_dir)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)  # env://, as torchrun sets it
     weights_group = dist.new_group([LEARNER, *ROLLOUTS])  # every rank must create every group
-    if rank == LEARNER:
-        learner(cfg, args.iters, weights_group)
+    learner_group = dist.new_group(list(LEARNERS))
+    if rank in LEARNERS:
+        learner(cfg, args.iters, rank, weights_group, learner_group)
     elif rank == REWARD:
         reward(cfg, args.iters)
     else:

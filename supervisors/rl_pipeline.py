@@ -29,6 +29,19 @@ children before it keep running, state and all. So the list is a dependency orde
   own intensity absorbs a flaky worker; only a mesh that gives up reaches the root, and being
   last, the root then restarts just that mesh.
 
+**A data-parallel learner** (``make_tree(learner_ranks=2)``, what ``examples/grpo`` runs): the
+learner becomes a process-group mesh, ONE_FOR_ALL, whose ranks all-reduce their gradients::
+
+    ├── learner         Mesh        gpus=2, ONE_FOR_ALL, process_group="gloo"
+    │   └── 0 1         one learner rank per GPU, one torch.distributed group per epoch
+
+A rank's failure restarts both ranks inside the mesh (a new epoch of the group; they restore
+from the checkpoint in ``on_start``) and does not reach the root while the mesh's intensity
+holds: the reward model and the rollouts keep running. That is right when the rollouts fetch
+the weights afresh at every iteration (as GRPO's do); a system that pushes weights over a
+group shared with the rollouts would make the mesh ESCALATE instead, so that REST_FOR_ONE
+restarts the rollouts with it.
+
 The price of this order: a learner restart also reloads the frozen reward model. If that reload
 is expensive, nest instead: ``Supervisor("rl", strategy=ONE_FOR_ONE, children=[reward,
 Supervisor("train", strategy=REST_FOR_ONE, children=[learner, rollouts])])``.
@@ -42,7 +55,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any, Literal
 
 import otpmesh
-from otpmesh import ONE_FOR_ONE, REST_FOR_ONE, Mesh, Supervisor, Worker
+from otpmesh import ONE_FOR_ALL, ONE_FOR_ONE, REST_FOR_ONE, Mesh, Supervisor, Worker
 
 
 class Learner(otpmesh.Actor):
@@ -104,6 +117,7 @@ class Rollout(otpmesh.Actor):
 def make_tree(
     *,
     rollout_gpus: int = 4,
+    learner_ranks: int | None = None,
     intensity: int = 3,
     period: float = 60.0,
     learner: type[otpmesh.Actor] | str = Learner,
@@ -115,14 +129,31 @@ def make_tree(
 
     `learner`, `reward` and `rollout` are the actor classes (or ``"module:Class"`` paths) to run
     in that shape; every one of them is constructed with `args` (``examples/grpo`` passes its
-    own classes and one config)."""
+    own classes and one config).
+
+    With `learner_ranks` set, the learner is a ``Mesh`` of that many ranks, ONE_FOR_ALL (a
+    rank cannot be replaced alone); with more than one, the mesh is a data-parallel gloo
+    ``torch.distributed`` group (``process_group="gloo"``), re-formed under a new epoch at
+    every restart."""
+    learner_child: Worker | Mesh = Worker("learner", learner, args=args)
+    if learner_ranks is not None:
+        learner_child = Mesh(
+            "learner",
+            learner,
+            args=args,
+            shape={"gpus": learner_ranks},
+            strategy=ONE_FOR_ALL,
+            intensity=intensity,
+            period=period,
+            process_group="gloo" if learner_ranks > 1 else None,
+        )
     return Supervisor(
         "rl",
         strategy=REST_FOR_ONE,
         intensity=intensity,
         period=period,
         children=[
-            Worker("learner", learner, args=args),
+            learner_child,
             Worker("reward", reward, args=args),
             Mesh(
                 "rollouts",

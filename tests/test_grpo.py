@@ -1,11 +1,14 @@
 """The GRPO showcase (examples/grpo, examples/grpo_spmd.py), run as a user runs it.
 
 One fixture starts three real programs at once, for 12 iterations at seed 4: the otpmesh
-version, the same under a fault plan (4 faults), and the SPMD twin (6 torch.distributed ranks).
-The plan is in iterations, not seconds, so every run on every machine throws the same faults at
-the same iterations: seed 4's crashes the learner, crashes one rollout, SIGKILLs another, then
-SIGKILLs the learner, so the learner resumes from its checkpoint twice, once in its live process
-and once in a fresh one.
+version (its learner a data-parallel gloo group of 2 ranks), the same under a fault plan (4
+faults at the top of iterations, and a SIGKILL of learner rank 1 in the middle of an update), and
+the SPMD twin (7 torch.distributed ranks, the same 2 learner ranks). The plan is in iterations,
+not seconds, so every run on every machine throws the same faults at the same iterations: seed
+4's crashes learner rank 0 at 2, SIGKILLs learner rank 1 at 3 while rank 0 is inside the update
+(waiting in the gradients' all-reduce), crashes one rollout at 4, SIGKILLs another at 5, then
+SIGKILLs learner rank 0 at 7; each learner fault re-forms the group under a new epoch, whose
+ranks resume from the checkpoint.
 
 The learning margin: over seeds 0-9, the mean reward after 12 iterations beat the first
 iteration's by 0.39 to 0.44 (it starts near 0.1: random digits); the test asks for 0.3.
@@ -94,14 +97,22 @@ def test_chaos_restarts_the_learner_and_leaves_the_curve_unchanged(
 ) -> None:
     lines = runs["chaos"]["output"].splitlines()
     assert (
-        "chaos plan (seed 4, step = iteration): step 2: crash rl/learner; "
-        "step 4: crash rl/rollouts/2; step 5: kill rl/rollouts/1; step 7: kill rl/learner"
+        "chaos plan (seed 4, step = iteration): step 2: crash rl/learner/0; "
+        "step 4: crash rl/rollouts/1; step 5: kill rl/rollouts/0; step 7: kill rl/learner/0"
     ) in lines
-    # One restart per fault, of the actor it hit, at the iteration it was planned for.
-    assert "4 faults injected, 4 restarts (rl/learner 2, rl/rollouts/1 1, rl/rollouts/2 1)" in lines
-    assert "iterations that saw a restart: 2, 4, 5, 7" in lines
-    resumed = [line for line in lines if line.startswith("[rl/learner] resumed from")]
-    assert [line.rsplit(" after ", 1)[1] for line in resumed] == ["2 updates", "7 updates"]
+    assert "mid-step: step 3: kill rl/learner/1" in lines
+    # The kill lands while rank 0 is inside update 3, which it cannot finish without rank 1.
+    assert "  mid-step: step 3: kill rl/learner/1 while rl/learner/0 is in update" in lines
+    assert any(line.startswith("  update 3 failed mid-step: rl/learner/0 ") for line in lines)
+    # One restart per fault, of the actor (or learner group) it hit, at the iteration planned.
+    assert "5 faults injected, 5 restarts (rl/learner 3, rl/rollouts/0 1, rl/rollouts/1 1)" in lines
+    assert "iterations that saw a restart: 2, 3, 4, 5, 7" in lines
+    resumed = [line for line in lines if line.startswith("[rl/learner/0] resumed from")]
+    assert [line.rsplit(" after ", 1)[1] for line in resumed] == [
+        "2 updates",
+        "3 updates",
+        "7 updates",
+    ]
     assert runs["chaos"]["curve"] == runs["plain"]["curve"]  # exactly: bit for bit
 
 

@@ -1,7 +1,8 @@
 """The GRPO actors: thin shells over ``task.py`` that add placement, weight sync and checkpoints.
 
-Each is constructed with the run's config (a dict) and restarts cleanly: the learner from its last
-checkpoint, the reward model and the rollouts from nothing (they hold nothing worth keeping: a
+Each is constructed with the run's config (a dict) and restarts cleanly: the learner's ranks from
+their last checkpoint (in ``on_start``, the restore hook of a new epoch of their group), the
+reward model and the rollouts from nothing (they hold nothing worth keeping: a
 rollout reads the current weights at every iteration anyway).
 """
 
@@ -24,36 +25,52 @@ Batch = dict[str, torch.Tensor]
 
 # coordination: begin
 class Learner(otpmesh.Actor):
-    """Owns the policy and the optimizer; shares the weights as one flat tensor registered with
-    the tensor channel; checkpoints after every update."""
+    """One rank of the data-parallel learner (a process-group mesh): owns a replica of the policy
+    and the optimizer and updates on its share of every batch, the gradients all-reduced with
+    the other rank's. Rank 0 shares the weights as one flat tensor registered with the tensor
+    channel, and checkpoints after every update."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         task.setup_torch()
         self.cfg = task.Config(**config)
-        self.core = task.GRPOLearner(self.cfg)
+        # With one learner it is a plain Worker; with more, a group formed before the constructor.
+        self.rank = otpmesh.group().rank if self.cfg.learners > 1 else 0
+        self.core = task.GRPOLearner(self.cfg, rank=self.rank, ranks=self.cfg.learners)
+        self.history: list[dict[str, float]] = []  # the stats of every update applied, in order
         # recovery: begin
         self.checkpoint = Path(self.cfg.out_dir) / CHECKPOINT
-        self.history = self._restore()  # the stats of every update applied, in order
         # recovery: end
         self.flat = self.core.flat_weights().clone()
-        self.buffer = RDMABuffer(self.flat)  # registered once per incarnation, updated in place
+        self.buffer = RDMABuffer(self.flat)  # registered once per epoch, updated in place
 
+    # recovery: begin
+    async def on_start(self) -> None:
+        """The restore hook of a new epoch: every rank loads the same checkpoint, so the ranks
+        agree on the weights and on the next update."""
+        self.history = self._restore()
+        self.flat.copy_(self.core.flat_weights())
+
+    # recovery: end
     @otpmesh.endpoint
     def weights(self) -> RDMABuffer:
         """A handle to the current weights (small): rollouts read the tensor with it."""
         return self.buffer
 
     @otpmesh.endpoint
-    def update(self, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]) -> dict:
-        """Apply update `iteration`, checkpoint, publish the new weights; return the stats."""
+    def update(
+        self, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """Apply update `iteration` with the other rank (each on its share of the rows),
+        checkpoint, publish the new weights; return the stats."""
         # recovery: begin
         if iteration != len(self.history):
             raise ValueError(f"asked for update {iteration}; the next one is {len(self.history)}")
         # recovery: end
-        stats = self.core.update(batches, rewards)
-        # recovery: begin
+        stats = self.core.update(batches, rewards)  # all-reduces the gradients
         self.history.append(stats)
-        self._save()
+        # recovery: begin
+        if self.rank == 0:
+            self._save()
         # recovery: end
         self.flat.copy_(self.core.flat_weights())
         return stats
@@ -61,12 +78,12 @@ class Learner(otpmesh.Actor):
     # coordination: end
     # recovery: begin
     @otpmesh.endpoint
-    def stats(self, iteration: int) -> dict | None:
+    def stats(self, iteration: int) -> dict[str, float] | None:
         """The stats of update `iteration` if it was already applied, else None."""
         return self.history[iteration] if iteration < len(self.history) else None
 
     async def on_stop(self, reason: object) -> None:
-        self.buffer.drop()  # after a crash we restart in this same process: free the old weights
+        self.buffer.drop()
 
     def _save(self) -> None:
         """Write the checkpoint atomically: a SIGKILL mid-write leaves the previous one intact."""
@@ -74,14 +91,17 @@ class Learner(otpmesh.Actor):
         torch.save({"history": self.history, **self.core.state_dict()}, tmp)
         os.replace(tmp, self.checkpoint)
 
-    def _restore(self) -> list[dict]:
+    def _restore(self) -> list[dict[str, float]]:
         """Load the last checkpoint if there is one; return the history it holds."""
         if not self.checkpoint.exists():
             return []
         state = torch.load(self.checkpoint)
         self.core.load_state_dict(state)
-        print(f"resumed from {self.checkpoint} after {len(state['history'])} updates", flush=True)
-        return state["history"]
+        if self.rank == 0:
+            print(
+                f"resumed from {self.checkpoint} after {len(state['history'])} updates", flush=True
+            )
+        return list(state["history"])
 
     # recovery: end
     # coordination: begin

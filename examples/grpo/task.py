@@ -37,6 +37,7 @@ class Config:
 
     seed: int = 0
     rollouts: int = 4
+    learners: int = 2  # data-parallel learner ranks
     prompts_per_rollout: int = 32
     group_size: int = 8
     hidden: int = 128
@@ -51,7 +52,7 @@ class Config:
 
 
 def setup_torch() -> None:
-    """One intra-op thread: bit-identical matmuls in every process, and 6 processes share the
+    """One intra-op thread: bit-identical matmuls in every process, and 7 processes share the
     machine's cores instead of fighting over them."""
     torch.set_num_threads(1)
 
@@ -176,10 +177,29 @@ class GRPOLearner:
 
     An update takes one optimizer step per rollout batch, in rank order, so every step after
     the first sees a policy that has moved away from the sampling one: the clip matters.
+
+    Data-parallel over `ranks` learners (``rank`` is this one, `group` their torch.distributed
+    group): each takes its contiguous share of every batch's rows (whole prompt groups, so the
+    advantages are the same), computes the loss on it, and the gradients are all-reduced and
+    averaged before the step, so every rank takes the same step. The loss is a mean over rows
+    and the shares are equal, so the average of the shares' gradients is the whole batch's
+    gradient, up to float rounding: the curve is not bit-identical to ``ranks=1``'s, but it is
+    the same on every rank, on every run and in both versions (a sum of two floats does not
+    depend on their order).
     """
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(
+        self, cfg: Config, rank: int = 0, ranks: int = 1, group: Any | None = None
+    ) -> None:
+        rows = cfg.prompts_per_rollout * cfg.group_size
+        if cfg.prompts_per_rollout % ranks:
+            raise ValueError(
+                f"{cfg.prompts_per_rollout} prompts per batch do not split into {ranks} equal "
+                f"shares of whole groups; use a learner count that divides it"
+            )
         self.cfg = cfg
+        self.share = slice(rank * rows // ranks, (rank + 1) * rows // ranks)
+        self.ranks, self.group = ranks, group
         self.policy = make_policy(cfg)
         self.reference = make_policy(cfg).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr)
@@ -190,18 +210,37 @@ class GRPOLearner:
         """Apply one iteration's batches; return its mean reward, loss and KL."""
         losses, kls = [], []
         for batch, reward in zip(batches, rewards, strict=True):
-            loss, kl = grpo_loss(self.policy, self.reference, batch, reward, self.cfg)
+            mine = {key: value[self.share] for key, value in batch.items()}
+            loss, kl = grpo_loss(self.policy, self.reference, mine, reward[self.share], self.cfg)
             self.optimizer.zero_grad()
             loss.backward()
+            loss_value, kl_value = self._average(loss.detach(), kl.detach())
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
-            losses.append(loss.item())
-            kls.append(kl.item())
+            losses.append(loss_value)
+            kls.append(kl_value)
         return {
             "reward": torch.cat(rewards).mean().item(),
             "loss": sum(losses) / len(losses),
             "kl": sum(kls) / len(kls),
         }
+
+    def _average(self, loss: torch.Tensor, kl: torch.Tensor) -> tuple[float, float]:
+        """Average the gradients, the loss and the KL over the ranks: one all-reduce of one
+        flat tensor (what DDP does, in buckets); return the averaged loss and KL."""
+        if self.ranks == 1:
+            return loss.item(), kl.item()
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        flat = torch.cat([*(g.reshape(-1) for g in grads), loss.reshape(1), kl.reshape(1)])
+        dist.all_reduce(flat, group=self.group)
+        flat /= self.ranks  # exact for 2 ranks: a power of two
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+        return flat[-2].item(), flat[-1].item()
 
     def flat_weights(self) -> torch.Tensor:
         """The policy's parameters as one flat tensor (what the rollouts read)."""
