@@ -63,3 +63,11 @@ class Stuck(otpmesh.Actor):
             time.sleep(step)
             otpmesh.progress()
         return steps
+
+
+class Relayer(otpmesh.Actor):
+    """Calls another actor's endpoint from inside its own, and waits for it."""
+
+    @otpmesh.endpoint
+    async def forward(self, target: otpmesh.ActorRef, tag: str) -> None:
+        await target.wait_forever(tag)

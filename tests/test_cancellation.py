@@ -3,15 +3,17 @@ async endpoint it was waiting on, whose `finally` runs; the actor then serves th
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import trio
 
 import otpmesh
-from otpmesh import Mesh, Supervisor, Worker
+from otpmesh import Mesh, Supervisor, Worker, chaos
 from tests.actors import Waiter
 from tests.conftest import run_trio
+from tests.hang_actors import Relayer
 
 
 async def _journal_has(journal: Path, line: str) -> None:
@@ -82,5 +84,35 @@ def test_a_caller_timeout_cancels_calls_relayed_through_a_host_agent(
                     await trio.sleep(0.02)
             assert (await mesh.ping()).values() == ["pong", "pong"]  # both serve on
             assert not app.events.of_kind(otpmesh.LogKind.CHILD_EXITED)
+
+    run_trio(body, timeout=60)
+
+
+def test_a_callers_death_cancels_the_call_it_was_waiting_on(tmp_path: Path) -> None:
+    # s/a calls s/b from inside an endpoint; a's process is SIGKILLed: b's endpoint has no one
+    # left to answer and is cancelled (no stale chain through the dead caller lingers).
+    journal = tmp_path / "journal"
+    tree = Supervisor(
+        "s", children=[Worker("a", Relayer), Worker("b", Waiter, args=(str(journal),))]
+    )
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            b = app.actor("s/b")
+
+            async def forward() -> None:
+                with contextlib.suppress(otpmesh.ActorDiedError):
+                    await app.actor("s/a").forward(b, "orphan")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(forward)
+                with trio.fail_after(30):
+                    await _journal_has(journal, "started orphan")
+                await chaos.kill(app, "s/a")
+                with trio.fail_after(30):  # a guard: without it, b waits for ever
+                    await _journal_has(journal, "finally orphan")
+            assert await b.ping() == "pong"
+            [exit_] = app.events.of_kind(otpmesh.LogKind.CHILD_EXITED)
+            assert exit_.child_path == "s/a"  # b was not restarted: cancelled, not crashed
 
     run_trio(body, timeout=60)

@@ -131,6 +131,14 @@ class ActorCell:
             self.wedge = None
             chaos_wedge(seconds)
 
+    def caller_gone(self, conn: object) -> None:
+        """The connection `conn` closed (its process died): the call this actor serves from it
+        has no one left to answer, so an async endpoint serving it is cancelled; its queued
+        calls are skipped when their turn comes (_handle_one)."""
+        current = self._current
+        if current is not None and current[0] is conn and self._call_scope is not None:
+            self._call_scope.cancel()
+
     def describe_exit(self) -> str:
         return "running" if self.exit_reason is None else describe(self.exit_reason)
 
@@ -219,9 +227,12 @@ class ActorCell:
         reply: ReplyTo | None,
         chain: tuple[str, ...],
     ) -> bool:
-        if reply is not None and reply in self._cancelled:
-            del self._cancelled[reply]
-            return True  # its caller gave up while it waited in the mailbox
+        if reply is not None:
+            if reply in self._cancelled:
+                del self._cancelled[reply]
+                return True  # its caller gave up while it waited in the mailbox
+            if getattr(reply[0], "closed", False):
+                return True  # its caller's process is gone: no one is waiting for it
         self.busy = True
         self._current = reply
         # While this message is handled the actor is busy: its calls carry the chain of actors

@@ -267,6 +267,8 @@ class Node(Outgoing):
             del self._side[conn.peer]
         for hook in self.close_hooks:
             hook(conn)
+        for cell in list(self.actors.values()):
+            cell.caller_gone(conn)
         if self.on_connection_lost is None or not self.on_connection_lost(conn):
             self.fail_pending(conn, conn.close_reason or "connection lost")
 
