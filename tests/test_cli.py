@@ -221,7 +221,7 @@ class Busy(otpmesh.Actor):
 
 
 async def main() -> None:
-    tree = otpmesh.Mesh("busy", Busy, shape={"procs": 2}, shutdown=0.5)
+    tree = otpmesh.Mesh("busy", Busy, shape={"procs": 2}, shutdown=1.5)  # the notice comes after 1 s
     async with otpmesh.start(tree) as app, trio.open_nursery() as nursery:
         nursery.start_soon(app.mesh("busy").work.call)
         await trio.sleep(0.5)
