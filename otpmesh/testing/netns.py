@@ -133,3 +133,15 @@ def make_hosts(n: int, *, subnet: str = SUBNET, kind: str = "") -> NetnsHosts:
         hosts.remove()
         raise
     return hosts
+
+
+def terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop daemons started in the hosts, last started first: SIGTERM, then SIGKILL after 10 s."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

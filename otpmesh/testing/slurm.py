@@ -188,14 +188,7 @@ class SlurmCluster:
                 self.kill_slurmd(i)
             for i in range(len(self.nodes)):
                 _kill_all(partial(self.node_pids, i))
-            for proc in reversed(self.daemons):
-                if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+            netns.terminate(self.daemons)
         finally:
             self.hosts.remove()
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -83,14 +83,7 @@ class SshHosts:
 
     def stop(self) -> None:
         try:
-            for proc in self.daemons:
-                if proc.poll() is None:
-                    proc.terminate()  # sshd's own sessions end with it
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+            netns.terminate(self.daemons)  # sshd's own sessions end with it
         finally:
             self.hosts.remove()
             shutil.rmtree(self.dir, ignore_errors=True)
