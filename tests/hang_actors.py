@@ -53,6 +53,10 @@ class Stuck(otpmesh.Actor):
         libc.pthread_mutex_lock(mutex)
 
     @otpmesh.endpoint
+    def boom(self) -> None:
+        raise ValueError("bad input")
+
+    @otpmesh.endpoint
     def nap(self, seconds: float) -> str:
         time.sleep(seconds)
         return "rested"

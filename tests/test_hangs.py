@@ -238,3 +238,25 @@ def test_deadlines_and_stacks_work_through_a_host_agent(monkeypatch: pytest.Monk
             assert "at spin_forever (" in hung.stacks
 
     run_trio(body, timeout=90)
+
+
+def test_a_crash_event_carries_the_endpoint_the_traceback_and_the_incarnation() -> None:
+    tree = Supervisor("s", children=[Worker("w", Stuck)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            with pytest.raises(otpmesh.ActorError):
+                await app.actor("s/w").boom()
+            await app.settled()
+            [event] = app.events.of_kind(LogKind.CHILD_EXITED)
+            crash = event.reason
+            assert isinstance(crash, otpmesh.ActorCrash)
+            assert (crash.type_name, crash.message, crash.endpoint) == (
+                "ValueError",
+                "bad input",
+                "boom",
+            )
+            assert 'hang_actors.py", line' in crash.traceback and "in boom" in crash.traceback
+            assert event.incarnation == 1
+
+    run_trio(body, timeout=60)

@@ -25,17 +25,19 @@ class Ignore(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ActorCrash:
-    """An exception escaped the actor: its type name, message and traceback text."""
+    """An exception escaped the actor: its type name, message and traceback text, and the
+    endpoint it escaped from (empty when it came from elsewhere: ``on_start``, chaos)."""
 
     type_name: str
     message: str
     traceback: str = ""
+    endpoint: str = ""
 
     def __str__(self) -> str:
         return f"crashed with {self.type_name}: {self.message}"
 
     @classmethod
-    def of(cls, exc: BaseException, *, skip_frames: int = 0) -> ActorCrash:
+    def of(cls, exc: BaseException, *, skip_frames: int = 0, endpoint: str = "") -> ActorCrash:
         """Describe `exc`; `skip_frames` drops otpmesh's own calling frames from the traceback."""
         import traceback
 
@@ -44,7 +46,7 @@ class ActorCrash:
             if tb is not None and tb.tb_next is not None:
                 tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return cls(type(exc).__qualname__, str(exc), text)
+        return cls(type(exc).__qualname__, str(exc), text, endpoint)
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,7 +331,7 @@ class ActorCell:
         self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
-        crash = ActorCrash.of(exc, skip_frames=1)  # the user's frames, not the cell's
+        crash = ActorCrash.of(exc, skip_frames=1, endpoint=method)  # the user's frames only
         # Log and announce the exit before replying: the caller must not see the error before
         # the supervisor can know of the crash.
         if info.let_it_crash:

@@ -7,7 +7,7 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
     3  actor mesh msgpack of the mesh's fields
     4  tuple      msgpack array of the items
     5  value mesh msgpack [shape pairs, values]
-    6  actor crash  msgpack [type name, message, traceback] (an exit reason)
+    6  actor crash  msgpack [type name, message, traceback, endpoint?] (an exit reason)
     7  process exit msgpack [pid, how] (an exit reason)
     8  rdma buffer  msgpack map: the buffer's handle (owner, size, dtype, one entry per backend)
     9  channel tensor  a large tensor left in its sender's memory: the handle of a temporary
@@ -112,7 +112,7 @@ _CORE_EXTS: Mapping[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]
         {
             EXT_ACTOR_CRASH: (
                 ActorCrash,
-                lambda c: [c.type_name, c.message, c.traceback],
+                lambda c: [c.type_name, c.message, c.traceback, c.endpoint],
                 lambda d: ActorCrash(*d),
             ),
             EXT_PROCESS_EXIT: (ProcessExit, lambda p: [p.pid, p.how], lambda d: ProcessExit(*d)),
