@@ -221,7 +221,7 @@ class Busy(otpmesh.Actor):
 
 
 async def main() -> None:
-    tree = otpmesh.Mesh("busy", Busy, shape={"procs": 2}, shutdown=1.5)  # the notice comes after 1 s
+    tree = otpmesh.Mesh("busy", Busy, shape={"procs": 2}, shutdown=1.5)  # > 1 s: a notice
     async with otpmesh.start(tree) as app, trio.open_nursery() as nursery:
         nursery.start_soon(app.mesh("busy").work.call)
         await trio.sleep(0.5)
