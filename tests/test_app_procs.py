@@ -131,6 +131,23 @@ async def _ignore_death(fn, *args) -> None:  # type: ignore[no-untyped-def]
         pass
 
 
+def _mesh_stops_sorted(
+    steps: list[tuple[str, str, int | None]],
+) -> list[tuple[str, str, int | None]]:
+    """A mesh stops its members all at once, so they end in any order: sort each run of
+    'child_terminated' steps under one mesh ('root/m')."""
+    out: list[tuple[str, str, int | None]] = []
+    run: list[tuple[str, str, int | None]] = []
+    for step in [*steps, ("", "", None)]:
+        if step[0] == "child_terminated" and step[1].startswith("root/m/"):
+            run.append(step)
+            continue
+        out.extend(sorted(run))
+        run = []
+        out.append(step)
+    return out[:-1]
+
+
 def test_both_placements_log_the_same_supervision_steps() -> None:
     tree = Supervisor(
         "root",
@@ -149,7 +166,7 @@ def test_both_placements_log_the_same_supervision_steps() -> None:
                 with pytest.raises(otpmesh.ActorError):
                     await app.actor(path).crash()
                 await app.settled()
-        return [(str(e.kind), e.child_path, e.incarnation) for e in app.events]
+        return _mesh_stops_sorted([(str(e.kind), e.child_path, e.incarnation) for e in app.events])
 
     async def body() -> None:
         assert await scenario("local") == await scenario("procs")
