@@ -97,7 +97,6 @@ class Watchdog:
         self._token = token
         # A worker may end its own process; the controller (placement="local") may not.
         self._may_kill = may_kill
-        self._handled: set[int] = set()  # ids of Serving records already acted on
         self._requests = b""
         self._stopped = threading.Event()
 
@@ -168,11 +167,11 @@ class Watchdog:
             if (
                 serving is None
                 or serving.deadline is None
+                or serving.hung
                 or now - serving.progress_at <= serving.deadline
-                or id(serving) in self._handled
             ):
                 continue
-            self._handled.add(id(serving))
+            serving.hung = True
             self._hung(cell, serving)
 
     def _hung(self, cell: Any, serving: Any) -> None:
