@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -126,7 +127,7 @@ def test_chaos_wedge_is_caught_by_the_deadline_and_its_stack_shows_the_wedge() -
     run_trio(body, timeout=60)
 
 
-def test_stacks_group_identical_actors_and_name_the_silent_ones(tmp_path: object) -> None:
+def test_stacks_group_identical_actors_and_name_the_silent_ones() -> None:
     tree = Supervisor(
         "s",
         children=[Mesh("m", Stuck, shape={"procs": 3}), Worker("w", Stuck), Worker("z", Stuck)],
@@ -260,3 +261,29 @@ def test_a_crash_event_carries_the_endpoint_the_traceback_and_the_incarnation() 
             assert event.incarnation == 1
 
     run_trio(body, timeout=60)
+
+
+def test_otpmesh_stacks_trusts_no_directory_another_could_have_made(
+    tmp_path: Path,
+) -> None:
+    # A look-alike directory others may write to: a marker planted there must not make
+    # otpmesh stacks signal the process it names (SIGUSR2 would end it).
+    runtime = tmp_path / "run"
+    planted = runtime / f"otpmesh-{os.getuid()}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (planted / f"app-{sleeper.pid}").touch()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        )
+        assert sleeper.poll() is None  # not signalled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert out.returncode == 2 and "not a private directory of yours" in out.stderr

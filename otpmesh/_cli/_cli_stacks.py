@@ -12,7 +12,14 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .._controller._inspect import Stacks, app_marker, running_apps, stacks_file
+from .._controller._inspect import (
+    Stacks,
+    app_marker,
+    is_private,
+    running_apps,
+    stacks_dir,
+    stacks_file,
+)
 from .._core._errors import UsageError
 
 DESCRIPTION = """\
@@ -53,6 +60,8 @@ def add_to(commands: Any) -> None:
 
 def ask(pid: int, wait: float = WAIT) -> Stacks:
     """Signal the app at `pid` and read the stacks it writes."""
+    if not is_private(stacks_dir()):
+        raise UsageError(f"{stacks_dir()} is not a private directory of yours: not trusted")
     if not app_marker(pid).exists():
         raise UsageError(f"process {pid} is not a running otpmesh app of yours{_apps_hint()}")
     target = stacks_file(pid)

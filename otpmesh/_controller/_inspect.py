@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -133,8 +134,21 @@ def app_marker(pid: int) -> Path:
     return stacks_dir() / f"app-{pid}"
 
 
+def is_private(directory: Path) -> bool:
+    """Whether `directory` is a real directory of this user that nobody else may enter (what
+    is in another user's look-alike must not be trusted: a planted marker would have
+    ``otpmesh stacks`` signal a process that dies of SIGUSR2)."""
+    try:
+        st = directory.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
 def running_apps() -> list[int]:
     """The controllers of this user's apps that answer ``otpmesh stacks`` now."""
+    if not is_private(stacks_dir()):
+        return []
     pids = []
     for marker in stacks_dir().glob("app-*"):
         pid = marker.name.removeprefix("app-")
@@ -146,8 +160,7 @@ def running_apps() -> list[int]:
 def _private_dir() -> Path:
     directory = stacks_dir()
     directory.mkdir(mode=0o700, exist_ok=True)
-    st = directory.lstat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not directory.is_dir():
+    if not is_private(directory):
         raise PermissionError(f"{directory} is not a private directory of this user")
     return directory
 
