@@ -128,16 +128,21 @@ def _timed(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def baselines(nbytes: int, repeats: int) -> dict[str, float]:
-    """GB/s of ``copy_`` into a warm tensor and of ``clone`` (allocate, first touch, copy)."""
+    """GB/s of ``copy_`` into a warm tensor (with torch's threads, and with one), and of
+    ``clone`` (allocate, first touch, copy)."""
     import torch
 
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.zero_()
-    return {
-        "copy": nbytes / _timed(lambda: dst.copy_(src), repeats) / 1e9,
-        "clone": nbytes / _timed(src.clone, repeats) / 1e9,
-    }
+    threads = torch.get_num_threads()
+    copy = nbytes / _timed(lambda: dst.copy_(src), repeats) / 1e9
+    torch.set_num_threads(1)
+    try:
+        copy1 = nbytes / _timed(lambda: dst.copy_(src), repeats) / 1e9
+    finally:
+        torch.set_num_threads(threads)
+    return {"copy": copy, "copy1": copy1, "clone": nbytes / _timed(src.clone, repeats) / 1e9}
 
 
 def gloo_broadcast(nbytes: int, repeats: int) -> float | None:
@@ -242,6 +247,7 @@ async def measure(
     for row in rows:
         base = speeds[row["size_mib"]]
         row["copy_gb_per_s"] = round(base["copy"], 2)
+        row["copy_1thread_gb_per_s"] = round(base["copy1"], 2)
         row["clone_gb_per_s"] = round(base["clone"], 2)
         row["vs_copy"] = round(row["gb_per_s"] / base["copy"], 2)
     if gloo:
@@ -300,6 +306,7 @@ async def measure_hosts(size_mib: int = 256, repeats: int = 5) -> list[dict[str,
     base = baselines(nbytes, repeats)
     for row in rows:
         row["copy_gb_per_s"] = round(base["copy"], 2)
+        row["copy_1thread_gb_per_s"] = round(base["copy1"], 2)
         row["clone_gb_per_s"] = round(base["clone"], 2)
         row["vs_copy"] = round(row["gb_per_s"] / base["copy"], 2)
     return rows
