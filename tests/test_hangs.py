@@ -127,17 +127,12 @@ def test_chaos_wedge_is_caught_by_the_deadline_and_its_stack_shows_the_wedge() -
     run_trio(body, timeout=60)
 
 
-def test_stacks_group_identical_actors_and_name_the_silent_ones() -> None:
-    tree = Supervisor(
-        "s",
-        children=[Mesh("m", Stuck, shape={"procs": 3}), Worker("w", Stuck), Worker("z", Stuck)],
-    )
+def test_stacks_group_identical_actors() -> None:
+    tree = Supervisor("s", children=[Mesh("m", Stuck, shape={"procs": 3}), Worker("w", Stuck)])
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
             mesh = app.mesh("s/m")
-            stopped = app.actor("s/z")
-            pid = await stopped.incarnation_pid()
             async with trio.open_nursery() as nursery:
                 for rank in range(3):
                     nursery.start_soon(mesh.slice(procs=rank).with_timeout(30).sleep_forever)
@@ -149,16 +144,10 @@ def test_stacks_group_identical_actors_and_name_the_silent_ones() -> None:
                         if len(inside) == 4:
                             break
                         await trio.sleep(0.05)
-                os.kill(pid, signal.SIGSTOP)
-                try:
-                    stacks = await app.stacks()
-                finally:
-                    os.kill(pid, signal.SIGCONT)
                 groups = stacks.groups()
                 assert groups[0][1] == ["s/m/0", "s/m/1", "s/m/2"]
                 assert "at sleep_forever (" in groups[0][0]
                 assert "at await_forever (" in stacks.actors["s/w"]
-                assert "no answer" in stacks.actors["s/z"]  # stopped: it cannot answer
                 assert "3 actors: s/m/0, s/m/1, s/m/2" in str(stacks)
                 assert set((await app.stacks("s/m")).actors) == {"s/m/0", "s/m/1", "s/m/2"}
 
@@ -174,6 +163,34 @@ def test_stacks_group_identical_actors_and_name_the_silent_ones() -> None:
                 nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=90)
+
+
+def test_stacks_name_a_stopped_process_as_not_answering() -> None:
+    # A generous heartbeat timeout: the stopped worker must not be replaced while it is asked.
+    tree = Supervisor("s", children=[Worker("z", Stuck)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree, heartbeat_timeout=30.0) as app:
+            pid = await app.actor("s/z").incarnation_pid()
+            assert (await app.stacks()).actors == {"s/z": "idle"}
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with trio.fail_after(30):  # until the kernel says it is stopped
+                    while _state(pid) not in ("T", "t"):
+                        await trio.sleep(0.01)
+                stacks = await app.stacks()
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            events = [str(e) for e in app.events]
+            assert "no answer within 1 s" in stacks.actors["s/z"], (stacks, pid, events)
+            assert (await app.stacks()).actors == {"s/z": "idle"}  # it answers again
+
+    run_trio(body, timeout=90)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
 def test_otpmesh_stacks_refuses_a_process_that_is_not_an_app() -> None:
