@@ -40,8 +40,6 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
-import re
-import reprlib
 import struct
 import sys
 from collections.abc import Callable, Collection, Mapping
@@ -54,6 +52,9 @@ import msgpack
 from .._core._errors import EncodeError, ProtocolError
 from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._valuemesh import ValueMesh
+from ._arrays import VIEW_FORMATS, check_sendable, decode_array
+from ._arrays import inline as inline_array
+from ._brief import brief
 from ._connection import MAX_FRAME_SIZE
 
 EXT_TENSOR = 1
@@ -90,11 +91,6 @@ _SCAN_ITEMS = 32
 # How deep in lists, tuples and dicts a large bytes-like is found for the channel (deeper ones
 # travel inline): a bound on the walk's recursion.
 _LIFT_LEVELS = 32
-#: memoryview formats a receiver can make again (``memoryview.cast``): single native items.
-#: A view of any other format, or with a zero in its shape, arrives as flat bytes ('B').
-VIEW_FORMATS = frozenset("bBhHiIlLqQnNfde?c")
-# numpy dtypes that travel: one kind, byte order and size (``dtype.str``), no objects or fields.
-_ARRAY_DTYPE = re.compile(r"[<>|][biufcmMSUV][0-9]{1,9}(\[[0-9]{0,9}[A-Za-z]{1,2}\])?")
 
 #: Tensors at least this big travel over the tensor channel (otpmesh.rdma), not inline.
 CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)))
@@ -268,17 +264,7 @@ def _encode_array(a: Any, level: int, how: _Packing) -> msgpack.ExtType:
             "subclass): send numpy.asarray(value), or its parts, explicitly"
         )
     dt = a.dtype
-    if (
-        dt.hasobject
-        or dt.fields is not None
-        or not dt.itemsize
-        or not _ARRAY_DTYPE.fullmatch(dt.str)
-    ):
-        raise EncodeError(
-            f"cannot send a numpy array of dtype {dt!r}: arrays travel as raw bytes, so only "
-            "plain numeric, bool, datetime, bytes and str dtypes do (no objects, no fields); "
-            "send its fields as separate arrays"
-        )
+    check_sendable(dt)
     contiguous = a if a.flags.c_contiguous else a.copy(order="C")
     flat = contiguous.reshape(-1).view(numpy.uint8)
     nbytes = int(flat.nbytes)
@@ -294,58 +280,7 @@ def _encode_array(a: Any, level: int, how: _Packing) -> msgpack.ExtType:
             f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large arrays go "
             "over the tensor channel)"
         )
-    header = msgpack.packb([dt.str, shape])
-    return msgpack.ExtType(EXT_ARRAY, b"".join((_U16.pack(len(header)), header, memoryview(flat))))
-
-
-def array_dtype(name: Any) -> Any:
-    """The numpy dtype an array's header names; ProtocolError unless it is one that travels."""
-    if not isinstance(name, str) or not _ARRAY_DTYPE.fullmatch(name):
-        raise ProtocolError(f"unknown array dtype {brief(name)}")
-    import numpy
-
-    try:
-        dt = numpy.dtype(name)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"unknown array dtype {brief(name)}: {exc}") from None
-    if dt.hasobject or dt.fields is not None or not dt.itemsize or dt.str != name:
-        raise ProtocolError(f"array dtype {brief(name)} does not travel as raw bytes")
-    return dt
-
-
-def array_numel(shape: Any) -> int:
-    """The number of items of an array or view `shape` from the wire; ProtocolError if it is
-    not a list of sizes."""
-    if type(shape) is not list or len(shape) > MAX_TENSOR_DIMS:
-        raise ProtocolError(f"array shape {brief(shape)} is not a list of at most 64 sizes")
-    numel = 1
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            raise ProtocolError(f"array shape {brief(shape)} has a dim that is not a size")
-        numel *= dim
-    return numel
-
-
-def _decode_array(data: bytes) -> Any:
-    if len(data) < 2:
-        raise ProtocolError(f"malformed frame: a {len(data)}-byte array payload has no header")
-    (hlen,) = _U16.unpack_from(data, 0)
-    if 2 + hlen > len(data):
-        raise ProtocolError(f"array header of {hlen} bytes overruns its {len(data)}-byte payload")
-    header = msgpack.unpackb(data[2 : 2 + hlen])
-    if not (isinstance(header, list) and len(header) == 2):
-        raise ProtocolError(f"array header is not [dtype, shape]: {brief(header)}")
-    dt = array_dtype(header[0])
-    numel = array_numel(header[1])
-    body = memoryview(data)[2 + hlen :]
-    if len(body) != numel * dt.itemsize:
-        raise ProtocolError(
-            f"array of shape {brief(header[1])} and dtype {header[0]} needs "
-            f"{numel * dt.itemsize} bytes, frame has {len(body)}"
-        )
-    import numpy
-
-    return numpy.frombuffer(bytearray(body), dtype=numpy.uint8).view(dt).reshape(header[1])
+    return msgpack.ExtType(EXT_ARRAY, inline_array(dt.str, shape, memoryview(flat)))
 
 
 def _encode_blob(value: bytes | bytearray | memoryview, level: int, how: _Packing) -> Any:
@@ -469,7 +404,7 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
         pending.append(placeholder)
         return placeholder
     if code == EXT_ARRAY:
-        return _decode_array(data)
+        return decode_array(data)
     if code == EXT_CHANNEL_BUFFER:
         payload = _unpack(data, level + 1, pending)
         if type(payload) is not list or len(payload) != 2:
@@ -596,22 +531,3 @@ def unpack_pending(data: bytes) -> tuple[Any, list[PendingTensor]]:
 def unpack(data: bytes) -> Any:
     """Decode one value (channel tensors in it stay ``PendingTensor`` placeholders)."""
     return unpack_pending(data)[0]
-
-
-class _Brief(reprlib.Repr):
-    """reprlib, but bytes are cut before they are repr'd (reprlib would repr them whole)."""
-
-    def repr_bytes(self, x: bytes, level: int) -> str:
-        cut = x[: self.maxstring]
-        return repr(cut) + ("..." if len(x) > len(cut) else "")
-
-    repr_bytearray = repr_bytes
-
-
-_BRIEF = _Brief()
-_BRIEF.maxstring = _BRIEF.maxother = _BRIEF.maxlong = 80
-
-
-def brief(value: Any) -> str:
-    """A short repr of a received value for an error message, in bounded time and memory."""
-    return _BRIEF.repr(value)

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._core._errors import ActorDiedError, ActorError, ProtocolError
 from . import _codec
+from ._brief import brief
 from ._codec import PendingTensor
 
 CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
@@ -42,10 +43,10 @@ def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
     """The message in one frame, and the channel tensors it names (for the node to fetch)."""
     msg, pending = _codec.unpack_pending(frame)
     if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
-        raise ProtocolError(f"frame is not a message array: {_codec.brief(msg)}")
+        raise ProtocolError(f"frame is not a message array: {brief(msg)}")
     arity = _ARITY.get(msg[0])
     if arity is None:
-        raise ProtocolError(f"unknown frame kind {_codec.brief(msg[0])}")
+        raise ProtocolError(f"unknown frame kind {brief(msg[0])}")
     if len(msg) != arity and not (msg[0] == CALL and len(msg) == arity + 1):
         raise ProtocolError(f"frame kind {msg[0]} needs {arity} fields, got {len(msg)}")
     if msg[0] in _WITH_CALL_ID:
@@ -60,7 +61,7 @@ def decode_frame(frame: bytes) -> tuple[list[Any], list[PendingTensor]]:
                 and reply[0] in (OK, ERR)
                 and len(reply) == _ARITY[reply[0]]
             ):
-                raise ProtocolError(f"not a reply in a REPLIES frame: {_codec.brief(reply)}")
+                raise ProtocolError(f"not a reply in a REPLIES frame: {brief(reply)}")
             _check_call_id(reply[1], 0)
     return msg, pending
 
@@ -69,7 +70,7 @@ def _check_call_id(call_id: Any, lowest: int) -> None:
     """A call id is an int in [lowest, 2**64): anything else is a malformed frame, refused here,
     before it reaches a table lookup or a comparison deep in the node."""
     if type(call_id) is not int or not lowest <= call_id < 1 << 64:
-        raise ProtocolError(f"bad call id {_codec.brief(call_id)}")
+        raise ProtocolError(f"bad call id {brief(call_id)}")
 
 
 def _call_body(method: str, args: Any, kwargs: Any, offer: _codec.Offer | None = None) -> bytes:

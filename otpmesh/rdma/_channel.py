@@ -35,7 +35,8 @@ import trio
 from .._core._errors import ProtocolError
 from .._core._valuemesh import ValueMesh
 from .._node._node import Node
-from .._wire._codec import VIEW_FORMATS, PendingTensor, array_dtype, array_numel
+from .._wire._arrays import VIEW_FORMATS, array_dtype, array_numel
+from .._wire._codec import PendingTensor
 from .._wire._connection import Connection
 from .._wire._frames import ERR, OK, remote_error
 from ._backend import Region

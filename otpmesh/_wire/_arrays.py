@@ -1,0 +1,99 @@
+"""numpy arrays on the wire: which dtypes travel (as raw bytes), and the inline form.
+
+An inline array (extension 10) is a u16 header length, a msgpack header ``[dtype str, shape]``
+and the raw bytes in C order. The same dtype and shape checks serve the channel form
+(extension 11), whose header the tensor channel reads. numpy is imported only when an array
+arrives: a sender meets arrays only if it imported numpy itself.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+import msgpack
+
+from .._core._errors import EncodeError, ProtocolError
+from ._brief import brief
+
+#: Most dimensions an array or a view on the wire may have.
+MAX_DIMS = 64
+#: memoryview formats a receiver can make again (``memoryview.cast``): single native items.
+#: A view of any other format, or with a zero in its shape, arrives as flat bytes ('B').
+VIEW_FORMATS = frozenset("bBhHiIlLqQnNfde?c")
+# numpy dtypes that travel: one kind, byte order and size (``dtype.str``), no objects or fields.
+_ARRAY_DTYPE = re.compile(r"[<>|][biufcmMSUV][0-9]{1,9}(\[[0-9]{0,9}[A-Za-z]{1,2}\])?")
+_U16 = struct.Struct(">H")
+
+
+def check_sendable(dt: Any) -> None:
+    """EncodeError unless numpy dtype `dt` travels as raw bytes."""
+    if (
+        dt.hasobject
+        or dt.fields is not None
+        or not dt.itemsize
+        or not _ARRAY_DTYPE.fullmatch(dt.str)
+    ):
+        raise EncodeError(
+            f"cannot send a numpy array of dtype {dt!r}: arrays travel as raw bytes, so only "
+            "plain numeric, bool, datetime, bytes and str dtypes do (no objects, no fields); "
+            "send its fields as separate arrays"
+        )
+
+
+def inline(dtype: str, shape: list[int], raw: memoryview) -> bytes:
+    """The EXT_ARRAY payload of an array's C-order bytes."""
+    header = msgpack.packb([dtype, shape])
+    return b"".join((_U16.pack(len(header)), header, raw))
+
+
+def array_dtype(name: Any) -> Any:
+    """The numpy dtype an array's header names; ProtocolError unless it is one that travels."""
+    if not isinstance(name, str) or not _ARRAY_DTYPE.fullmatch(name):
+        raise ProtocolError(f"unknown array dtype {brief(name)}")
+    import numpy
+
+    try:
+        dt = numpy.dtype(name)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"unknown array dtype {brief(name)}: {exc}") from None
+    if dt.hasobject or dt.fields is not None or not dt.itemsize or dt.str != name:
+        raise ProtocolError(f"array dtype {brief(name)} does not travel as raw bytes")
+    return dt
+
+
+def array_numel(shape: Any) -> int:
+    """The number of items of an array or view `shape` from the wire; ProtocolError if it is
+    not a list of sizes."""
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        raise ProtocolError(f"array shape {brief(shape)} is not a list of at most 64 sizes")
+    numel = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ProtocolError(f"array shape {brief(shape)} has a dim that is not a size")
+        numel *= dim
+    return numel
+
+
+def decode_array(data: bytes) -> Any:
+    """The numpy array of an EXT_ARRAY payload; ProtocolError if it is malformed."""
+    if len(data) < 2:
+        raise ProtocolError(f"malformed frame: a {len(data)}-byte array payload has no header")
+    (hlen,) = _U16.unpack_from(data, 0)
+    if 2 + hlen > len(data):
+        raise ProtocolError(f"array header of {hlen} bytes overruns its {len(data)}-byte payload")
+    header = msgpack.unpackb(data[2 : 2 + hlen])
+    if not (isinstance(header, list) and len(header) == 2):
+        raise ProtocolError(f"array header is not [dtype, shape]: {brief(header)}")
+    dt = array_dtype(header[0])
+    numel = array_numel(header[1])
+    body = memoryview(data)[2 + hlen :]
+    if len(body) != numel * dt.itemsize:
+        raise ProtocolError(
+            f"array of shape {brief(header[1])} and dtype {header[0]} needs "
+            f"{numel * dt.itemsize} bytes, frame has {len(body)}"
+        )
+    import numpy
+
+    return numpy.frombuffer(bytearray(body), dtype=numpy.uint8).view(dt).reshape(header[1])
