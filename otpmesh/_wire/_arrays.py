@@ -76,19 +76,25 @@ def array_numel(shape: Any) -> int:
     return numel
 
 
-def decode_array(data: bytes) -> Any:
-    """The numpy array of an EXT_ARRAY payload; ProtocolError if it is malformed."""
+def split_header(data: bytes, kind: str) -> tuple[Any, memoryview]:
+    """The ``[dtype, shape]`` header and the raw bytes of a tensor's or an array's payload (a
+    u16 header length, the msgpack header, the bytes); ProtocolError if it is malformed."""
     if len(data) < 2:
-        raise ProtocolError(f"malformed frame: a {len(data)}-byte array payload has no header")
+        raise ProtocolError(f"malformed frame: a {len(data)}-byte {kind} payload has no header")
     (hlen,) = _U16.unpack_from(data, 0)
     if 2 + hlen > len(data):
-        raise ProtocolError(f"array header of {hlen} bytes overruns its {len(data)}-byte payload")
+        raise ProtocolError(f"{kind} header of {hlen} bytes overruns its {len(data)}-byte payload")
     header = msgpack.unpackb(data[2 : 2 + hlen])
-    if not (isinstance(header, list) and len(header) == 2):
-        raise ProtocolError(f"array header is not [dtype, shape]: {brief(header)}")
+    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[1], list)):
+        raise ProtocolError(f"{kind} header is not [dtype name, shape]: {brief(header)}")
+    return header, memoryview(data)[2 + hlen :]
+
+
+def decode_array(data: bytes) -> Any:
+    """The numpy array of an EXT_ARRAY payload; ProtocolError if it is malformed."""
+    header, body = split_header(data, "array")
     dt = array_dtype(header[0])
     numel = array_numel(header[1])
-    body = memoryview(data)[2 + hlen :]
     if len(body) != numel * dt.itemsize:
         raise ProtocolError(
             f"array of shape {brief(header[1])} and dtype {header[0]} needs "

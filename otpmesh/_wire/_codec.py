@@ -52,7 +52,7 @@ import msgpack
 from .._core._errors import EncodeError, ProtocolError
 from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._valuemesh import ValueMesh
-from ._arrays import VIEW_FORMATS, check_sendable, decode_array
+from ._arrays import VIEW_FORMATS, check_sendable, decode_array, split_header
 from ._arrays import inline as inline_array
 from ._brief import brief
 from ._connection import MAX_FRAME_SIZE
@@ -223,14 +223,7 @@ def _encode_tensor(original: Any, level: int, how: _Packing) -> msgpack.ExtType:
 def _decode_tensor(data: bytes) -> Any:
     import torch
 
-    if len(data) < 2:
-        raise ProtocolError(f"malformed frame: a {len(data)}-byte tensor payload has no header")
-    (hlen,) = _U16.unpack_from(data, 0)
-    if 2 + hlen > len(data):
-        raise ProtocolError(f"tensor header of {hlen} bytes overruns its {len(data)}-byte payload")
-    header = msgpack.unpackb(data[2 : 2 + hlen])
-    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[1], list)):
-        raise ProtocolError(f"tensor header is not [dtype name, shape]: {brief(header)}")
+    header, body = split_header(data, "tensor")
     dtype_name, shape = header
     # The module's own namespace, not getattr: no lazy submodule import, nothing but a dtype.
     dtype = vars(torch).get(dtype_name) if isinstance(dtype_name, str) else None
@@ -243,7 +236,6 @@ def _decode_tensor(data: bytes) -> Any:
         if type(dim) is not int or dim < 0:
             raise ProtocolError(f"tensor shape {brief(shape)} has a dim that is not a size")
         numel *= dim
-    body = memoryview(data)[2 + hlen :]
     if len(body) != numel * dtype.itemsize:
         raise ProtocolError(
             f"tensor of shape {brief(shape)} and dtype {dtype_name} needs "

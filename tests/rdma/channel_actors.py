@@ -57,13 +57,7 @@ class Keeper(otpmesh.Actor):
     def mapped(self, key: str) -> bool:
         """Whether the kept tensor lies in a mapped channel snapshot (not a copy)."""
         address = self.kept[key].data_ptr()
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "otpmesh-channel" in line:
-                    start, end = (int(x, 16) for x in line.split()[0].split("-"))
-                    if start <= address < end:
-                        return True
-        return False
+        return _in_channel_mapping(address)
 
     @otpmesh.endpoint
     def forget(self) -> None:
@@ -169,13 +163,7 @@ class BufferKeeper(otpmesh.Actor):
         else:
             view = memoryview(value).cast("B")
             address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "otpmesh-channel" in line:
-                    start, end = (int(x, 16) for x in line.split()[0].split("-"))
-                    if start <= address < end:
-                        return True
-        return False
+        return _in_channel_mapping(address)
 
     @otpmesh.endpoint
     def offer_one(self, nbytes: int) -> Any:
@@ -217,3 +205,14 @@ class BufferKeeper(otpmesh.Actor):
             return {"buffers": 0, "snapshots": 0}
         stats = registry.statistics()
         return {"buffers": stats.buffers, "snapshots": stats.snapshots}
+
+
+def _in_channel_mapping(address: int) -> bool:
+    """Whether `address` lies in a mapped channel snapshot of this process (not a copy)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "otpmesh-channel" in line:
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                if start <= address < end:
+                    return True
+    return False
