@@ -36,6 +36,10 @@ class Stuck(otpmesh.Actor):
     async def await_forever(self) -> None:
         await self.never.wait()
 
+    @otpmesh.endpoint
+    async def thread_forever(self) -> None:
+        await trio.to_thread.run_sync(time.sleep, 3600)  # trio cannot cancel this await
+
     @otpmesh.endpoint(progress_deadline=0.5)
     def short_fuse(self, seconds: float) -> str:
         time.sleep(seconds)

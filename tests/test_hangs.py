@@ -32,6 +32,7 @@ def _exits(app: otpmesh.App) -> list[object]:
         ("spin_forever", "its process was killed"),  # a Python loop blocks the event loop
         ("sleep_forever", "its process was killed"),  # so does C code that released the GIL
         ("await_forever", "ran past its progress deadline"),  # cancelled through trio
+        ("thread_forever", "its process was killed"),  # awaits a thread: cancelling cannot end it
     ],
 )
 def test_a_stuck_endpoint_exits_hung_with_its_stack_and_is_restarted(

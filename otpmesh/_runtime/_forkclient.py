@@ -96,6 +96,7 @@ class ForkServer:
         beat_r, beat_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
         os.set_blocking(ctl_w, False)
+        os.set_blocking(beat_r, False)  # drained by BeatReader.drain() on the event loop
         request = msgpack.packb({"op": "spawn", "id": proc_id, "env": env, "cfg": cfg})
         fds = array.array("i", [out_w, err_w, beat_w, ctl_r])
         try:
@@ -127,8 +128,13 @@ class BeatReader:
         self.fd = fd
         self._on_report = on_report
         self._pending = b""
+        self._skip = 0  # bytes of an oversized report still to pass over
 
     def feed(self, data: bytes) -> None:
+        if self._skip:
+            skipped = min(self._skip, len(data))
+            self._skip -= skipped
+            data = data[skipped:]
         buf = self._pending + data
         i = 0
         while i < len(buf):
@@ -138,9 +144,15 @@ class BeatReader:
             if len(buf) - i < 5:
                 break
             (size,) = struct.unpack(">I", buf[i + 1 : i + 5])
-            if size > MAX_REPORT or len(buf) - i - 5 < size:
-                if size > MAX_REPORT:
-                    i = len(buf)  # not a report of ours: drop what came
+            if size > MAX_REPORT:  # not one of ours: pass over exactly it
+                remaining = len(buf) - i - 5
+                if remaining >= size:
+                    i += 5 + size
+                    continue
+                self._skip = size - remaining
+                i = len(buf)
+                break
+            if len(buf) - i - 5 < size:
                 break
             try:
                 msg = msgpack.unpackb(buf[i + 5 : i + 5 + size])

@@ -58,13 +58,26 @@ def stacks_request(seq: int) -> bytes:
 
 
 def frame_report(msg: dict[str, Any]) -> bytes:
-    """One report as it travels on the beat pipe."""
+    """One report as it travels on the beat pipe, its texts cut to fit MAX_REPORT bytes."""
     body: bytes = msgpack.packb(msg)
+    budget = MAX_REPORT // 2
+    while len(body) > MAX_REPORT and budget > 64:
+        budget //= 2
+        msg = _cut_texts(msg, budget)
+        body = msgpack.packb(msg)
     return REPORT + struct.pack(">I", len(body)) + body
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_REPORT // 2 else text[: MAX_REPORT // 2] + "\n  ... (cut)"
+def _cut_texts(value: Any, chars: int) -> Any:
+    if isinstance(value, str):
+        return _cut(value, chars)
+    if isinstance(value, dict):
+        return {k: _cut_texts(v, chars) for k, v in value.items()}
+    return value
+
+
+def _cut(text: str, chars: int = MAX_REPORT // 4) -> str:
+    return text if len(text) <= chars else text[:chars] + "\n  ... (cut)"
 
 
 def hung_reason(report: dict[str, Any]) -> Hung:
@@ -157,7 +170,7 @@ class Watchdog:
         expiry = math.inf
         for cell in list(self._cells().values()):
             serving = cell.serving
-            if serving is not None and serving.deadline is not None:
+            if serving is not None and serving.deadline is not None and not serving.hung:
                 expiry = min(expiry, serving.progress_at + serving.deadline)
         return expiry
 
@@ -173,6 +186,16 @@ class Watchdog:
                 continue
             serving.hung = True
             self._hung(cell, serving)
+
+    @staticmethod
+    def _ended(cell: Any, serving: Any, within: float) -> bool:
+        """Whether `cell` stopped serving `serving` within `within` seconds."""
+        deadline = time.monotonic() + within
+        while cell.serving is serving and not cell.exited:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _hung(self, cell: Any, serving: Any) -> None:
         stacks = _stacks.actor_stack(cell)
@@ -193,9 +216,12 @@ class Watchdog:
         except trio.RunFinishedError:
             return
         # A plain-def endpoint runs on the loop's own thread: the loop cannot answer until it
-        # returns, so there is nothing to wait for. An async one is cancelled by the loop.
+        # returns, so there is nothing to wait for. An async one is cancelled by the loop, unless
+        # the cancellation cannot reach it (it awaits a thread stuck in C): then it still serves
+        # after the grace, and is treated as a blocked one.
         if (serving.is_async or not self._may_kill) and crashed.wait(GRACE):
-            return  # the loop answered: the actor exits with the reason like any crash
+            if not self._may_kill or self._ended(cell, serving, GRACE):
+                return  # the actor exits with the reason like any crash
         if not self._may_kill:
             # The controller's own loop is blocked in the endpoint: the crash waits its turn
             # (queued above) and happens when the endpoint returns.
