@@ -26,7 +26,9 @@ the cluster's advertised address when members run on other hosts).
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,8 +122,6 @@ class ProcessGroup:
     async def open_epoch(self) -> None:
         """Kill the last epoch's processes, fork every member afresh, open a new store, and
         have every member join it, all at once (the joins finish in the background)."""
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
         self._count += 1
         stats = EpochStats(self._count, trio.current_time())
         self._end(self.epoch)
@@ -140,7 +140,7 @@ class ProcessGroup:
         }
         stats.forked = trio.current_time()
         host = self._store_host(procs.values())
-        store = TCPStore(host, 0, None, True, wait_for_workers=False)
+        store = _store_on(host)
         store.set(EPOCH_KEY, str(self._count))
         epoch = _Epoch(
             self._count, secrets.token_hex(16), store, f"{host}:{store.port}", procs, stats
@@ -398,3 +398,24 @@ def with_process_groups(
     return GroupPlacement(
         placement, rt, context.specs, context.slot, context.exit_listeners, nursery
     )
+
+
+def _store_on(host: str) -> Any:
+    """A fresh TCPStore listening on `host` only (on its own, TCPStore listens on every
+    interface, whatever host it is given): loopback for one host, the cluster's address else."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        fd = os.dup(listener.fileno())  # the store's server owns (and closes) this one
+    finally:
+        listener.close()
+    try:
+        return TCPStore(host, port, None, True, wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
