@@ -305,3 +305,28 @@ def test_otpmesh_stacks_trusts_no_directory_another_could_have_made(
         sleeper.kill()
         sleeper.wait()
     assert out.returncode == 2 and "not a private directory of yours" in out.stderr
+
+
+def test_otpmesh_stacks_refuses_the_stale_marker_of_an_app_whose_pid_was_reused(
+    tmp_path: Path,
+) -> None:
+    # An app SIGKILLed before it could remove its marker, and its pid given to another of your
+    # processes: the marker names a process that started at another time, so it is stale.
+    runtime = tmp_path / "run"
+    private = runtime / f"otpmesh-{os.getuid()}"
+    private.mkdir(parents=True, mode=0o700)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (private / f"app-{sleeper.pid}").write_text("12345")  # not when the sleeper started
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        )
+        assert sleeper.poll() is None  # not signalled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert out.returncode == 2 and "is not a running otpmesh app" in out.stderr

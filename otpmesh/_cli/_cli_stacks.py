@@ -14,8 +14,8 @@ from rich.text import Text
 
 from .._controller._inspect import (
     Stacks,
-    app_marker,
     is_private,
+    is_running_app,
     running_apps,
     stacks_dir,
     stacks_file,
@@ -62,7 +62,7 @@ def ask(pid: int, wait: float = WAIT) -> Stacks:
     """Signal the app at `pid` and read the stacks it writes."""
     if not is_private(stacks_dir()):
         raise UsageError(f"{stacks_dir()} is not a private directory of yours: not trusted")
-    if not app_marker(pid).exists():
+    if not is_running_app(pid):
         raise UsageError(f"process {pid} is not a running otpmesh app of yours{_apps_hint()}")
     target = stacks_file(pid)
     before = target.stat().st_mtime_ns if target.exists() else 0

@@ -145,6 +145,27 @@ def is_private(directory: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
+def started_at(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc): with the pid, it names
+    one process for good (a pid alone may be reused once that process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def is_running_app(pid: int) -> bool:
+    """Whether `pid` is the controller that wrote its marker (not a later process that got
+    the pid of an app that died without removing it)."""
+    try:
+        written = app_marker(pid).read_text().strip()
+    except OSError:
+        return False
+    return bool(written) and written == started_at(pid)
+
+
 def running_apps() -> list[int]:
     """The controllers of this user's apps that answer ``otpmesh stacks`` now."""
     if not is_private(stacks_dir()):
@@ -152,7 +173,7 @@ def running_apps() -> list[int]:
     pids = []
     for marker in stacks_dir().glob("app-*"):
         pid = marker.name.removeprefix("app-")
-        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+        if pid.isdigit() and is_running_app(int(pid)):
             pids.append(int(pid))
     return sorted(pids)
 
@@ -188,7 +209,9 @@ async def serve_signal(rt: Runtime) -> None:
     with receiver as signals:
         try:
             _private_dir()
-            app_marker(pid).touch(mode=0o600)
+            marker = app_marker(pid)
+            marker.touch(mode=0o600)
+            marker.write_text(started_at(pid) or "")
         except OSError as exc:
             log.warning("otpmesh stacks will not reach this app: %s", exc)
             return

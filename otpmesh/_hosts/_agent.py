@@ -255,23 +255,28 @@ class Agent:
         elif msg["op"] == "exit":
             proc = self._by_pid.pop(msg["pid"], None)
             if proc is not None:
-                proc.alive = False
                 del self.procs[proc.proc_id]
-                if proc.reader is not None:
-                    proc.reader.drain()  # a hang report written just before it died
-                if proc.control_fd >= 0:
-                    os.close(proc.control_fd)
-                    proc.control_fd = -1
-                proc.stacks.fail("its process is gone")
+                self._gone(proc)
                 reason = proc.hang_reason or msg["reason"]
                 report: dict[str, Any] = {"id": proc.proc_id, "reason": reason}
                 if proc.hung is not None:
                     report["hung"] = proc.hung
                 self._send("proc_exit", report)
 
+    @staticmethod
+    def _gone(proc: _Proc) -> None:
+        """`proc` exited: read what it wrote last (a hang report), close its control pipe."""
+        proc.alive = False
+        if proc.reader is not None:
+            proc.reader.drain()
+        if proc.control_fd >= 0:
+            os.close(proc.control_fd)
+            proc.control_fd = -1
+        proc.stacks.fail("its process is gone")
+
     def _forkserver_gone(self) -> None:
         for proc in self.procs.values():
-            proc.alive = False
+            self._gone(proc)
             self._send(
                 "proc_exit", {"id": proc.proc_id, "reason": "its host's fork server stopped"}
             )
