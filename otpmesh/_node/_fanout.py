@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("otpmesh.fanout")
 
+#: Cancels remembered for calls not relayed yet (older ones are forgotten).
+_CANCELS_REMEMBERED = 1024
 #: Fewer targets than this on one host go direct: relaying one call would only add a hop.
 MIN_FANOUT = 2
 
@@ -71,6 +73,8 @@ class _Forward:
 
     def send(self, conn: Connection, index: int, body: bytes, chain: list[str]) -> None:
         """Relay the call to the worker behind `conn`; its reply comes back to `deliver`."""
+        if self.relay.cancelled_early.pop((self.caller, self.ids[index]), False):
+            return  # its caller gave up before it could be relayed
         call_id = conn.expect_reply(self, index)
         actor_id = self.paths[index]
         self.relay.forwarded[(self.caller, self.ids[index])] = (conn, call_id, actor_id)
@@ -127,13 +131,28 @@ class Relay:
         # Relayed calls still out: (caller's connection, its call id) -> (the worker's
         # connection, the relayed call id, the actor), so a caller's CANCEL reaches the actor.
         self.forwarded: dict[tuple[Connection, int], tuple[Connection, int, str]] = {}
+        # Cancels that came before their call was relayed (it waited for a worker's dial), or
+        # after its reply: a bounded memory of recent ones.
+        self.cancelled_early: dict[tuple[Connection, Any], bool] = {}
         node.sys_inline["fanout"] = self._enqueue
         node.cancel_relayed = self.cancel
+        node.close_hooks.append(self._caller_closed)
+
+    def _caller_closed(self, conn: Connection) -> None:
+        """A caller's connection closed (its process died): cancel what it still waits for."""
+        for caller, call_id in [key for key in self.forwarded if key[0] is conn]:
+            self.cancel(caller, call_id)
+        for key in [key for key in self.cancelled_early if key[0] is conn]:
+            del self.cancelled_early[key]
 
     def cancel(self, caller: Connection, call_id: Any) -> None:
         """The caller gave up on a call relayed here: forget its reply, tell the worker."""
         entry = self.forwarded.pop((caller, call_id), None)
         if entry is None:
+            if not caller.closed:
+                self.cancelled_early[(caller, call_id)] = True
+                if len(self.cancelled_early) > _CANCELS_REMEMBERED:
+                    del self.cancelled_early[next(iter(self.cancelled_early))]
             return
         conn, relayed_id, actor_id = entry
         conn.pending.pop(relayed_id, None)
