@@ -10,8 +10,10 @@ Frames are described in _frames.py and docs/wire.md.
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -112,6 +114,9 @@ class Node(Outgoing):
         self._side: dict[str, Connection] = {}
         self._dialing: dict[str, trio.Event] = {}
         self._side_dialing: dict[str, trio.Event] = {}
+        self._side_failed: weakref.WeakKeyDictionary[trio.Event, OSError] = (
+            weakref.WeakKeyDictionary()
+        )  # a failed dial's error, for those who waited on it
         self.nursery: trio.Nursery | None = None
         self.parent: Connection | None = None  # a worker's controller connection
         self.close_hooks: list[Callable[[Connection], None]] = []  # e.g. release RDMA pins
@@ -232,10 +237,16 @@ class Node(Outgoing):
             dialing = self._side_dialing.get(addr)
             if dialing is None:
                 break
-            await dialing.wait()  # then use its connection, or dial again if it failed
+            await dialing.wait()  # then use its connection, or share its failure
+            failed = self._side_failed.get(dialing)
+            if failed is not None:
+                raise copy.copy(failed) from failed  # each waiter's own, same type and words
         self._side_dialing[addr] = done = trio.Event()
         try:
             return await self._open(addr, self._side)
+        except OSError as exc:  # those who waited on this dial fail with it, not dial again
+            self._side_failed[done] = exc
+            raise
         finally:
             del self._side_dialing[addr]
             done.set()

@@ -52,3 +52,42 @@ def test_concurrent_first_transfers_to_one_owner_share_one_side_connection(
             nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=60)
+
+
+def test_a_failed_side_dial_fails_everyone_waiting_on_it_without_dialing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Eight first transfers to an owner nobody can reach: one dial, and all eight fail with it
+    # (before, each waiter dialed again in turn: eight dial timeouts for the last one).
+    from otpmesh._node import _node
+
+    dials = []
+    real_dial = _node.dial
+
+    async def counted(addr: str, secret: bytes | None) -> object:
+        dials.append(addr)
+        await trio.sleep(0.2)  # a slow refusal: the others are waiting on this dial by now
+        return await real_dial(addr, secret)
+
+    monkeypatch.setattr(_node, "dial", counted)
+
+    async def body() -> None:
+        reader = Node("reader", secret=new_app_secret(), channel=Channel)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.serve)
+            gone = "unix:/nonexistent/otpmesh-owner"
+            errors: list[BaseException] = []
+
+            async def first_transfer() -> None:
+                try:
+                    await reader.connect_side(gone)
+                except OSError as exc:
+                    errors.append(exc)
+
+            async with trio.open_nursery() as transfers:
+                for _ in range(8):
+                    transfers.start_soon(first_transfer)
+            assert len(errors) == 8 and dials == [gone]
+            nursery.cancel_scope.cancel()
+
+    run_trio(body, timeout=60)
