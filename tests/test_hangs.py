@@ -194,21 +194,37 @@ def _state(pid: int) -> str:
         return f.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
-def test_otpmesh_stacks_refuses_a_process_that_is_not_an_app() -> None:
+def _stacks_of_a_bystander(
+    runtime: Path | None = None, marker: str | None = None
+) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Run ``otpmesh stacks PID`` on a plain Python process (no app), optionally with a marker
+    file holding `marker` planted for it in `runtime`'s otpmesh directory; assert the process
+    was not signalled (SIGUSR2 would have ended it). Returns its pid and the command's result."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    env = dict(os.environ)
+    if runtime is not None:
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        if marker is not None:
+            (runtime / f"otpmesh-{os.getuid()}" / f"app-{sleeper.pid}").write_text(marker)
     try:
         out = subprocess.run(
             [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
             capture_output=True,
             text=True,
             timeout=60,
+            env=env,
         )
-        assert sleeper.poll() is None  # not signalled: SIGUSR2 would have ended it
+        assert sleeper.poll() is None  # not signalled
     finally:
         sleeper.kill()
         sleeper.wait()
+    return sleeper.pid, out
+
+
+def test_otpmesh_stacks_refuses_a_process_that_is_not_an_app() -> None:
+    pid, out = _stacks_of_a_bystander()
     assert out.returncode == 2
-    assert f"process {sleeper.pid} is not a running otpmesh app" in out.stderr
+    assert f"process {pid} is not a running otpmesh app" in out.stderr
 
 
 def test_a_worker_stuck_in_c_holding_the_gil_is_killed_with_its_faulthandler_stacks() -> None:
@@ -290,20 +306,7 @@ def test_otpmesh_stacks_trusts_no_directory_another_could_have_made(
     planted = runtime / f"otpmesh-{os.getuid()}"
     planted.mkdir(parents=True)
     planted.chmod(0o777)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (planted / f"app-{sleeper.pid}").touch()
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-        )
-        assert sleeper.poll() is None  # not signalled
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    _, out = _stacks_of_a_bystander(runtime, marker="")
     assert out.returncode == 2 and "not a private directory of yours" in out.stderr
 
 
@@ -313,20 +316,6 @@ def test_otpmesh_stacks_refuses_the_stale_marker_of_an_app_whose_pid_was_reused(
     # An app SIGKILLed before it could remove its marker, and its pid given to another of your
     # processes: the marker names a process that started at another time, so it is stale.
     runtime = tmp_path / "run"
-    private = runtime / f"otpmesh-{os.getuid()}"
-    private.mkdir(parents=True, mode=0o700)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (private / f"app-{sleeper.pid}").write_text("12345")  # not when the sleeper started
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "otpmesh", "stacks", str(sleeper.pid)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-        )
-        assert sleeper.poll() is None  # not signalled
-    finally:
-        sleeper.kill()
-        sleeper.wait()
+    (runtime / f"otpmesh-{os.getuid()}").mkdir(parents=True, mode=0o700)
+    _, out = _stacks_of_a_bystander(runtime, marker="12345")  # not when it started
     assert out.returncode == 2 and "is not a running otpmesh app" in out.stderr
