@@ -6,8 +6,11 @@ Worker processes are real (fork server, Unix sockets, signals); nothing here moc
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,16 @@ def run_trio(fn: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
             return await fn()
 
     return trio.run(main)
+
+
+def run_program(path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    """Write `source` to `path` and run it as a user would: a fresh interpreter, the fork
+    server preloading what it does by default (no OTPMESH_PRELOAD from the test run)."""
+    path.write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "OTPMESH_PRELOAD"}
+    return subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def alive(pid: int) -> bool:

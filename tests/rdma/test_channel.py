@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -13,7 +11,7 @@ import trio
 import otpmesh
 from otpmesh._node._node import current_node
 from tests.actors import Echo, TensorOwner
-from tests.conftest import run_trio
+from tests.conftest import run_program, run_trio
 
 BIG = 1 << 22  # 16 MiB of float32, above the 1 MiB threshold
 
@@ -100,12 +98,7 @@ if __name__ == "__main__":
 
 def test_a_plain_import_otpmesh_program_moves_64_mib_over_the_channel(tmp_path: Path) -> None:
     """No `import otpmesh.rdma` in the program: the channel is part of every node."""
-    script = tmp_path / "plain.py"
-    script.write_text(PLAIN_PROGRAM)
-    env = {k: v for k, v in os.environ.items() if k != "OTPMESH_PRELOAD"}
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
-    )
+    done = run_program(tmp_path / "plain.py", PLAIN_PROGRAM)
     assert done.returncode == 0, done.stderr
     # The argument was offered by the controller's channel, the result by the worker's.
     assert "controller offered 1 worker offered 1" in done.stdout, done.stdout

@@ -5,8 +5,6 @@ writable (bytes aside), and never the sender's later writes. No `import otpmesh.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import otpmesh
 from otpmesh._node._node import current_node
 from otpmesh._wire._codec import CHANNEL_THRESHOLD
 from otpmesh.rdma._channel import MAP_ABOVE
-from tests.conftest import run_trio
+from tests.conftest import run_program, run_trio
 from tests.rdma.channel_actors import BufferKeeper
 
 np = pytest.importorskip("numpy", reason="numpy is optional (the 'test' extra installs it)")
@@ -207,12 +205,7 @@ if __name__ == "__main__":
 def test_a_plain_import_otpmesh_program_sends_bytes_and_arrays_over_the_channel(
     tmp_path: Path,
 ) -> None:
-    script = tmp_path / "plain.py"
-    script.write_text(PLAIN_PROGRAM)
-    env = {k: v for k, v in os.environ.items() if k != "OTPMESH_PRELOAD"}
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
-    )
+    done = run_program(tmp_path / "plain.py", PLAIN_PROGRAM)
     assert done.returncode == 0, done.stderr
     assert "controller offered 2 worker offered 2" in done.stdout, done.stdout
 
