@@ -37,7 +37,7 @@ from .._node._node import Node
 from .._runtime._forkclient import (
     BeatReader,
     ForkServer,
-    StackRequests,
+    WorkerPipes,
     forward_lines,
     watch_heartbeat,
 )
@@ -62,9 +62,7 @@ class _Proc:
         self.alive = True
         self.hang_reason: str | None = None
         self.hung: dict[str, Any] | None = None  # its watchdog's report (_watchdog.py)
-        self.reader: BeatReader | None = None
-        self.control_fd = -1
-        self.stacks = StackRequests()
+        self.pipes: WorkerPipes | None = None
 
 
 class Agent:
@@ -193,28 +191,19 @@ class Agent:
         env = dict(p["env"], OTPMESH_HOST=self.name)
         env.setdefault("OTPMESH_RDMA_TCP_HOST", host.strip("[]"))
         out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
-        proc.reader = BeatReader(beat_r, partial(self._worker_report, proc))
-        proc.control_fd = ctl_w
+        proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         assert self.node.nursery is not None
         start = self.node.nursery.start_soon
         start(forward_lines, out_r, partial(self._output, proc, 1))
         start(forward_lines, err_r, partial(self._output, proc, 2))
-        start(self._watch, proc, proc.reader)
-
-    def _worker_report(self, proc: _Proc, msg: dict[str, Any]) -> None:
-        if msg.get("op") == "hung":
-            proc.hung = msg
-        elif msg.get("op") == "stacks":
-            proc.stacks.answer(msg)
+        start(self._watch, proc, proc.pipes.reader)
 
     async def _proc_stacks(self, conn: Connection | None, p: dict[str, Any]) -> object:
         """What a worker's actors are doing now, from its watchdog (or why there is no answer)."""
         proc = self.procs.get(str(p.get("id")))
-        if proc is None or not proc.alive or proc.control_fd < 0:
+        if proc is None or not proc.alive or proc.pipes is None:
             return "its process is gone"
-        timeout = min(float(p.get("timeout", 1.0)), 10.0)
-        fd = proc.control_fd
-        return await proc.stacks.ask(lambda request: os.write(fd, request), timeout)
+        return await proc.pipes.ask_stacks(min(float(p.get("timeout", 1.0)), 10.0))
 
     def _listen_host(self) -> str:
         if self.listen:
@@ -267,12 +256,8 @@ class Agent:
     def _gone(proc: _Proc) -> None:
         """`proc` exited: read what it wrote last (a hang report), close its control pipe."""
         proc.alive = False
-        if proc.reader is not None:
-            proc.reader.drain()
-        if proc.control_fd >= 0:
-            os.close(proc.control_fd)
-            proc.control_fd = -1
-        proc.stacks.fail("its process is gone")
+        if proc.pipes is not None:
+            proc.pipes.close("its process is gone")
 
     def _forkserver_gone(self) -> None:
         for proc in self.procs.values():

@@ -24,7 +24,7 @@ from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
-from ._forkclient import BeatReader, ForkServer, StackRequests, forward_lines, watch_heartbeat
+from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
 from ._watchdog import Watchdog, hung_reason
 
@@ -67,9 +67,7 @@ class Proc:
     names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
     hang_reason: str | None = None  # set when the heartbeat watchdog killed it
     hung: dict[str, Any] | None = None  # its watchdog's report: an actor past its deadline
-    reader: BeatReader | None = None  # its beat pipe (beats and its watchdog's reports)
-    control_fd: int = -1  # its control pipe (stacks requests)
-    stacks: StackRequests = field(default_factory=lambda: StackRequests())
+    pipes: WorkerPipes | None = None  # its beat and control pipes (forked on this host)
     shut_down: bool = False  # stopped on purpose, with its host (its actors exit 'shutdown')
     host: Any = None  # the agent host that forked it (None: this host's own fork server)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -164,26 +162,16 @@ class Runtime:
 
     def mark_exited(self, proc: Proc, reason: str, hung: dict[str, Any] | None = None) -> None:
         """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
-        if proc.reader is not None:
-            proc.reader.drain()  # a hang report written just before it died comes first
+        if proc.pipes is not None:
+            why = proc.exit_reason or proc.hang_reason or reason
+            proc.pipes.close(f"its process {why}")  # reads a hang report first
         if hung is not None and proc.hung is None:
             proc.hung = hung
         if proc.exit_reason is None:
             proc.exit_reason = proc.hang_reason or reason
-        if proc.control_fd >= 0:
-            os.close(proc.control_fd)
-            proc.control_fd = -1
-        proc.stacks.fail(f"its process {proc.exit_reason}")
         self.node.relays.pop(proc.addr, None)
         proc.exited.set()
         proc.ready.set()
-
-    def _worker_report(self, proc: Proc, msg: dict[str, Any]) -> None:
-        """A report from `proc`'s watchdog thread (_watchdog.py)."""
-        if msg.get("op") == "hung":
-            proc.hung = msg
-        elif msg.get("op") == "stacks":
-            proc.stacks.answer(msg)
 
     def exit_reason_of(self, proc: Proc, path: str) -> object:
         """Why `path`, hosted by the dead `proc`, exited."""
@@ -202,9 +190,9 @@ class Runtime:
         if proc.host is not None:
             answer: dict[str, Any] | str = await self.cluster.request_stacks(proc, timeout)
             return answer
-        if not proc.alive or proc.control_fd < 0:
+        if not proc.alive or proc.pipes is None:
             return f"its process {proc.exit_reason or 'is gone'}"
-        return await proc.stacks.ask(lambda request: os.write(proc.control_fd, request), timeout)
+        return await proc.pipes.ask_stacks(timeout)
 
     # ------------------------------------------------------------ processes
 
@@ -282,11 +270,10 @@ class Runtime:
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).
         cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
         out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
-        proc.reader = BeatReader(beat_r, partial(self._worker_report, proc))
-        proc.control_fd = ctl_w
+        proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
         self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
-        self.nursery.start_soon(self._watch_heartbeat, proc, proc.reader)
+        self.nursery.start_soon(self._watch_heartbeat, proc, proc.pipes.reader)
 
     async def _watch_heartbeat(self, proc: Proc, reader: BeatReader) -> None:
         """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""

@@ -225,6 +225,41 @@ class StackRequests:
             asked.done.set()
 
 
+class WorkerPipes:
+    """The parent's ends of one worker's beat and control pipes (_watchdog.py): a hang it
+    reports goes to `on_hung`; ``ask_stacks`` asks it what its actors are doing."""
+
+    def __init__(
+        self, beat_fd: int, control_fd: int, on_hung: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self.reader = BeatReader(beat_fd, self._report)
+        self.control_fd = control_fd
+        self._on_hung = on_hung
+        self._stacks = StackRequests()
+
+    def _report(self, msg: dict[str, Any]) -> None:
+        if msg.get("op") == "hung":
+            self._on_hung(msg)
+        elif msg.get("op") == "stacks":
+            self._stacks.answer(msg)
+
+    async def ask_stacks(self, timeout: float) -> dict[str, Any] | str:
+        """Its watchdog's answer (even while its event loop is blocked), or why there is none."""
+        fd = self.control_fd
+        if fd < 0:
+            return "its process is gone"
+        return await self._stacks.ask(lambda request: os.write(fd, request), timeout)
+
+    def close(self, why: str) -> None:
+        """The worker exited: read what it wrote last (a hang report comes before its exit),
+        close its control pipe, and answer a stacks request still out with `why`."""
+        self.reader.drain()
+        if self.control_fd >= 0:
+            os.close(self.control_fd)
+            self.control_fd = -1
+        self._stacks.fail(why)
+
+
 async def watch_heartbeat(
     reader: BeatReader,
     timeout: float,
