@@ -63,15 +63,16 @@ def test_a_stuck_endpoint_exits_hung_with_its_stack_and_is_restarted(
 
 
 def test_progress_keeps_a_long_endpoint_alive_and_an_endpoint_deadline_overrides_the_spec() -> None:
-    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=1.0)])
+    # A 3 s deadline against steps of 0.1 s: a step may run 30 times late on a loaded machine.
+    tree = Supervisor("s", children=[Worker("w", Stuck, progress_deadline=3.0)])
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
             w = app.actor("s/w")
-            # 15 steps of 0.1 s: 1.5 s in all, past the deadline, but it says it progresses.
-            assert await w.steady(15, 0.1) == 15
+            # 40 steps of 0.1 s: 4 s in all, past the deadline, but it says it progresses.
+            assert await w.steady(40, 0.1) == 40
             assert await w.short_fuse(0.0) == "done"
-            # Its own 0.5 s deadline, not the spec's 1 s: 2 s asleep is too long.
+            # Its own 0.5 s deadline, not the spec's 3 s: 2 s asleep is too long.
             with trio.fail_after(30), pytest.raises(otpmesh.ActorDiedError):
                 await w.short_fuse(2.0)
             await app.settled()
