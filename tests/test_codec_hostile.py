@@ -179,6 +179,7 @@ EXT_CODES = [
     _codec.EXT_CHANNEL_TENSOR,
     _codec.EXT_ARRAY,
     _codec.EXT_CHANNEL_BUFFER,
+    _codec.EXT_HUNG,
 ]
 # Every extension whose payload is msgpack (so a nested value inside it is decoded too).
 CONTAINER_CODES = [c for c in EXT_CODES if c not in (_codec.EXT_TENSOR, _codec.EXT_ARRAY)]
