@@ -12,6 +12,7 @@ leaves nothing behind.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -26,12 +27,13 @@ from .._wire._connection import Connection
 from ._backend import Backend, Peer, Region
 from ._error import RDMAError
 from ._handle import Grant, Handle, check_grant, check_matches, peer_pid
+from ._pool import from_any_thread
 from ._registry import allowed_backends, registry
-from ._snapshot import Snapshot
 
 #: A reader's way to take a channel tensor without copying it: (backend, its entry in the grant,
-#: the owner's pid) -> the tensor, or None to copy it.
-Mapper = Callable[[str, dict[str, Any], int], Any]
+#: the owner's pid, what to call from any thread once the mapping is gone) -> the tensor, or
+#: None to copy it.
+Mapper = Callable[[str, dict[str, Any], int, Callable[[], None]], Any]
 
 log = logging.getLogger("otpmesh.rdma")
 #: Backends that act on the pid a grant names (process_vm_readv, pidfd_getfd): used only when
@@ -114,11 +116,12 @@ class RDMABuffer:
     ) -> RDMABuffer:
         """A read-only buffer of a value in a message, registered with `node` (its channel
         offering it): `region`, the memory of `obj`, which nobody writes any more (a copy); or,
-        with `snapshot`, a sealed copy of `region` taken now (``_snapshot.py``)."""
+        with `snapshot`, a copy of `region` taken now into a memory file of the node's pool
+        (``_snapshot.py``, ``_pool.py``)."""
         buf = cls.__new__(cls)
         reg_of = registry(node)
         if snapshot and region.nbytes:
-            copy = Snapshot(region)
+            copy = reg_of.pool.take(region)
             try:
                 buffer_id, reg = reg_of.register(
                     copy, copy.region, dtype, shape, snapshot=copy, writable=False
@@ -300,6 +303,7 @@ class RDMABuffer:
 
         pin = {"op": "pin", "token": h.token, "write": op == "write"}
         answer = await self._owner_call(node, conn, pin)
+        mapped_it = False  # a mapping's lease outlives the pin: the owner must not refill it
         try:
             grant = Grant.from_wire(answer)
             answered_by = peer_pid(conn.sock)
@@ -311,8 +315,11 @@ class RDMABuffer:
             name, backend = self._choose(node, grant, peer, verified)
             entry = grant.entries[name]
             if mapped is not None and verified:  # while pinned: the owner keeps what it names
-                taken = mapped(name, entry, grant.pid)
+                unmapped = {"op": "unmapped", "buffer": h.buffer, "token": h.token}
+                end_lease = functools.partial(node.sys_cast, conn, "rdma", unmapped)
+                taken = mapped(name, entry, grant.pid, from_any_thread(end_lease))
                 if taken is not None:
+                    mapped_it = True
                     self.backend = name
                     return taken
             local = make()
@@ -328,7 +335,8 @@ class RDMABuffer:
                 raise RDMAError(f"{op} of buffer {h.buffer} over {name} failed: {exc!s}") from None
         finally:
             if not conn.closed:
-                node.sys_cast(conn, "rdma", {"op": "unpin", "buffer": h.buffer})
+                unpin = {"op": "unpin", "buffer": h.buffer, "mapped": mapped_it}
+                node.sys_cast(conn, "rdma", unpin)
         self.backend = name
         return local
 

@@ -43,6 +43,7 @@ from ._backend import Region
 from ._buffer import RDMABuffer
 from ._error import RDMAError
 from ._handle import Handle, check_matches
+from ._pool import LOCAL, from_any_thread
 from ._registry import Registry
 from ._snapshot import available as snapshots_available
 from ._snapshot import map_private
@@ -275,9 +276,11 @@ class Channel:
         backend: str,
         entry: dict[str, Any],
         pid: int,
+        end_lease: Callable[[], None],
     ) -> Any:
         """The owner's snapshot of `handle`'s value mapped copy-on-write (as `over` makes it),
-        if the grant offers one this process can map; else None (the caller copies)."""
+        if the grant offers one this process can map; else None (the caller copies). Once
+        the mapping is gone, `end_lease` tells the owner so (it may refill the file then)."""
         fd = entry.get("memfd")
         if backend != "shm" or type(fd) is not int or fd < 0 or not handle.nbytes:
             return None
@@ -286,7 +289,9 @@ class Channel:
         except OSError as exc:  # pidfd_getfd refused, a lying owner: copy instead
             log.warning("tensor channel: cannot map buffer %s, copying it: %s", handle.buffer, exc)
             return None
-        return over(memory, handle)
+        taken = over(memory, handle)
+        memory.on_free = end_lease  # only now: until over() returned, the pin's lease holds
+        return taken
 
     def fetch_local(self, value: Any, pending: list[PendingTensor]) -> Any:
         """A message between two actors of this process: map (or copy) from our own registry."""
@@ -300,7 +305,10 @@ class Channel:
             build = None if form is None else _rebuilder(form, handle)
             got: Any
             if entry.snapshot is not None:
+                end = functools.partial(reg.unmapped, LOCAL, handle.buffer, handle.token)
                 memory = map_private(entry.snapshot.fd, handle.nbytes)
+                reg.lease(entry, LOCAL)
+                memory.on_free = from_any_thread(end)
                 got = _tensor_over(memory, handle) if build is None else memory
             elif build is None:
                 got = _empty_like(handle)

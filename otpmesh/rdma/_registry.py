@@ -8,7 +8,12 @@ message) refuses that.
 
 Temporary buffers (large values of messages) go when their readers are done: after as many
 reads as the sender expects (``release_after``), or when the sender drops them, and at the
-latest at their deadline (``expire``), which a task of the node's own enforces on trio's clock."""
+latest at their deadline (``expire``), which a task of the node's own enforces on trio's clock.
+
+A temporary buffer's memory file (a snapshot, which readers of this host map) goes back to the
+node's ``SnapshotPool`` when the buffer goes and the last reader's mapping is gone: the
+registry keeps the leases (``_pool.py``) and the token of a forgotten buffer whose file some
+reader still maps, so that reader's ``unmapped`` can still be checked."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from .._wire._connection import Connection
 from ._backend import Backend, Region
 from ._error import RDMAError as RDMAError
 from ._handle import Grant, new_token, tokens_match
+from ._pool import SnapshotPool
 from ._shm import ShmBackend
 from ._snapshot import Snapshot
 from ._tcp import TcpBackend
@@ -83,7 +89,10 @@ class RegistryStatistics:
     buffers: int  # registered, dropped but still pinned included
     pinned: int  # buffers some reader has pinned
     expiring: int  # temporary buffers waiting for their readers or their deadline
-    snapshots: int  # memory files (each one descriptor and one mapping in this process)
+    snapshots: int  # memory files of registered buffers (each one descriptor, two mappings)
+    mapped: int  # memory files of forgotten buffers that readers may still map
+    pooled: int  # free memory files kept warm for the next value (``SnapshotPool``)
+    reused: int  # values copied into a warm file, not a new one, since the node started
 
 
 class Registry:
@@ -100,7 +109,9 @@ class Registry:
         self._expiring: dict[int, float] = {}  # buffer id -> deadline (trio's clock)
         self._next_expiry = math.inf  # when the expiry task wakes next
         self._expiry_wake: trio.Event | None = None  # None: the expiry task is not running
-        self._changed = trio.Event()  # set (and replaced) whenever a buffer is forgotten
+        self._changed = trio.Event()  # set (and replaced): a buffer forgotten, a lease ended
+        self.pool = SnapshotPool()
+        self._mapped: dict[int, _Registered] = {}  # forgotten, but some reader maps its file
         node.sys_handlers["rdma"] = self._serve
         node.close_hooks.append(self._release_pins)
 
@@ -184,24 +195,33 @@ class Registry:
         """Drop the temporary buffer `buffer_id` at `deadline` (trio's clock) at the latest,
         whatever its readers did (one died, a cast's target was unreachable)."""
         self._expiring[buffer_id] = deadline
-        if deadline < self._next_expiry:
-            self._next_expiry = deadline
-            if self._expiry_wake is not None:
-                self._expiry_wake.set()
-        if self._expiry_wake is None and self.node.nursery is not None:
-            self._expiry_wake = trio.Event()
-            self.node.nursery.start_soon(self._expire_at_deadlines)
-        elif self.node.nursery is None:  # not serving: no task to wait in, sweep now
+        self._wake_expiry(deadline)
+        if self.node.nursery is None:  # not serving: no task to wait in, sweep now
             self._drop_expired(trio.current_time())
 
     async def _expire_at_deadlines(self) -> None:
-        """The node's expiry task: sleeps until the earliest deadline, drops what is due."""
-        while True:
-            self._drop_expired(trio.current_time())
-            self._next_expiry = min(self._expiring.values(), default=math.inf)
-            self._expiry_wake = wake = trio.Event()
-            with trio.move_on_at(self._next_expiry):
-                await wake.wait()
+        """The node's expiry task: sleeps until the earliest deadline (a temporary buffer's, or
+        a free snapshot file's), drops or closes what is due."""
+        try:
+            while True:
+                now = trio.current_time()
+                self._drop_expired(now)
+                self.pool.trim(now)
+                self._next_expiry = min(
+                    min(self._expiring.values(), default=math.inf), self.pool.next_trim()
+                )
+                self._expiry_wake = wake = trio.Event()
+                with trio.move_on_at(self._next_expiry):
+                    await wake.wait()
+        finally:  # the node stops: its files go (readers' mappings keep their pages)
+            self._close_files()
+
+    def _close_files(self) -> None:
+        self.pool.trim()
+        for reg in [*self.buffers.values(), *self._mapped.values()]:
+            if reg.snapshot is not None:
+                reg.snapshot.close()
+        self._mapped.clear()
 
     def _drop_expired(self, now: float) -> None:
         for old, when in list(self._expiring.items()):
@@ -236,11 +256,14 @@ class Registry:
             pinned=sum(1 for reg in self.buffers.values() if reg.pins),
             expiring=len(self._expiring),
             snapshots=sum(1 for reg in self.buffers.values() if reg.snapshot is not None),
+            mapped=len(self._mapped),
+            pooled=self.pool.free,
+            reused=self.pool.reused,
         )
 
     async def wait_changed(self) -> None:
-        """Wait until a buffer is next forgotten (for a caller that waits for the registry to
-        drain, without polling)."""
+        """Wait until a buffer is next forgotten or a lease ends (for a caller that waits for
+        the registry to drain, without polling)."""
         await self._changed.wait()
 
     def drop(self, buffer_id: int) -> None:
@@ -257,11 +280,71 @@ class Registry:
         for backend in self.usable.values():
             backend.unregister(buffer_id)
         if reg is not None and reg.snapshot is not None:
-            reg.snapshot.close()  # readers' mappings keep their pages; nothing else does
+            reg.snapshot.registered = False
+            if reg.snapshot.leases:  # a reader may map it: keep its token for the unmapped
+                self._mapped[buffer_id] = reg
+            self._settle(reg.snapshot)
+        self._note_change()
+
+    def _note_change(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
+    def _settle(self, snap: Snapshot) -> None:
+        self.pool.settle(snap, trio.current_time())
+        if snap.fd >= 0 and not snap.registered and not snap.leases:
+            self._wake_expiry(self.pool.next_trim())  # it waits free: close it when due
+
+    def _wake_expiry(self, when: float) -> None:
+        if when < self._next_expiry:
+            self._next_expiry = when
+            if self._expiry_wake is not None:
+                self._expiry_wake.set()
+        if self._expiry_wake is None and self.node.nursery is not None:
+            self._expiry_wake = trio.Event()
+            self.node.nursery.start_soon(self._expire_at_deadlines)
+
+    def lease(self, reg: _Registered, key: int) -> None:
+        """A reader (on connection `key`, or ``LOCAL``) may map `reg`'s snapshot from now."""
+        if reg.snapshot is not None:
+            reg.snapshot.leases[key] = reg.snapshot.leases.get(key, 0) + 1
+
+    def unmapped(self, key: int, buffer_id: Any, token: Any) -> None:
+        """A reader's mapping of the buffer's snapshot is gone: end one of its leases."""
+        reg = self.buffers.get(buffer_id) if type(buffer_id) is int else None
+        if reg is None and type(buffer_id) is int:
+            reg = self._mapped.get(buffer_id)
+        if reg is None or reg.snapshot is None or not isinstance(token, str):
+            return  # its file is gone already (orphaned and closed): nothing to end
+        if not tokens_match(token, reg.token):
+            raise RDMAError(f"buffer {buffer_id}: unmapped with a token its owner did not issue")
+        self._end_lease(buffer_id, reg, key)
+
+    def _end_lease(self, buffer_id: int, reg: _Registered, key: int) -> None:
+        snap = reg.snapshot
+        if snap is None or key not in snap.leases:
+            return
+        left = snap.leases.pop(key) - 1
+        if left > 0:
+            snap.leases[key] = left
+        elif not snap.leases:
+            self._mapped.pop(buffer_id, None)
+        self._settle(snap)
+        self._note_change()
+
+    def _orphan(self, key: int) -> None:
+        """Connection `key` closed: files it may still map are never refilled."""
+        for buffer_id, reg in [*self.buffers.items(), *self._mapped.items()]:
+            snap = reg.snapshot
+            if snap is not None and snap.leases.pop(key, None) is not None:
+                snap.orphaned = True
+                if not snap.leases:
+                    self._mapped.pop(buffer_id, None)
+                self._settle(snap)
+                self._note_change()
+
     def _release_pins(self, conn: Connection) -> None:
+        self._orphan(id(conn))
         for buffer_id, reg in list(self.buffers.items()):
             held = reg.pins.pop(id(conn), None)
             if held is None:
@@ -282,6 +365,7 @@ class Registry:
             if p.get("write", False) is not False:
                 self.check_write(buffer_id, reg)
             reg.pins[key] = reg.pins.get(key, 0) + 1
+            self.lease(reg, key)  # a reader of this host may map its snapshot
             return reg.grant
         if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
             self.check(buffer_id, token, live=False)
@@ -292,8 +376,13 @@ class Registry:
             return await backend.serve(str(p.get("request")), p.get("payload"))
         found = self.buffers.get(buffer_id) if type(buffer_id) is int else None
         if op == "unpin":  # only this connection's own pins
-            if found is not None:
+            if found is not None and key in found.pins:
+                if p.get("mapped", True) is False:  # it copied: its lease ends with the pin
+                    self._end_lease(buffer_id, found, key)
                 self._unpin(buffer_id, found, key)
+            return True
+        if op == "unmapped":
+            self.unmapped(key, buffer_id, token)
             return True
         if op == "drop":
             if found is not None:  # dropping twice, or after the owner did, is no error

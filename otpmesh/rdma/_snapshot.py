@@ -1,6 +1,6 @@
-"""Snapshots: how a large tensor of a call reaches every process of its host with one copy.
+"""Snapshots: how a large value of a message reaches every process of its host with one copy.
 
-The sender's channel copies the tensor once, when it sends the message, into an anonymous memory
+The sender's channel copies the value once, when it sends the message, into an anonymous memory
 file (``memfd_create``) sealed against shrinking and growing (``Snapshot``). A reader on the same
 host, once the owner's grant (checked against ``SO_PEERCRED``) names the file's descriptor, takes
 a duplicate of it with ``pidfd_getfd(2)`` (the same permission ``process_vm_readv`` needs), checks
@@ -10,15 +10,20 @@ the seals and the size, maps it copy-on-write (``MAP_PRIVATE``) and closes the d
 - a reader copies nothing: its tensor is the sender's snapshot, and a broadcast to n readers
   costs one copy in all; pages fault in as the reader first touches them;
 - the reader's tensor is its own: writing to it copies the written pages (copy-on-write), and
-  nobody can write to the snapshot: the file is sealed against writes (``F_SEAL_WRITE``) and the
-  sender maps it read-only, so later writes on either side are invisible to the other (a
-  ``process_vm_writev`` into the sender's mapping fails: its pages are not writable);
+  the sender never writes to a file while a reader maps it: a file is refilled only once every
+  reader's mapping is gone (the leases of ``_pool.py``), so later writes on either side are
+  invisible to the other;
+- the owner fills the file through a mapping of its own and offers the backends another,
+  read-only one: a ``process_vm_writev`` at the address a grant names fails (its pages are not
+  writable there);
 - nothing can leak: no file is named anywhere (not in /dev/shm), the reader holds no descriptor,
   and the memory lives exactly as long as the last mapping or descriptor of it (the reader's
-  tensor; the sender's registered buffer); a SIGKILLed process's go with it;
-- a reader can never be made to fault, nor see the bytes change: it maps only a file sealed
-  against shrinking and writes (``F_SEAL_SHRINK``, ``F_SEAL_WRITE``), of at least the size the
-  handle says.
+  tensor; the owner's registered buffer or pool); a SIGKILLed process's go with it;
+- a reader can never be made to fault: it maps only a file sealed against shrinking
+  (``F_SEAL_SHRINK``), of at least the size the grant says.
+
+A file's first fill is a ``pwrite`` (the kernel allocates its pages as it copies, the fastest
+way into new memory measured here); a refill copies into its warm pages, in a thread per core.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import fcntl
 import functools
 import mmap
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._backend import Region
@@ -46,9 +53,15 @@ _libc.mmap.argtypes = (
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture Linux numbers uniformly
-#: A reader maps only a file sealed so: its size and its bytes cannot change under the mapping.
-SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+#: What a reader checks before it maps: the file cannot shrink under the mapping (no SIGBUS).
+#: The owner also seals growth and the seals themselves.
+SEALS = fcntl.F_SEAL_SHRINK
+_OWN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 _NAME = "otpmesh-channel"  # shows in /proc/PID/maps and fd links: "/memfd:otpmesh-channel"
+_PAGE = mmap.PAGESIZE
+_THREADS = os.cpu_count() or 1
+_PIECE = 4 << 20  # a refill splits across threads from twice this size
+_copiers: ThreadPoolExecutor | None = None
 
 
 def available() -> bool:
@@ -69,40 +82,99 @@ def _mapping_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
     base = ctypes.c_char * nbytes
 
     class Mapping(base):  # type: ignore[valid-type,misc]
-        """Memory mapped by ``map_private``: unmapped when the last tensor over it is freed."""
+        """Memory mapped by ``map_private``: unmapped when the last tensor over it is freed,
+        then its ``on_free`` (if any) is called, from whatever thread freed it."""
+
+        on_free: Callable[[], None] | None = None
 
         def __del__(self, _munmap: Any = _libc.munmap) -> None:  # bound now: safe at exit
             _munmap(ctypes.addressof(self), nbytes)
+            if self.on_free is not None:
+                self.on_free()
 
     return Mapping
 
 
-class Snapshot:
-    """The sender's copy of a tensor in a sealed memory file: ``fd`` for readers of this host,
-    ``region`` (a read-only shared mapping) for the other backends. ``close`` when the buffer is
-    dropped."""
+def _copy_in_threads(dst: int, src: int, nbytes: int) -> None:
+    """memmove `nbytes` from `src` to `dst`, a slice per core (ctypes lets go of the GIL)."""
+    global _copiers
+    parts = max(1, min(_THREADS, nbytes // _PIECE // 2))
+    if parts == 1:
+        ctypes.memmove(dst, src, nbytes)
+        return
+    if _copiers is None:
+        _copiers = ThreadPoolExecutor(_THREADS, thread_name_prefix="otpmesh-snapshot")
+    step = -(-nbytes // parts)
+    spans = [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
+    for done in [_copiers.submit(ctypes.memmove, dst + at, src + at, n) for at, n in spans]:
+        done.result()
 
-    def __init__(self, src: Region) -> None:
+
+class Snapshot:
+    """A sealed memory file of `capacity` bytes for one value sent in a message at a time:
+    ``fill`` copies a value in, then ``region`` (a read-only shared mapping of its bytes) is what
+    the backends read and ``fd`` what readers of this host map. Reused by ``SnapshotPool`` once
+    no reader maps it; ``close`` when done with it for good.
+
+    ``leases`` (connection key -> count: the mappings readers may still hold), ``registered``
+    (a buffer holds it), ``orphaned`` (a lease was lost with its connection: never refill it)
+    and ``free_since`` are the pool's bookkeeping."""
+
+    def __init__(self, capacity: int) -> None:
         fd = os.memfd_create(_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        writer = reader = 0
         try:
-            os.ftruncate(fd, src.nbytes)
-            # pwrite, not a copy through a mapping: the kernel allocates the file's pages as it
-            # copies (no page fault per page), the fastest way in measured here.
-            view = memoryview((ctypes.c_char * src.nbytes).from_address(src.address)).cast("B")
-            done = 0
-            while done < src.nbytes:
-                done += os.pwrite(fd, view[done:], done)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
-            address = _map(fd, src.nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+            os.ftruncate(fd, capacity)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _OWN_SEALS)
+            writer = _map(fd, capacity, mmap.MAP_SHARED)
+            reader = _map(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
+            for address in (writer, reader):
+                if address:
+                    _libc.munmap(address, capacity)
             os.close(fd)
             raise
         self.fd = fd
-        self.region = Region(address, src.nbytes)
+        self.capacity = capacity
+        self.region = Region(reader, 0)
+        self._writer = writer
+        self._warm = False  # its pages exist: refill through the mapping
+        self.leases: dict[int, int] = {}
+        self.registered = False
+        self.orphaned = False
+        self.free_since = 0.0
+
+    @classmethod
+    def of(cls, src: Region) -> Snapshot:
+        """A new snapshot of `src`, filled."""
+        snap = cls(max(_PAGE, -(-src.nbytes // _PAGE) * _PAGE))
+        try:
+            snap.fill(src)
+        except BaseException:
+            snap.close()
+            raise
+        return snap
+
+    def fill(self, src: Region) -> None:
+        """Copy `src` (at most ``capacity`` bytes) in; ``region`` is then its bytes."""
+        if src.nbytes > self.capacity:
+            raise ValueError(f"{src.nbytes} bytes do not fit a {self.capacity}-byte snapshot")
+        if self._warm:
+            _copy_in_threads(self._writer, src.address, src.nbytes)
+        else:
+            # pwrite, not a copy through a mapping: the kernel allocates the file's pages as it
+            # copies (no page fault per page), the fastest way into new pages measured here.
+            view = memoryview((ctypes.c_char * src.nbytes).from_address(src.address)).cast("B")
+            done = 0
+            while done < src.nbytes:
+                done += os.pwrite(self.fd, view[done:], done)
+            self._warm = True  # sized for its first value: every page now exists
+        self.region = Region(self.region.address, src.nbytes)
 
     def close(self) -> None:
         if self.fd >= 0:
-            _libc.munmap(self.region.address, self.region.nbytes)
+            _libc.munmap(self._writer, self.capacity)
+            _libc.munmap(self.region.address, self.capacity)
             os.close(self.fd)
             self.fd = -1
 
@@ -119,11 +191,13 @@ def _pidfd_getfd(pid: int, fd: int) -> int:
     return got
 
 
-def map_private(fd: int, nbytes: int, *, pid: int | None = None) -> Any:
+def map_private(
+    fd: int, nbytes: int, *, pid: int | None = None, on_free: Callable[[], None] | None = None
+) -> Any:
     """A private (copy-on-write) mapping of `nbytes` of the snapshot file `fd`: of process `pid`
     (a descriptor number in its table), or of this process. A buffer object that unmaps itself
-    when the last user is freed (``torch.frombuffer`` keeps it alive). OSError if the file is not
-    a sealed snapshot of at least `nbytes`."""
+    when the last user is freed (``torch.frombuffer`` keeps it alive), then calls `on_free`.
+    OSError if the file is not a sealed snapshot of at least `nbytes`."""
     own = fd if pid is None else _pidfd_getfd(pid, fd)
     try:
         seals = fcntl.fcntl(own, fcntl.F_GET_SEALS)  # EINVAL: not a memory file at all
@@ -138,4 +212,6 @@ def map_private(fd: int, nbytes: int, *, pid: int | None = None) -> Any:
     finally:
         if own != fd:
             os.close(own)
-    return _mapping_type(nbytes).from_address(address)
+    memory: Any = _mapping_type(nbytes).from_address(address)
+    memory.on_free = on_free
+    return memory

@@ -22,6 +22,32 @@ def memfd_leftovers(pid: int) -> dict[str, int]:
     return {"maps": maps, "fds": fds}
 
 
+async def settle_and_trim() -> dict[str, Any]:
+    """In this process: wait until its channel holds no buffer and no reader maps one of its
+    files; then say what it holds (``memfd_leftovers``, ``before`` and ``after`` closing its
+    pool's free files) and its pool's counts."""
+    import trio
+
+    from otpmesh._node._node import current_node
+
+    node = current_node()
+    registry = None if node is None else node.channel._registry  # type: ignore[union-attr]
+    if registry is None:
+        nothing = memfd_leftovers(os.getpid())
+        return {"before": nothing, "after": nothing, "pooled": 0, "reused": 0}
+    with trio.fail_after(30):
+        while (stats := registry.statistics()).buffers or stats.mapped:
+            await registry.wait_changed()
+    before = memfd_leftovers(os.getpid())
+    registry.pool.trim()
+    return {
+        "before": before,
+        "after": memfd_leftovers(os.getpid()),
+        "pooled": stats.pooled,
+        "reused": stats.reused,
+    }
+
+
 class Keeper(otpmesh.Actor):
     """Keeps the tensors it is sent; answers questions about them."""
 
@@ -58,6 +84,15 @@ class Keeper(otpmesh.Actor):
         """Whether the kept tensor lies in a mapped channel snapshot (not a copy)."""
         address = self.kept[key].data_ptr()
         return _in_channel_mapping(address)
+
+    @otpmesh.endpoint
+    def holds(self, t: Any, value: float) -> bool:
+        """Whether every element of `t` (an argument, dropped after the call) is `value`."""
+        return bool((t == value).all())
+
+    @otpmesh.endpoint
+    async def settle_and_trim(self) -> dict[str, Any]:
+        return await settle_and_trim()
 
     @otpmesh.endpoint
     def forget(self) -> None:

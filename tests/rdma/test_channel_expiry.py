@@ -14,8 +14,9 @@ import trio.testing
 import otpmesh
 from otpmesh._node._node import Node, current_node
 from otpmesh.rdma._channel import MAP_ABOVE, TEMP_TTL, Channel
+from otpmesh.rdma._pool import IDLE
 from tests.conftest import run_trio
-from tests.rdma.channel_actors import BufferKeeper, memfd_leftovers
+from tests.rdma.channel_actors import BufferKeeper, memfd_leftovers, settle_and_trim
 
 MIB = 1 << 20
 
@@ -36,20 +37,23 @@ def test_repeated_large_casts_are_released_once_every_target_has_read_them() -> 
             # Casts are FIFO with later calls: by these replies every target has fetched all.
             assert (await keepers.count()).values() == [8, 8]
             registry = current_node().channel.registry  # type: ignore[union-attr]
-            # Each target's unpins come on a connection of their own: wait for them, not a time.
-            with trio.fail_after(30):
-                while registry.statistics().buffers:
-                    await registry.wait_changed()
+            # Each target's unpins and unmaps come on a connection of their own: wait for them
+            # (settle_and_trim does), not a time. What is left is the pool's free files only.
+            left = await settle_and_trim()
             assert registry.statistics().expiring == 0
-            assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
+            pooled = left["pooled"]
+            assert 1 <= pooled <= 4 and left["reused"] + pooled <= 4, left
+            assert left["before"] == {"maps": 2 * pooled, "fds": pooled}
+            assert left["after"] == {"maps": 0, "fds": 0}
             assert (await keepers[1].get("b3"))[:2] == b"\x03\x03"
 
     run_trio(body, timeout=150)
 
 
 def test_an_unread_temporary_buffer_goes_at_its_deadline_without_another_offer() -> None:
-    """A cast whose target never reads (unreachable, or died first): its snapshot's memory goes
-    TEMP_TTL s after it was sent, by the registry's timer (MockClock: no real waiting)."""
+    """A cast whose target never reads (unreachable, or died first): its buffer goes TEMP_TTL s
+    after it was sent, its snapshot file to the pool, closed IDLE s later, by the registry's
+    timer (MockClock: no real waiting)."""
 
     async def body() -> None:
         node = Node("expiry", channel=Channel)
@@ -65,12 +69,17 @@ def test_an_unread_temporary_buffer_goes_at_its_deadline_without_another_offer()
             assert memfd_leftovers(os.getpid())["fds"] == 1
             await trio.sleep(TEMP_TTL - 11)
             assert channel.registry.statistics().buffers == 2  # not yet
-            await trio.sleep(2)  # the first one's deadline passed
+            await trio.sleep(2)  # the first one's deadline passed: its file waits in the pool
             stats = channel.registry.statistics()
-            assert (stats.buffers, stats.snapshots) == (1, 0)
-            assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
+            assert (stats.buffers, stats.snapshots, stats.pooled) == (1, 0, 1)
+            assert memfd_leftovers(os.getpid()) == {"maps": 2, "fds": 1}
             await trio.sleep(10)
             assert channel.registry.statistics().buffers == 0
+            await trio.sleep(IDLE - 12)  # not yet
+            assert channel.registry.statistics().pooled == 1
+            await trio.sleep(2)  # unused for IDLE s: closed
+            assert channel.registry.statistics().pooled == 0
+            assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
             nursery.cancel_scope.cancel()
 
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))

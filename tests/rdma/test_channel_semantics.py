@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import otpmesh
 from otpmesh.rdma._channel import MAP_ABOVE
 from tests.conftest import run_trio
-from tests.rdma.channel_actors import Keeper, memfd_leftovers
+from tests.rdma.channel_actors import Keeper, memfd_leftovers, settle_and_trim
 
 MIB = 1 << 20
 DTYPES = [
@@ -58,6 +58,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.shape == b.shape
         and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     )
+
+
+_NONE = {"maps": 0, "fds": 0}
+_NOTHING_POOLED = {"before": _NONE, "after": _NONE, "pooled": 0, "reused": 0}
 
 
 def _leftovers(pids: list[int]) -> dict[int, dict[str, int]]:
@@ -166,6 +170,12 @@ def test_a_sigkilled_reader_leaves_no_snapshot_mapping_fd_or_file() -> None:
             await keepers[0].keep("kept", big)
             await keepers[0].forget()
             gc.collect()
+            # The files worker 1 mapped are orphaned (it may have mapped them): closed, never
+            # refilled; the one worker 0 mapped and let go waits in the pool, warm.
+            here = await settle_and_trim()
+            assert here["reused"] == 0 and here["pooled"] == 1, here
+            assert here["before"] == {"maps": 2, "fds": 1}
+            assert await keepers[0].settle_and_trim() == _NOTHING_POOLED
             survivors = [os.getpid(), procs.pids[0]]
             assert _leftovers(survivors) == {p: {"maps": 0, "fds": 0} for p in survivors}
 
@@ -189,6 +199,12 @@ def test_a_sigkilled_owner_leaves_its_readers_copies_intact_and_nothing_behind()
             await keepers[1].add("got", 1.0)
             assert await keepers[1].equals("got", big + 1)
             await keepers[1].forget()
+            assert await keepers[1].settle_and_trim() == _NOTHING_POOLED
+            # The controller's file worker 0 mapped is orphaned and closed; those worker 1
+            # mapped and let go (the arguments of equals) wait in the pool.
+            here = await settle_and_trim()
+            assert here["pooled"] >= 1 and here["after"] == _NONE, here
+            assert here["before"] == {"maps": 2 * here["pooled"], "fds": here["pooled"]}
             survivors = [os.getpid(), procs.pids[1], procs.pids[2]]
             assert _leftovers(survivors) == {p: {"maps": 0, "fds": 0} for p in survivors}
 

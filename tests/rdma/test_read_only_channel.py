@@ -1,6 +1,7 @@
 """A value sent in a message is offered as a read-only buffer: a receiver holding its handle can
 read it but never write to it (the owner refuses the pin, the tcp backend the transfer, and a
-snapshot's pages are not writable at all), so other receivers always get what was sent."""
+snapshot's pages are not writable where the grant says), so other receivers always get what was
+sent."""
 
 from __future__ import annotations
 
@@ -66,10 +67,12 @@ def test_the_tcp_backend_refuses_a_write_to_a_read_only_buffer_itself() -> None:
 
 
 def test_a_snapshots_pages_refuse_a_kernel_copy_into_them() -> None:
-    """process_vm_writev into the owner's mapping of a snapshot fails: it is mapped read-only
-    and the file is sealed against writes, whoever holds the address."""
+    """process_vm_writev at the address a snapshot's grant names fails: the owner offers the
+    backends a read-only mapping (it fills the file through another), whoever holds the
+    address; so too after a refill."""
     source = torch.arange(1024, dtype=torch.int32)
-    snap = Snapshot(Region(source.data_ptr(), source.numel() * 4))
+    snap = Snapshot.of(Region(source.data_ptr(), source.numel() * 4))
+    snap.fill(Region(source.data_ptr(), source.numel() * 4))  # a refill, as the pool does
     try:
         scribble = bytearray(16)
         local = Region(ctypes.addressof(ctypes.c_char.from_buffer(scribble)), 16)

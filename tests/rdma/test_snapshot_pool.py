@@ -1,0 +1,148 @@
+"""The pool of warm snapshot files (``otpmesh/rdma/_pool.py``): a value sent every step is copied
+into a file whose pages already exist, and never into one a reader may still map."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+import trio
+import trio.testing
+
+import otpmesh
+from otpmesh._node._node import Node
+from otpmesh.rdma import RDMAError
+from otpmesh.rdma._channel import MAP_ABOVE, Channel
+from otpmesh.rdma._handle import Handle
+from otpmesh.rdma._pool import pool_limit
+from otpmesh.rdma._registry import RegistryStatistics
+from tests.conftest import run_trio
+from tests.rdma.channel_actors import Keeper, memfd_leftovers, settle_and_trim
+
+NUMEL = MAP_ABOVE // 4  # float32: a value that travels as a snapshot file
+
+
+@pytest.fixture(autouse=True)
+def _workers_touch_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTPMESH_PRELOAD", raising=False)
+    monkeypatch.delenv("OTPMESH_RDMA_BACKENDS", raising=False)
+    monkeypatch.delenv("OTPMESH_CHANNEL_POOL", raising=False)
+
+
+def test_values_sent_every_step_reuse_warm_files_and_kept_values_never_change() -> None:
+    weights = torch.empty(NUMEL)
+
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            keeper = (await procs.spawn("k", Keeper))[0]
+            # Kept: every file stays mapped, so each send needs a new one, and no later send
+            # may be copied into an earlier one.
+            for step in range(4):
+                await keeper.keep(f"w{step}", weights.fill_(float(step)))
+            stats = _stats()
+            assert (stats.reused, stats.mapped, stats.pooled) == (0, 4, 0), stats
+            for step in range(4):  # these arguments are dropped: their files may be refilled
+                assert await keeper.equals(f"w{step}", torch.full((NUMEL,), float(step)))
+            # Dropped by the callee after each call: the files come back warm and are refilled.
+            for step in range(10, 22):
+                assert await keeper.holds(weights.fill_(float(step)), float(step)), step
+            await keeper.forget()  # the kept ones go too
+            here = await settle_and_trim()
+            assert here["reused"] >= 4, here  # a few new files at first, then warm ones
+            assert here["before"] == {"maps": 2 * here["pooled"], "fds": here["pooled"]}
+            assert here["after"] == {"maps": 0, "fds": 0}
+
+    run_trio(body, timeout=150)
+
+
+def _stats() -> RegistryStatistics:
+    from otpmesh._node._node import current_node
+
+    node = current_node()
+    assert node is not None and isinstance(node.channel, Channel)
+    return node.channel.registry.statistics()
+
+
+class _Conn:
+    """Stands in for a reader's connection: the registry knows connections only by identity."""
+
+
+def test_leases_end_only_by_their_own_reader_and_a_lost_connection_orphans_the_file() -> None:
+    """The owner's bookkeeping, request by request, as readers' connections would send them."""
+
+    async def body() -> None:
+        node = Node("leases", channel=Channel)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+            channel = node.channel
+            assert isinstance(channel, Channel)
+            reg = channel.registry
+            a, b, c = _Conn(), _Conn(), _Conn()
+
+            def offer() -> Handle:
+                return Handle.from_wire(channel.offer(torch.ones(NUMEL), None))
+
+            async def ask(conn: object, op: str, h: Handle, **more: object) -> object:
+                request = {"op": op, "buffer": h.buffer, "token": h.token, **more}
+                return await reg._serve(conn, request)  # type: ignore[arg-type]
+
+            h = offer()
+            await ask(a, "pin", h)
+            await ask(a, "unpin", h, mapped=True)  # a maps it
+            reg.drop(h.buffer)
+            stats = reg.statistics()
+            assert (stats.buffers, stats.mapped, stats.pooled) == (0, 1, 0)
+            with pytest.raises(RDMAError, match="token its owner did not issue"):
+                await ask(a, "unmapped", dataclasses.replace(h, token="0" * 32))
+            await ask(b, "unmapped", h)  # b holds no lease of it: nothing ends
+            await ask(a, "unpin", h, mapped=False)  # a's pin is long over: nothing ends
+            assert (reg.statistics().mapped, reg.statistics().pooled) == (1, 0)
+            await ask(a, "unmapped", h)
+            assert (reg.statistics().mapped, reg.statistics().pooled) == (0, 1)
+
+            h = offer()  # into the warm file
+            assert reg.statistics().reused == 1
+            await ask(c, "pin", h)
+            await ask(c, "unpin", h, mapped=False)  # c copied: its lease ended with the pin
+            await ask(a, "pin", h)  # a pins and may map, then its connection closes
+            reg._release_pins(a)  # type: ignore[arg-type]
+            reg.drop(h.buffer)
+            stats = reg.statistics()
+            assert (stats.buffers, stats.mapped, stats.pooled) == (0, 0, 0)  # closed, not pooled
+            assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
+            offer()
+            assert reg.statistics().reused == 1  # a new file: the orphan was never refilled
+            nursery.cancel_scope.cancel()
+
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_the_pool_limit_is_read_from_the_environment_and_zero_turns_reuse_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert pool_limit() > 0  # a quarter of the machine's memory
+    monkeypatch.setenv("OTPMESH_CHANNEL_POOL", "lots")
+    with pytest.raises(RDMAError, match="OTPMESH_CHANNEL_POOL must be a number of bytes"):
+        pool_limit()
+    monkeypatch.setenv("OTPMESH_CHANNEL_POOL", "-1")
+    with pytest.raises(RDMAError, match="not '-1'"):
+        pool_limit()
+    monkeypatch.setenv("OTPMESH_CHANNEL_POOL", "0")
+
+    async def body() -> None:
+        node = Node("no-pool", channel=Channel)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+            channel = node.channel
+            assert isinstance(channel, Channel)
+            for _ in range(2):
+                h = Handle.from_wire(channel.offer(torch.ones(NUMEL), None))
+                channel.registry.drop(h.buffer)
+            stats = channel.registry.statistics()
+            assert (stats.pooled, stats.reused) == (0, 0)
+            assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
+            nursery.cancel_scope.cancel()
+
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
