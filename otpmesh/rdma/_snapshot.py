@@ -59,6 +59,7 @@ SEALS = fcntl.F_SEAL_SHRINK
 _OWN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 _NAME = "otpmesh-channel"  # shows in /proc/PID/maps and fd links: "/memfd:otpmesh-channel"
 _PAGE = mmap.PAGESIZE
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)  # Python 3.10+ on Linux has it
 _THREADS = os.cpu_count() or 1
 _PIECE = 4 << 20  # a refill splits across threads from twice this size
 _copiers: ThreadPoolExecutor | None = None
@@ -122,23 +123,18 @@ class Snapshot:
 
     def __init__(self, capacity: int) -> None:
         fd = os.memfd_create(_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        writer = reader = 0
         try:
             os.ftruncate(fd, capacity)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _OWN_SEALS)
-            writer = _map(fd, capacity, mmap.MAP_SHARED)
             reader = _map(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
-            for address in (writer, reader):
-                if address:
-                    _libc.munmap(address, capacity)
             os.close(fd)
             raise
         self.fd = fd
         self.capacity = capacity
         self.region = Region(reader, 0)
-        self._writer = writer
-        self._warm = False  # its pages exist: refill through the mapping
+        self._warm = False  # its pages exist (after the first fill)
+        self._writer = 0  # the owner's writable mapping, made after the first fill
         self.leases: dict[int, int] = {}
         self.registered = False
         self.orphaned = False
@@ -169,11 +165,15 @@ class Snapshot:
             while done < src.nbytes:
                 done += os.pwrite(self.fd, view[done:], done)
             self._warm = True  # sized for its first value: every page now exists
+            # The mapping refills go through, populated now: a page fault per page at the
+            # first refill would cost more than the copy.
+            self._writer = _map(self.fd, self.capacity, mmap.MAP_SHARED | _MAP_POPULATE)
         self.region = Region(self.region.address, src.nbytes)
 
     def close(self) -> None:
         if self.fd >= 0:
-            _libc.munmap(self._writer, self.capacity)
+            if self._writer:
+                _libc.munmap(self._writer, self.capacity)
             _libc.munmap(self.region.address, self.capacity)
             os.close(self.fd)
             self.fd = -1

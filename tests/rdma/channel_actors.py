@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import otpmesh
@@ -20,6 +22,22 @@ def memfd_leftovers(pid: int) -> dict[str, int]:
         except OSError:
             continue  # closed meanwhile
     return {"maps": maps, "fds": fds}
+
+
+@contextlib.asynccontextmanager
+async def serving_channel(name: str) -> AsyncIterator[Any]:
+    """A node of this process, serving, with a tensor channel: yields the channel."""
+    import trio
+
+    from otpmesh._node._node import Node
+    from otpmesh.rdma._channel import Channel
+
+    node = Node(name, channel=Channel)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.serve)
+        assert isinstance(node.channel, Channel)
+        yield node.channel
+        nursery.cancel_scope.cancel()
 
 
 async def settle_and_trim() -> dict[str, Any]:

@@ -12,11 +12,16 @@ import trio
 import trio.testing
 
 import otpmesh
-from otpmesh._node._node import Node, current_node
-from otpmesh.rdma._channel import MAP_ABOVE, TEMP_TTL, Channel
+from otpmesh._node._node import current_node
+from otpmesh.rdma._channel import MAP_ABOVE, TEMP_TTL
 from otpmesh.rdma._pool import IDLE
 from tests.conftest import run_trio
-from tests.rdma.channel_actors import BufferKeeper, memfd_leftovers, settle_and_trim
+from tests.rdma.channel_actors import (
+    BufferKeeper,
+    memfd_leftovers,
+    serving_channel,
+    settle_and_trim,
+)
 
 MIB = 1 << 20
 
@@ -56,11 +61,7 @@ def test_an_unread_temporary_buffer_goes_at_its_deadline_without_another_offer()
     timer (MockClock: no real waiting)."""
 
     async def body() -> None:
-        node = Node("expiry", channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node.serve)
-            channel = node.channel
-            assert isinstance(channel, Channel)
+        async with serving_channel("expiry") as channel:
             channel.offer(torch.ones(MAP_ABOVE // 4), None)  # a snapshot: a memfd
             await trio.sleep(10)
             channel.offer(memoryview(bytearray(2 * MIB)), None)  # a copy
@@ -80,6 +81,5 @@ def test_an_unread_temporary_buffer_goes_at_its_deadline_without_another_offer()
             await trio.sleep(2)  # unused for IDLE s: closed
             assert channel.registry.statistics().pooled == 0
             assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
-            nursery.cancel_scope.cancel()
 
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -12,14 +12,13 @@ import trio
 import trio.testing
 
 import otpmesh
-from otpmesh._node._node import Node
 from otpmesh.rdma import RDMAError
 from otpmesh.rdma._channel import MAP_ABOVE, Channel
 from otpmesh.rdma._handle import Handle
 from otpmesh.rdma._pool import pool_limit
 from otpmesh.rdma._registry import RegistryStatistics
 from tests.conftest import run_trio
-from tests.rdma.channel_actors import Keeper, memfd_leftovers, settle_and_trim
+from tests.rdma.channel_actors import Keeper, memfd_leftovers, serving_channel, settle_and_trim
 
 NUMEL = MAP_ABOVE // 4  # float32: a value that travels as a snapshot file
 
@@ -73,11 +72,7 @@ def test_leases_end_only_by_their_own_reader_and_a_lost_connection_orphans_the_f
     """The owner's bookkeeping, request by request, as readers' connections would send them."""
 
     async def body() -> None:
-        node = Node("leases", channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node.serve)
-            channel = node.channel
-            assert isinstance(channel, Channel)
+        async with serving_channel("leases") as channel:
             reg = channel.registry
             a, b, c = _Conn(), _Conn(), _Conn()
 
@@ -114,7 +109,6 @@ def test_leases_end_only_by_their_own_reader_and_a_lost_connection_orphans_the_f
             assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
             offer()
             assert reg.statistics().reused == 1  # a new file: the orphan was never refilled
-            nursery.cancel_scope.cancel()
 
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -132,17 +126,12 @@ def test_the_pool_limit_is_read_from_the_environment_and_zero_turns_reuse_off(
     monkeypatch.setenv("OTPMESH_CHANNEL_POOL", "0")
 
     async def body() -> None:
-        node = Node("no-pool", channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(node.serve)
-            channel = node.channel
-            assert isinstance(channel, Channel)
+        async with serving_channel("no-pool") as channel:
             for _ in range(2):
                 h = Handle.from_wire(channel.offer(torch.ones(NUMEL), None))
                 channel.registry.drop(h.buffer)
             stats = channel.registry.statistics()
             assert (stats.pooled, stats.reused) == (0, 0)
             assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
-            nursery.cancel_scope.cancel()
 
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
