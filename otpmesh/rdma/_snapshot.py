@@ -96,6 +96,14 @@ def _mapping_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
     return Mapping
 
 
+def _forget_copiers() -> None:
+    global _copiers
+    _copiers = None  # a forked child has none of its parent's threads: make new ones
+
+
+os.register_at_fork(after_in_child=_forget_copiers)
+
+
 def _copy_in_threads(dst: int, src: int, nbytes: int) -> None:
     """memmove `nbytes` from `src` to `dst`, a slice per core (ctypes lets go of the GIL)."""
     global _copiers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ import trio.testing
 
 import otpmesh
 from otpmesh.rdma import RDMAError
+from otpmesh.rdma._backend import Region
 from otpmesh.rdma._channel import MAP_ABOVE, Channel
 from otpmesh.rdma._handle import Handle
 from otpmesh.rdma._pool import pool_limit
 from otpmesh.rdma._registry import RegistryStatistics
+from otpmesh.rdma._snapshot import Snapshot
 from tests.conftest import run_trio
 from tests.rdma.channel_actors import Keeper, memfd_leftovers, serving_channel, settle_and_trim
 
@@ -135,3 +138,21 @@ def test_the_pool_limit_is_read_from_the_environment_and_zero_turns_reuse_off(
             assert memfd_leftovers(os.getpid()) == {"maps": 0, "fds": 0}
 
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_forked_child_refills_with_copier_threads_of_its_own() -> None:
+    """A refill copies in a thread per core; a process forked after its parent made them (a
+    fork server started by a controller that already sent) must not wait on threads it lacks."""
+    source = torch.ones(NUMEL)
+    region = Region(source.data_ptr(), MAP_ABOVE)
+    parent = Snapshot.of(region)
+    parent.fill(region)  # the parent's copier threads exist now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's exit status is the assertion
+        signal.alarm(20)  # a hung refill dies of SIGALRM
+        child = Snapshot.of(region)
+        child.fill(region)
+        os._exit(0 if child.region.nbytes == MAP_ABOVE else 1)
+    _, status = os.waitpid(pid, 0)
+    parent.close()
+    assert os.waitstatus_to_exitcode(status) == 0
