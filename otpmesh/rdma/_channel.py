@@ -255,19 +255,35 @@ class Channel:
             if placeholder.form is None:
                 _tensor_dtype(handle)
                 found[id(placeholder)] = await buf._read_new(
-                    functools.partial(_empty_like, handle),
+                    functools.partial(self._receive_tensor, handle),
                     functools.partial(self._mapped, handle, _tensor_over),
                 )
             else:
                 build = _rebuilder(placeholder.form, handle)
                 raw = await buf._read_new(
-                    functools.partial(bytearray, handle.nbytes),
+                    functools.partial(self._receive_raw, handle, placeholder.form),
                     functools.partial(self._mapped, handle, _raw_over),
                 )
                 found[id(placeholder)] = _build(build, raw, placeholder.form)
             if drop:
                 buf.drop()
         return _substitute(msg, found)
+
+    def _receive_tensor(self, handle: Handle) -> Any:
+        """A tensor to read `handle`'s value into: in warm memory of the node's receive pool
+        from ``MAP_ABOVE`` bytes (``_receive.py``), else a new one (malloc reuses warm memory
+        below that)."""
+        if handle.nbytes < MAP_ABOVE:
+            return _empty_like(handle)
+        return _tensor_over(self.registry.receive.take(handle.nbytes), handle)
+
+    def _receive_raw(self, handle: Handle, form: Any) -> Any:
+        """Memory to read a buffer of `form` into: a ``bytes`` or ``bytearray`` owns its memory
+        (a new bytearray); a numpy array or memoryview lies in a receive pool block, as a
+        tensor does."""
+        if handle.nbytes < MAP_ABOVE or form in ("bytes", "bytearray"):
+            return bytearray(handle.nbytes)
+        return self.registry.receive.take(handle.nbytes)
 
     def _mapped(
         self,

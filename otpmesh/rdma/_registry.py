@@ -33,6 +33,7 @@ from ._backend import Backend, Region
 from ._error import RDMAError as RDMAError
 from ._handle import Grant, new_token, tokens_match
 from ._pool import SnapshotPool
+from ._receive import ReceivePool
 from ._shm import ShmBackend
 from ._snapshot import Snapshot
 from ._tcp import TcpBackend
@@ -93,6 +94,8 @@ class RegistryStatistics:
     mapped: int  # memory files of forgotten buffers that readers may still map
     pooled: int  # free memory files kept warm for the next value (``SnapshotPool``)
     reused: int  # values copied into a warm file, not a new one, since the node started
+    receive_pooled: int  # free blocks of warm memory for values read from other hosts
+    receive_reused: int  # values read into such a warm block since the node started
 
 
 class Registry:
@@ -111,6 +114,7 @@ class Registry:
         self._expiry_wake: trio.Event | None = None  # None: the expiry task is not running
         self._changed = trio.Event()  # set (and replaced): a buffer forgotten, a lease ended
         self.pool = SnapshotPool()
+        self.receive = ReceivePool(self._wake_expiry)
         self._mapped: dict[int, _Registered] = {}  # forgotten, but some reader maps its file
         node.sys_handlers["rdma"] = self._serve
         node.close_hooks.append(self._release_pins)
@@ -207,8 +211,11 @@ class Registry:
                 now = trio.current_time()
                 self._drop_expired(now)
                 self.pool.trim(now)
+                self.receive.trim(now)
                 self._next_expiry = min(
-                    min(self._expiring.values(), default=math.inf), self.pool.next_trim()
+                    min(self._expiring.values(), default=math.inf),
+                    self.pool.next_trim(),
+                    self.receive.next_trim(),
                 )
                 self._expiry_wake = wake = trio.Event()
                 with trio.move_on_at(self._next_expiry):
@@ -218,6 +225,7 @@ class Registry:
 
     def _close_files(self) -> None:
         self.pool.trim()
+        self.receive.close()
         for reg in [*self.buffers.values(), *self._mapped.values()]:
             if reg.snapshot is not None:
                 reg.snapshot.close()
@@ -259,6 +267,8 @@ class Registry:
             mapped=len(self._mapped),
             pooled=self.pool.free,
             reused=self.pool.reused,
+            receive_pooled=self.receive.free,
+            receive_reused=self.receive.reused,
         )
 
     async def wait_changed(self) -> None:

@@ -113,6 +113,16 @@ class Keeper(otpmesh.Actor):
         return await settle_and_trim()
 
     @otpmesh.endpoint
+    def channel_statistics(self) -> dict[str, int]:
+        import dataclasses
+
+        from otpmesh._node._node import current_node
+
+        node = current_node()
+        assert node is not None
+        return dataclasses.asdict(node.channel.registry.statistics())  # type: ignore[union-attr]
+
+    @otpmesh.endpoint
     def forget(self) -> None:
         self.kept.clear()
         gc.collect()
