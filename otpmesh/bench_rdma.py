@@ -17,7 +17,9 @@ the very first one, which copies into new memory files rather than the pool's wa
 
 ``measure_hosts`` measures ``read_into``, ``argument`` and ``result`` between two hosts made as
 network namespaces (``otpmesh.testing.netns``; needs root), where the only backend that reaches
-is ``tcp``: ``python -m otpmesh.bench_rdma --between-hosts``.
+is ``tcp``: ``python -m otpmesh.bench_rdma --between-hosts``; beside them, what plain sockets
+move between the same two namespaces in one stream and in two (``raw_socket_gb_per_s``,
+``raw_socket_2_streams_gb_per_s``: a ``recv_into`` a warm buffer, connections kept open).
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import struct
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -281,6 +288,71 @@ def _row(mib: int, what: str, backend: str, got: dict[str, Any]) -> dict[str, An
 
 
 HOSTS_WHAT = ("read_into", "argument", "result")
+_RANGE = struct.Struct(">QQ")
+
+
+def _raw_serve(host: str, nbytes: int) -> None:
+    """Send a slice of `nbytes` of ones for each range a connection asks for (the raw-socket
+    baseline's server); prints its port, serves until killed."""
+    src = memoryview(bytearray(b"\x01") * nbytes)
+    with socket.create_server((host, 0)) as listener:
+        print(listener.getsockname()[1], flush=True)
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=_raw_send, args=(conn, src), daemon=True).start()
+
+
+def _raw_send(conn: socket.socket, src: memoryview) -> None:
+    with conn:
+        while asked := conn.recv(_RANGE.size, socket.MSG_WAITALL):
+            start, size = _RANGE.unpack(asked)
+            conn.sendall(src[start : start + size])
+
+
+def _raw_read(host: str, port: int, nbytes: int, repeats: int, streams: int) -> None:
+    """Print (JSON) the best and median seconds of reading `nbytes` from ``_raw_serve`` into a
+    warm buffer, as `streams` slices at once."""
+    dst = memoryview(bytearray(b"\x00") * nbytes)
+    step = nbytes // streams
+    conns = [socket.create_connection((host, port)) for _ in range(streams)]
+
+    def one(conn: socket.socket, start: int) -> None:
+        conn.sendall(_RANGE.pack(start, step))
+        view, done = dst[start : start + step], 0
+        while done < step:
+            done += conn.recv_into(view[done:])
+
+    times = []
+    for _ in range(repeats + 1):  # the first warms up the connections
+        begin = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(c, i * step)) for i, c in enumerate(conns)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        times.append(time.perf_counter() - begin)
+    print(json.dumps(_best(times[1:])))
+
+
+#: Runs ``_raw_serve`` or ``_raw_read`` in a namespaced host: a host, then numbers.
+_RAW = "import sys; from otpmesh.bench_rdma import {0}; {0}(sys.argv[1], *map(int, sys.argv[2:]))"
+
+
+def raw_socket(spaces: Any, nbytes: int, repeats: int, streams: int) -> float:
+    """GB/s of plain sockets from host 0 to host 1 of `spaces` (``_raw_read``'s best)."""
+    host = spaces.ip(0)
+    serve = [*spaces.prefixes()[0], sys.executable, "-c", _RAW.format("_raw_serve")]
+    server = subprocess.Popen([*serve, host, str(nbytes)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()  # type: ignore[union-attr]
+        read = [*spaces.prefixes()[1], sys.executable, "-c", _RAW.format("_raw_read")]
+        numbers = [str(n) for n in (nbytes, repeats, streams)]
+        out = subprocess.run([*read, host, port, *numbers], capture_output=True, text=True)
+        out.check_returncode()
+        return float(nbytes / json.loads(out.stdout)["best"] / 1e9)
+    finally:
+        server.kill()
+        server.wait()
 
 
 async def measure_hosts(size_mib: int = 256, repeats: int = 5) -> list[dict[str, Any]]:
@@ -309,10 +381,13 @@ async def measure_hosts(size_mib: int = 256, repeats: int = 5) -> list[dict[str,
                     got = await holder.send(taker, nbytes, repeats, kind)
                 rows.append({**_row(size_mib, kind, "tcp", got), "between": "netns hosts"})
             await procs.stop()
+        raw = [raw_socket(spaces, nbytes, repeats, streams) for streams in (1, 2)]
     finally:
         spaces.remove()
     base = baselines(nbytes, repeats)
     for row in rows:
+        row["raw_socket_gb_per_s"] = round(raw[0], 2)
+        row["raw_socket_2_streams_gb_per_s"] = round(raw[1], 2)
         row["copy_gb_per_s"] = round(base["copy"], 2)
         row["copy_1thread_gb_per_s"] = round(base["copy1"], 2)
         row["clone_gb_per_s"] = round(base["clone"], 2)

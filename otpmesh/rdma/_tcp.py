@@ -1,10 +1,17 @@
-"""The ``tcp`` backend: the last resort (other hosts, nothing better), on a connection of its own
-per transfer, chunked, never through the control mailbox.
+"""The ``tcp`` backend: the last resort (other hosts, nothing better), on connections of its own
+(never the control mailbox), chunked.
 
 The owner listens on loopback (``OTPMESH_RDMA_TCP_HOST`` to bind elsewhere) and serves each
-transfer in a thread straight from / into the tensor's memory; the owner's answer to a pin
-carries a random per-buffer token that a request must present. A read-only buffer (a tensor sent
-in a message) refuses writes.
+request in a thread straight from / into the tensor's memory; the owner's answer to a pin
+carries a random per-buffer token that every request must present. A read-only buffer (a tensor
+sent in a message) refuses writes.
+
+A reader keeps its connections to an owner open for later transfers (a connection authorizes
+nothing: each request on it presents its own buffer's token) and moves a transfer of
+``PARALLEL_ABOVE`` bytes or more as ``STREAMS`` slices on as many connections at once: one stream
+leaves a core idle (between two hosts on one 2-core machine, two streams moved 256 MiB 1.4x as
+fast as one). The owner waits for a connection's next request without a thread, and closes it
+after ``IDLE`` seconds without one.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import os
 import secrets
 import socket
 import struct
+import threading
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
@@ -25,6 +34,18 @@ from ._backend import Peer, Region
 _LEN = struct.Struct(">I")
 _CHUNK = 4 << 20
 _OK, _FAIL = b"\x00", b"\x01"
+_OPS = ("read", "write")
+#: The longest request a reader of ours sends (its msgpack header), with room to spare.
+_REQUEST_MAX = 1024
+#: Seconds a peer may stall mid-request or mid-transfer before its connection is dropped.
+TIMEOUT = 30.0
+#: Seconds the owner keeps a connection open waiting for its next request.
+IDLE = 60.0
+#: Transfers this large or larger move as `STREAMS` slices at once.
+PARALLEL_ABOVE = 16 << 20
+STREAMS = 2
+#: Idle connections a reader keeps per owner (more are closed when their transfer ends).
+_KEEP = 2 * STREAMS
 #: What a write to a read-only buffer is told (the registry says the same at the pin).
 READ_ONLY = (
     "buffer {} is read-only: it holds a value sent in a message (a snapshot other receivers "
@@ -61,6 +82,136 @@ def _send_view(sock: socket.socket, view: memoryview) -> None:
         sock.sendall(view[start : start + _CHUNK])
 
 
+def _slices(nbytes: int) -> list[tuple[int, int]]:
+    """(start, size) of each stream's part of a transfer of `nbytes`, page-aligned."""
+    if nbytes < PARALLEL_ABOVE:
+        return [(0, nbytes)]
+    step = (nbytes // STREAMS + 4095) & ~4095
+    return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One transfer a reader asks for, as the owner received it (anyone may have sent it)."""
+
+    buffer: int
+    token: str
+    op: str
+    offset: int
+    nbytes: int
+
+    def pack(self) -> bytes:
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        body: bytes = msgpack.packb(fields)
+        return _LEN.pack(len(body)) + body
+
+    @classmethod
+    def parse(cls, body: bytes) -> _Request:
+        """ValueError unless `body` is a request of ours, with in-range numbers."""
+        req = msgpack.unpackb(body)
+        if not isinstance(req, dict) or set(req) != set(cls.__slots__):
+            raise ValueError("not a transfer request")
+        buffer, token, op, offset, nbytes = (req[name] for name in cls.__slots__)
+        numbers = (buffer, offset, nbytes)
+        if not all(type(n) is int and n >= 0 for n in numbers) or not isinstance(token, str):
+            raise ValueError("a transfer request with fields of the wrong type or sign")
+        if op not in _OPS:
+            raise ValueError(f"a transfer request for {op!r}, not one of {_OPS}")
+        return cls(buffer=buffer, token=token, op=op, offset=offset, nbytes=nbytes)
+
+
+def _ask(sock: socket.socket, request: _Request) -> str | None:
+    """Send `request`; None when the owner accepted it, else the owner's reason (and it closes
+    the connection). OSError when the connection is broken."""
+    sock.sendall(request.pack())
+    if _recv_exactly(sock, 1) == _OK:
+        return None
+    return sock.recv(4096).decode(errors="replace")
+
+
+def _refusal(req: _Request, found: tuple[Region, str, bool] | None) -> str | None:
+    """Why the owner refuses `req` for the buffer it `found` under that id, or None."""
+    if found is None or not secrets.compare_digest(found[1], req.token):
+        return "buffer not registered (dropped?)"
+    region, _, writable = found
+    if req.op != "read" and not writable:
+        return READ_ONLY.format(req.buffer)
+    if req.offset + req.nbytes > region.nbytes:
+        return "transfer runs past the end of the buffer"
+    return None
+
+
+class _Refused(ConnectionError):
+    """Raised by a reader's transfer when the owner refused the request (and said why)."""
+
+
+def _granted(sock: socket.socket, refusal: str | None) -> socket.socket:
+    if refusal is not None:
+        sock.close()
+        raise _Refused(refusal)
+    return sock
+
+
+class _Idle:
+    """A reader's open connections to owners that no transfer is using (any thread), kept
+    while the trio run that kept the first of them runs: a system task closes those left idle
+    for a whole ``IDLE`` period (an owner that went away leaves no descriptor behind), and the
+    rest when the run ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: dict[tuple[str, int], list[tuple[socket.socket, int]]] = {}
+        self._period = 0  # sweeps so far: each kept connection notes the one it was kept in
+        self.held = False
+
+    def keep_for_this_run(self) -> None:
+        if not self.held:
+            self.held = True
+            trio.lowlevel.spawn_system_task(self._hold, name="otpmesh-rdma-tcp-idle")
+
+    async def _hold(self) -> None:
+        try:
+            while True:
+                await trio.sleep(IDLE)
+                self._sweep(everything=False)
+        finally:
+            self._sweep(everything=True)
+
+    def _sweep(self, *, everything: bool) -> None:
+        stale: list[socket.socket] = []
+        with self._lock:
+            self._period += 1
+            for address, kept in list(self._socks.items()):
+                fresh = [(s, p) for s, p in kept if not everything and p >= self._period - 1]
+                stale += [s for s, p in kept if everything or p < self._period - 1]
+                if fresh:
+                    self._socks[address] = fresh
+                else:
+                    del self._socks[address]
+            if everything:
+                self.held = False
+        for sock in stale:
+            sock.close()
+
+    def take(self, address: tuple[str, int]) -> socket.socket | None:
+        with self._lock:
+            socks = self._socks.get(address)
+            return socks.pop()[0] if socks else None
+
+    def give(self, address: tuple[str, int], sock: socket.socket) -> None:
+        with self._lock:
+            socks = self._socks.setdefault(address, [])
+            if self.held and len(socks) < _KEEP:
+                socks.append((sock, self._period))
+                return
+        sock.close()
+
+    def count(self) -> int:
+        """How many connections are kept idle now."""
+        with self._lock:
+            return sum(len(kept) for kept in self._socks.values())
+
+
 class TcpBackend:
     name: ClassVar[str] = "tcp"
 
@@ -68,6 +219,7 @@ class TcpBackend:
         self._buffers: dict[int, tuple[Region, str, bool]] = {}  # region, token, writable
         self._address: tuple[str, int] | None = None
         self._listener: socket.socket | None = None
+        self._idle = _Idle()
 
     def unavailable(self) -> str | None:
         return None
@@ -99,39 +251,50 @@ class TcpBackend:
             async with trio.open_nursery() as nursery:
                 while True:
                     conn, _ = await sock.accept()
-                    raw = socket.socket(fileno=conn.detach())
-                    raw.setblocking(True)
-                    nursery.start_soon(trio.to_thread.run_sync, self._serve_blocking, raw)
+                    nursery.start_soon(self._serve_connection, socket.socket(fileno=conn.detach()))
         except Exception:
             logging.getLogger("otpmesh.rdma").exception("the tcp backend stopped serving")
         finally:
             listener.close()
 
-    def _serve_blocking(self, sock: socket.socket) -> None:
+    async def _serve_connection(self, sock: socket.socket) -> None:
+        # Anyone on the network may connect: nothing one connection sends may end the listener.
         with sock:
             try:
-                (size,) = _LEN.unpack(_recv_exactly(sock, 4))
-                req = msgpack.unpackb(_recv_exactly(sock, size))
-                found = self._buffers.get(req["buffer"])
-                if found is None or not secrets.compare_digest(found[1], req["token"]):
-                    sock.sendall(_FAIL + b"buffer not registered (dropped?)")
-                    return
-                region, _, writable = found
-                if req["op"] != "read" and not writable:
-                    sock.sendall(_FAIL + READ_ONLY.format(req["buffer"]).encode())
-                    return
-                if req["offset"] + req["nbytes"] > region.nbytes:
-                    sock.sendall(_FAIL + b"transfer runs past the end of the buffer")
-                    return
-                view = _view(region, req["offset"], req["nbytes"])
+                sock.settimeout(TIMEOUT)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while True:
+                    with trio.move_on_after(IDLE) as idle:  # waiting holds no thread
+                        await trio.lowlevel.wait_readable(sock)
+                    if idle.cancelled_caught:
+                        return
+                    if not await trio.to_thread.run_sync(self._serve_one, sock):
+                        return
+            except Exception:
+                logging.getLogger("otpmesh.rdma").exception("a tcp transfer connection failed")
+
+    def _serve_one(self, sock: socket.socket) -> bool:
+        """Serve the next request on `sock`; True when the connection may carry another."""
+        try:
+            (size,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
+            if size > _REQUEST_MAX:
+                return False
+            req = _Request.parse(_recv_exactly(sock, size))
+            found = self._buffers.get(req.buffer)
+            refusal = _refusal(req, found)
+            if refusal is not None or found is None:
+                sock.sendall(_FAIL + (refusal or "").encode())
+                return False
+            view = _view(found[0], req.offset, req.nbytes)
+            sock.sendall(_OK)
+            if req.op == "read":
+                _send_view(sock, view)
+            else:
+                _recv_into(sock, view)
                 sock.sendall(_OK)
-                if req["op"] == "read":
-                    _send_view(sock, view)
-                else:
-                    _recv_into(sock, view)
-                    sock.sendall(_OK)
-            except (OSError, ConnectionError, ValueError, KeyError):
-                return  # the reader went away: nothing to clean up but this socket
+            return True
+        except (OSError, ValueError):  # the reader went away, stalled, or is not one of ours
+            return False
 
     # ---------------------------------------------------------------- reader
 
@@ -139,27 +302,39 @@ class TcpBackend:
         return True
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
-        await trio.to_thread.run_sync(self._transfer, entry, "read", dst, offset)
+        await self._move(entry, "read", dst, offset)
 
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
-        await trio.to_thread.run_sync(self._transfer, entry, "write", src, offset)
+        await self._move(entry, "write", src, offset)
 
-    @staticmethod
-    def _transfer(entry: dict[str, Any], op: str, local: Region, offset: int) -> None:
-        with socket.create_connection((entry["host"], entry["port"]), timeout=30) as sock:
-            request = msgpack.packb(
-                {
-                    "buffer": entry["buffer"],
-                    "token": entry["token"],
-                    "op": op,
-                    "offset": offset,
-                    "nbytes": local.nbytes,
-                }
-            )
-            sock.sendall(_LEN.pack(len(request)) + request)
-            status = _recv_exactly(sock, 1)
-            if status != _OK:
-                raise ConnectionError(sock.recv(4096).decode(errors="replace"))
+    async def _move(self, entry: dict[str, Any], op: str, local: Region, offset: int) -> None:
+        self._idle.keep_for_this_run()
+        parts = _slices(local.nbytes)
+        if len(parts) == 1:
+            await trio.to_thread.run_sync(self._transfer, entry, op, local, offset)
+            return
+        failures: list[OSError] = []
+
+        async def part(start: int, nbytes: int) -> None:
+            region = Region(local.address + start, nbytes)
+            try:
+                await trio.to_thread.run_sync(self._transfer, entry, op, region, offset + start)
+            except OSError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for start, nbytes in parts:
+                nursery.start_soon(part, start, nbytes)
+        if failures:
+            raise failures[0]
+
+    def _transfer(self, entry: dict[str, Any], op: str, local: Region, offset: int) -> None:
+        address = (entry["host"], entry["port"])
+        request = _Request(
+            buffer=entry["buffer"], token=entry["token"], op=op, offset=offset, nbytes=local.nbytes
+        )
+        sock = self._accepted(address, request)
+        try:
             view = _view(local, 0, local.nbytes)
             if op == "read":
                 _recv_into(sock, view)
@@ -167,6 +342,32 @@ class TcpBackend:
                 _send_view(sock, view)
                 if _recv_exactly(sock, 1) != _OK:
                     raise ConnectionError("the owner did not confirm the write")
+        except BaseException:
+            sock.close()  # mid-transfer: the stream is out of step, never reuse it
+            raise
+        self._idle.give(address, sock)
+
+    def _accepted(self, address: tuple[str, int], request: _Request) -> socket.socket:
+        """A connection to the owner at `address` on which it accepted `request`: an idle one
+        while the owner keeps it open, else a new one."""
+        idle = self._idle.take(address)
+        if idle is not None:
+            try:
+                return _granted(idle, _ask(idle, request))
+            except _Refused:
+                raise
+            except ConnectionError:  # the owner closed it while idle: nothing moved, start anew
+                idle.close()
+            except BaseException:
+                idle.close()
+                raise
+        sock = socket.create_connection(address, timeout=TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return _granted(sock, _ask(sock, request))
+        except BaseException:
+            sock.close()
+            raise
 
     async def serve(self, op: str, payload: Any) -> Any:
         raise ValueError(f"the tcp backend has no request {op!r}")
