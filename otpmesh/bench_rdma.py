@@ -13,7 +13,8 @@ the very first one, which copies into new memory files rather than the pool's wa
 - ``result``: an endpoint call whose result is the tensor;
 - ``broadcast x4``: one call, the tensor as its argument, to 4 actors in 4 processes (wall time);
 - ``argument inline`` (the smallest size only): a tensor 4 bytes below the channel threshold,
-  which travels in the message itself.
+  which travels in the message itself (its row's ``bytes`` say so; with ``--sizes 1`` compare
+  its ``seconds`` with the 1 MiB ``argument`` row's: the channel against inline at the threshold).
 
 ``measure_hosts`` measures ``read_into``, ``argument`` and ``result`` between two hosts made as
 network namespaces (``otpmesh.testing.netns``; needs root), where the only backend that reaches
@@ -251,7 +252,7 @@ async def measure(
             step(f"argument inline, {min(sizes)} MiB over {backend}")
             nbytes = CHANNEL_THRESHOLD - 4
             got = await holder.send(one, nbytes, repeats, "argument")
-            rows.append(_row(min(sizes), "argument inline", backend, got))
+            rows.append(_row(min(sizes), "argument inline", backend, got, nbytes))
         await procs.stop()
     os.environ.pop("OTPMESH_RDMA_BACKENDS", None)
     speeds = {}
@@ -274,16 +275,22 @@ async def measure(
     return rows
 
 
-def _row(mib: int, what: str, backend: str, got: dict[str, Any]) -> dict[str, Any]:
+def _row(
+    mib: int, what: str, backend: str, got: dict[str, Any], nbytes: int | None = None
+) -> dict[str, Any]:
+    """One result row: `mib` names the size the row belongs to (its baselines), `nbytes` what
+    was moved when that differs (the inline row's tensor, just below the threshold)."""
+    moved = mib * MIB if nbytes is None else nbytes
     return {
         "size_mib": mib,
+        **({} if nbytes is None else {"bytes": nbytes}),
         "what": what,
         "backend": got.get("backend", backend),
         "ok": got["ok"],
-        "seconds": round(got["best"], 4),
-        "gb_per_s": round(mib * MIB / got["best"] / 1e9, 2),
-        "median_gb_per_s": round(mib * MIB / got["median"] / 1e9, 2),
-        **({"first_gb_per_s": round(mib * MIB / got["first"] / 1e9, 2)} if "first" in got else {}),
+        "seconds": round(got["best"], 5),
+        "gb_per_s": round(moved / got["best"] / 1e9, 2),
+        "median_gb_per_s": round(moved / got["median"] / 1e9, 2),
+        **({"first_gb_per_s": round(moved / got["first"] / 1e9, 2)} if "first" in got else {}),
     }
 
 
