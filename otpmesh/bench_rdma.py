@@ -327,7 +327,10 @@ def _raw_read(host: str, port: int, nbytes: int, repeats: int, streams: int) -> 
         conn.sendall(_RANGE.pack(start, step))
         view, done = dst[start : start + step], 0
         while done < step:
-            done += conn.recv_into(view[done:])
+            got = conn.recv_into(view[done:])
+            if not got:
+                raise ConnectionError("the raw-socket server went away")
+            done += got
 
     times = []
     for _ in range(repeats + 1):  # the first warms up the connections
@@ -354,7 +357,9 @@ def raw_socket(spaces: Any, nbytes: int, repeats: int, streams: int) -> float:
         port = server.stdout.readline().strip()  # type: ignore[union-attr]
         read = [*spaces.prefixes()[1], sys.executable, "-c", _RAW.format("_raw_read")]
         numbers = [str(n) for n in (nbytes, repeats, streams)]
-        out = subprocess.run([*read, host, port, *numbers], capture_output=True, text=True)
+        out = subprocess.run(
+            [*read, host, port, *numbers], capture_output=True, text=True, timeout=300
+        )
         out.check_returncode()
         return float(nbytes / json.loads(out.stdout)["best"] / 1e9)
     finally:

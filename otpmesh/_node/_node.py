@@ -133,10 +133,13 @@ class Node(Outgoing):
     # ---------------------------------------------------------------- serving
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            task_status.started()
-            await self._accept_loop(self._listener)
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                task_status.started()
+                await self._accept_loop(self._listener)
+        finally:
+            self.nursery = None  # closed: nothing may start in it any more
 
     async def listen_tcp(self, host: str, port: int = 0) -> str:
         """Also accept authenticated TCP connections on `host`:`port`; return that address."""

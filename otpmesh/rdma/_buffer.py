@@ -12,7 +12,6 @@ leaves nothing behind.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -33,7 +32,7 @@ from ._registry import allowed_backends, registry
 #: A reader's way to take a channel tensor without copying it: (backend, its entry in the grant,
 #: the owner's pid, what to call from any thread once the mapping is gone) -> the tensor, or
 #: None to copy it.
-Mapper = Callable[[str, dict[str, Any], int, Callable[[], None]], Any]
+Mapper = Callable[[str, dict[str, Any], int, Callable[[bool], None]], Any]
 
 log = logging.getLogger("otpmesh.rdma")
 #: Backends that act on the pid a grant names (process_vm_readv, pidfd_getfd): used only when
@@ -45,6 +44,17 @@ _warned: set[tuple[str, str]] = set()
 
 
 # ---------------------------------------------------------------- memory
+
+
+def _unmapped(node: Node, conn: Connection, h: Handle) -> Callable[[bool], None]:
+    """What tells the owner that this reader's mapping of `h`'s snapshot is gone (``forked``:
+    a child process forked meanwhile may still map it, so the owner must never refill it)."""
+
+    def end_lease(forked: bool) -> None:
+        unmapped = {"op": "unmapped", "buffer": h.buffer, "token": h.token, "forked": forked}
+        node.sys_cast(conn, "rdma", unmapped)
+
+    return end_lease
 
 
 def _torch() -> Any:
@@ -315,9 +325,7 @@ class RDMABuffer:
             name, backend = self._choose(node, grant, peer, verified)
             entry = grant.entries[name]
             if mapped is not None and verified:  # while pinned: the owner keeps what it names
-                unmapped = {"op": "unmapped", "buffer": h.buffer, "token": h.token}
-                end_lease = functools.partial(node.sys_cast, conn, "rdma", unmapped)
-                taken = mapped(name, entry, grant.pid, from_any_thread(end_lease))
+                taken = mapped(name, entry, grant.pid, from_any_thread(_unmapped(node, conn, h)))
                 if taken is not None:
                     mapped_it = True
                     self.backend = name

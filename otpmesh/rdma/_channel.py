@@ -46,7 +46,7 @@ from ._handle import Handle, check_matches
 from ._pool import LOCAL, from_any_thread
 from ._registry import Registry
 from ._snapshot import available as snapshots_available
-from ._snapshot import map_private
+from ._snapshot import end_when_freed, map_private
 
 TEMP_TTL = 300.0
 #: From this size a channel tensor's copy is a memory file that readers map. Below it, a plain
@@ -292,7 +292,7 @@ class Channel:
         backend: str,
         entry: dict[str, Any],
         pid: int,
-        end_lease: Callable[[], None],
+        end_lease: Callable[[bool], None],
     ) -> Any:
         """The owner's snapshot of `handle`'s value mapped copy-on-write (as `over` makes it),
         if the grant offers one this process can map; else None (the caller copies). Once
@@ -306,7 +306,7 @@ class Channel:
             log.warning("tensor channel: cannot map buffer %s, copying it: %s", handle.buffer, exc)
             return None
         taken = over(memory, handle)
-        memory.on_free = end_lease  # only now: until over() returned, the pin's lease holds
+        end_when_freed(memory, end_lease)  # only now: until over() returned, the pin's lease holds
         return taken
 
     def fetch_local(self, value: Any, pending: list[PendingTensor]) -> Any:
@@ -324,7 +324,7 @@ class Channel:
                 end = functools.partial(reg.unmapped, LOCAL, handle.buffer, handle.token)
                 memory = map_private(entry.snapshot.fd, handle.nbytes)
                 reg.lease(entry, LOCAL)
-                memory.on_free = from_any_thread(end)
+                end_when_freed(memory, from_any_thread(end))
                 got = _tensor_over(memory, handle) if build is None else memory
             elif build is None:
                 got = _empty_like(handle)

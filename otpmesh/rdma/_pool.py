@@ -43,21 +43,21 @@ log = logging.getLogger("otpmesh.rdma")
 LOCAL = 0
 
 
-def from_any_thread(end_lease: Callable[[], None]) -> Callable[[], None]:
-    """`end_lease` made callable from any thread, at any time (a mapping's ``on_free`` runs
-    where the garbage collector frees it): it runs soon in this trio run, or not at all once
-    the run is over (the connections it would use are gone with it)."""
+def from_any_thread(end_lease: Callable[[bool], None]) -> Callable[[bool], None]:
+    """`end_lease` made callable from any thread, at any time (a mapping is freed wherever the
+    garbage collector frees it): it runs soon in this trio run, or not at all once the run is
+    over (the connections it would use are gone with it)."""
     token = trio.lowlevel.current_trio_token()
 
-    def run() -> None:  # in the run's own thread: an exception here would end the whole run
+    def run(forked: bool) -> None:  # in the run's thread: an exception would end the whole run
         try:
-            end_lease()
+            end_lease(forked)
         except Exception:
             log.exception("tensor channel: a mapping's lease could not be ended")
 
-    def call() -> None:
+    def call(forked: bool) -> None:
         try:
-            token.run_sync_soon(run)
+            token.run_sync_soon(run, forked)
         except trio.RunFinishedError:
             pass
 
@@ -65,13 +65,11 @@ def from_any_thread(end_lease: Callable[[], None]) -> Callable[[], None]:
 
 
 def pool_limit() -> int:
-    """The bytes of free snapshot files a process keeps (``OTPMESH_CHANNEL_POOL``)."""
+    """The bytes of free memory a process's pool keeps (``OTPMESH_CHANNEL_POOL``; by default a
+    quarter of the machine's memory, or of its cgroup's limit where that is smaller)."""
     configured = os.environ.get("OTPMESH_CHANNEL_POOL")
     if configured is None:
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-        except (ValueError, OSError):
-            return 1 << 30
+        return memory_limit() // 4
     try:
         limit = int(configured)
     except ValueError:
@@ -81,6 +79,21 @@ def pool_limit() -> int:
             f"OTPMESH_CHANNEL_POOL must be a number of bytes (0 or more), not {configured!r}"
         )
     return limit
+
+
+def memory_limit(cgroup: str = "/sys/fs/cgroup/memory.max") -> int:
+    """The bytes of memory this process may use: the machine's, or its (v2) cgroup's limit
+    where that is smaller (a container's)."""
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        limit = 4 << 30
+    try:
+        with open(cgroup) as f:
+            text = f.read().strip()
+    except OSError:
+        return limit
+    return min(limit, int(text)) if text.isdigit() else limit
 
 
 class SnapshotPool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ._pool import IDLE, pool_limit
+from ._pool import IDLE, log, pool_limit
 from ._snapshot import _libc, _map
 
 _PAGE = mmap.PAGESIZE
@@ -94,6 +94,12 @@ class ReceivePool:
         return give_back
 
     def _returned(self, address: int, capacity: int) -> None:
+        try:  # in the run's thread: an exception here would end the whole run
+            self._keep(address, capacity)
+        except Exception:
+            log.exception("tensor channel: a receive block could not be returned")
+
+    def _keep(self, address: int, capacity: int) -> None:
         if self.closed or capacity > self.limit:
             _libc.munmap(address, capacity)
             return

@@ -226,6 +226,9 @@ class Registry:
     def _close_files(self) -> None:
         self.pool.trim()
         self.receive.close()
+        for buffer_id in self.buffers:  # no backend serves from memory about to be unmapped
+            for backend in self.usable.values():
+                backend.unregister(buffer_id)
         for reg in [*self.buffers.values(), *self._mapped.values()]:
             if reg.snapshot is not None:
                 reg.snapshot.close()
@@ -313,14 +316,19 @@ class Registry:
         if self._expiry_wake is None and self.node.nursery is not None:
             self._expiry_wake = trio.Event()
             self.node.nursery.start_soon(self._expire_at_deadlines)
+        elif self._expiry_wake is None:  # not serving: no task to wait for, free memory goes now
+            self.pool.trim()
+            self.receive.trim()
 
     def lease(self, reg: _Registered, key: int) -> None:
         """A reader (on connection `key`, or ``LOCAL``) may map `reg`'s snapshot from now."""
         if reg.snapshot is not None:
             reg.snapshot.leases[key] = reg.snapshot.leases.get(key, 0) + 1
 
-    def unmapped(self, key: int, buffer_id: Any, token: Any) -> None:
-        """A reader's mapping of the buffer's snapshot is gone: end one of its leases."""
+    def unmapped(self, key: int, buffer_id: Any, token: Any, forked: Any = False) -> None:
+        """A reader's mapping of the buffer's snapshot is gone: end one of its leases (and, when
+        the reader `forked` a child while it was mapped, never refill the file: the child may
+        still map it)."""
         reg = self.buffers.get(buffer_id) if type(buffer_id) is int else None
         if reg is None and type(buffer_id) is int:
             reg = self._mapped.get(buffer_id)
@@ -328,6 +336,8 @@ class Registry:
             return  # its file is gone already (orphaned and closed): nothing to end
         if not tokens_match(token, reg.token):
             raise RDMAError(f"buffer {buffer_id}: unmapped with a token its owner did not issue")
+        if forked is not False and key in reg.snapshot.leases:
+            reg.snapshot.orphaned = True
         self._end_lease(buffer_id, reg, key)
 
     def _end_lease(self, buffer_id: int, reg: _Registered, key: int) -> None:
@@ -392,7 +402,7 @@ class Registry:
                 self._unpin(buffer_id, found, key)
             return True
         if op == "unmapped":
-            self.unmapped(key, buffer_id, token)
+            self.unmapped(key, buffer_id, token, p.get("forked", False))
             return True
         if op == "drop":
             if found is not None:  # dropping twice, or after the owner did, is no error

@@ -78,30 +78,49 @@ def _map(fd: int, nbytes: int, flags: int, prot: int = mmap.PROT_READ | mmap.PRO
     return int(address)
 
 
+# A live mapping's address -> [what to call once it is unmapped, whether a fork happened while
+# it was mapped]. A forked child inherits the mapping and may keep its pages after this process
+# freed them: the owner must then never refill the file (``end_when_freed``).
+_ENDS: dict[int, list[Any]] = {}
+
+
+def end_when_freed(memory: Any, on_free: Callable[[bool], None]) -> None:
+    """Call ``on_free(forked)`` from whatever thread frees `memory` (a ``map_private`` mapping),
+    after it is unmapped; `forked` says a child process was forked while it was mapped (the
+    child may still see the file's pages). A forked child itself never calls it."""
+    _ENDS[ctypes.addressof(memory)] = [on_free, False]
+
+
+def _forked_parent() -> None:
+    for end in list(_ENDS.values()):
+        end[1] = True
+
+
 @functools.lru_cache(maxsize=64)
 def _mapping_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
     base = ctypes.c_char * nbytes
 
     class Mapping(base):  # type: ignore[valid-type,misc]
         """Memory mapped by ``map_private``: unmapped when the last tensor over it is freed,
-        then its ``on_free`` (if any) is called, from whatever thread freed it."""
+        then what ``end_when_freed`` set (if anything) is called."""
 
-        on_free: Callable[[], None] | None = None
-
-        def __del__(self, _munmap: Any = _libc.munmap) -> None:  # bound now: safe at exit
-            _munmap(ctypes.addressof(self), nbytes)
-            if self.on_free is not None:
-                self.on_free()
+        def __del__(self, _munmap: Any = _libc.munmap, _ends: Any = _ENDS) -> None:
+            address = ctypes.addressof(self)  # (bound now: safe at interpreter exit)
+            end = _ends.pop(address, None)
+            _munmap(address, nbytes)
+            if end is not None:
+                end[0](end[1])
 
     return Mapping
 
 
-def _forget_copiers() -> None:
+def _in_forked_child() -> None:
     global _copiers
     _copiers = None  # a forked child has none of its parent's threads: make new ones
+    _ENDS.clear()  # the leases are the parent's to end, over the parent's connections
 
 
-os.register_at_fork(after_in_child=_forget_copiers)
+os.register_at_fork(after_in_parent=_forked_parent, after_in_child=_in_forked_child)
 
 
 def _copy_in_threads(dst: int, src: int, nbytes: int) -> None:
@@ -199,12 +218,10 @@ def _pidfd_getfd(pid: int, fd: int) -> int:
     return got
 
 
-def map_private(
-    fd: int, nbytes: int, *, pid: int | None = None, on_free: Callable[[], None] | None = None
-) -> Any:
+def map_private(fd: int, nbytes: int, *, pid: int | None = None) -> Any:
     """A private (copy-on-write) mapping of `nbytes` of the snapshot file `fd`: of process `pid`
     (a descriptor number in its table), or of this process. A buffer object that unmaps itself
-    when the last user is freed (``torch.frombuffer`` keeps it alive), then calls `on_free`.
+    when the last user is freed (``torch.frombuffer`` keeps it alive; ``end_when_freed``).
     OSError if the file is not a sealed snapshot of at least `nbytes`."""
     own = fd if pid is None else _pidfd_getfd(pid, fd)
     try:
@@ -220,6 +237,4 @@ def map_private(
     finally:
         if own != fd:
             os.close(own)
-    memory: Any = _mapping_type(nbytes).from_address(address)
-    memory.on_free = on_free
-    return memory
+    return _mapping_type(nbytes).from_address(address)

@@ -2,21 +2,25 @@
 (never the control mailbox), chunked.
 
 The owner listens on loopback (``OTPMESH_RDMA_TCP_HOST`` to bind elsewhere) and serves each
-request in a thread straight from / into the tensor's memory; the owner's answer to a pin
-carries a random per-buffer token that every request must present. A read-only buffer (a tensor
-sent in a message) refuses writes.
+request straight from / into the tensor's memory; the owner's answer to a pin carries a random
+per-buffer token that every request must present. A request is read and checked in trio (all of
+it within ``TIMEOUT``); only an accepted one gets a thread, for its bytes. A read-only buffer (a
+tensor sent in a message) refuses writes.
 
 A reader keeps its connections to an owner open for later transfers (a connection authorizes
 nothing: each request on it presents its own buffer's token) and moves a transfer of
 ``PARALLEL_ABOVE`` bytes or more as ``STREAMS`` slices on as many connections at once: one stream
 leaves a core idle (between two hosts on one 2-core machine, two streams moved 256 MiB 1.4x as
 fast as one). The owner waits for a connection's next request without a thread, and closes it
-after ``IDLE`` seconds without one.
+after ``IDLE`` seconds without one (or sooner, the longest-waiting first, when more than
+``_MAX_IDLE`` wait); a reader closes one it kept unused through a whole ``IDLE`` period. When the
+process runs out of descriptors, the owner stops accepting for a moment, never for good.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import secrets
@@ -45,7 +49,13 @@ IDLE = 60.0
 PARALLEL_ABOVE = 16 << 20
 STREAMS = 2
 #: Idle connections a reader keeps per owner (more are closed when their transfer ends).
-_KEEP = 2 * STREAMS
+_KEEP = STREAMS
+#: Connections an owner keeps waiting for a next request (the longest-waiting goes first).
+_MAX_IDLE = 64
+#: Why accept may fail for a while without anything being wrong with the listener, and how
+#: long to wait before trying again.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_RETRY_ACCEPT = 0.1
 #: What a write to a read-only buffer is told (the registry says the same at the pin).
 READ_ONLY = (
     "buffer {} is read-only: it holds a value sent in a message (a snapshot other receivers "
@@ -75,6 +85,21 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         if not got:
             raise ConnectionError("the connection closed mid-transfer")
         done += got
+
+
+async def _receive(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes from the non-blocking `sock`, waiting for them in trio (no thread)."""
+    data = bytearray()
+    while len(data) < n:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            chunk = sock.recv(n - len(data))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise ConnectionError("the connection closed mid-request")
+        data += chunk
+    return bytes(data)
 
 
 def _send_view(sock: socket.socket, view: memoryview) -> None:
@@ -220,6 +245,7 @@ class TcpBackend:
         self._address: tuple[str, int] | None = None
         self._listener: socket.socket | None = None
         self._idle = _Idle()
+        self._idle_conns: dict[socket.socket, trio.CancelScope] = {}  # owner side, oldest first
 
     def unavailable(self) -> str | None:
         return None
@@ -246,54 +272,85 @@ class TcpBackend:
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         # A system task: it must never raise (that would end the whole trio run).
+        log = logging.getLogger("otpmesh.rdma")
         try:
             sock = trio.socket.from_stdlib_socket(listener)
             async with trio.open_nursery() as nursery:
                 while True:
-                    conn, _ = await sock.accept()
+                    try:
+                        conn, _ = await sock.accept()
+                    except OSError as exc:
+                        if exc.errno not in _OUT_OF_RESOURCES:
+                            raise
+                        log.warning("tcp backend: cannot accept a connection now: %s", exc)
+                        await trio.sleep(_RETRY_ACCEPT)  # descriptors or memory come back
+                        continue
                     nursery.start_soon(self._serve_connection, socket.socket(fileno=conn.detach()))
         except Exception:
-            logging.getLogger("otpmesh.rdma").exception("the tcp backend stopped serving")
+            log.exception("the tcp backend stopped serving")
         finally:
             listener.close()
 
     async def _serve_connection(self, sock: socket.socket) -> None:
-        # Anyone on the network may connect: nothing one connection sends may end the listener.
+        # Anyone on the network may connect: nothing one connection sends may end the listener,
+        # and none gets a thread before its request proved it holds a buffer's token.
         with sock:
             try:
-                sock.settimeout(TIMEOUT)
+                sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 while True:
-                    with trio.move_on_after(IDLE) as idle:  # waiting holds no thread
-                        await trio.lowlevel.wait_readable(sock)
+                    with trio.CancelScope(deadline=trio.current_time() + IDLE) as idle:
+                        self._idle_conns[sock] = idle  # the oldest goes when there are too many
+                        while len(self._idle_conns) > _MAX_IDLE:
+                            self._idle_conns.pop(next(iter(self._idle_conns))).cancel()
+                        try:
+                            await trio.lowlevel.wait_readable(sock)
+                        finally:
+                            self._idle_conns.pop(sock, None)
                     if idle.cancelled_caught:
                         return
-                    if not await trio.to_thread.run_sync(self._serve_one, sock):
+                    accepted = await self._accept_request(sock)
+                    if accepted is None:
                         return
+                    sock.settimeout(TIMEOUT)  # blocking, in a thread, for the bytes
+                    try:
+                        if not await trio.to_thread.run_sync(self._move_bytes, sock, *accepted):
+                            return
+                    finally:
+                        sock.setblocking(False)
             except Exception:
                 logging.getLogger("otpmesh.rdma").exception("a tcp transfer connection failed")
 
-    def _serve_one(self, sock: socket.socket) -> bool:
-        """Serve the next request on `sock`; True when the connection may carry another."""
+    async def _accept_request(self, sock: socket.socket) -> tuple[str, memoryview] | None:
+        """Read and check the next request on `sock` (non-blocking, within ``TIMEOUT`` for all
+        of it): what to move, once the owner said yes; None when the connection must close."""
         try:
-            (size,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
-            if size > _REQUEST_MAX:
-                return False
-            req = _Request.parse(_recv_exactly(sock, size))
-            found = self._buffers.get(req.buffer)
-            refusal = _refusal(req, found)
-            if refusal is not None or found is None:
-                sock.sendall(_FAIL + (refusal or "").encode())
-                return False
-            view = _view(found[0], req.offset, req.nbytes)
-            sock.sendall(_OK)
-            if req.op == "read":
+            with trio.fail_after(TIMEOUT):
+                (size,) = _LEN.unpack(await _receive(sock, _LEN.size))
+                if size > _REQUEST_MAX:
+                    return None
+                req = _Request.parse(await _receive(sock, size))
+                found = self._buffers.get(req.buffer)
+                refusal = _refusal(req, found)
+                if refusal is not None or found is None:
+                    sock.send(_FAIL + (refusal or "").encode()[:1000])  # fits any socket buffer
+                    return None
+                sock.send(_OK)
+                return req.op, _view(found[0], req.offset, req.nbytes)
+        except (OSError, ValueError, trio.TooSlowError):  # gone, stalled, or not one of ours
+            return None
+
+    @staticmethod
+    def _move_bytes(sock: socket.socket, op: str, view: memoryview) -> bool:
+        """Move an accepted request's bytes; True when the connection may carry another."""
+        try:
+            if op == "read":
                 _send_view(sock, view)
             else:
                 _recv_into(sock, view)
                 sock.sendall(_OK)
             return True
-        except (OSError, ValueError):  # the reader went away, stalled, or is not one of ours
+        except OSError:  # the reader went away or stalled
             return False
 
     # ---------------------------------------------------------------- reader

@@ -65,6 +65,23 @@ def test_a_block_comes_back_warm_is_lent_again_and_goes_when_idle_or_the_node_st
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_block_back_after_its_node_stopped_is_unmapped_and_the_run_goes_on() -> None:
+    """Nothing started the registry's timer while the node served (no block came back then):
+    a block freed after the node stopped, in the same trio run, is unmapped at once."""
+
+    async def body() -> None:
+        async with serving_channel("late") as channel:
+            pool = channel.registry.receive
+            kept = pool.take(MAP_ABOVE)
+            address = ctypes.addressof(kept)
+        del kept
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.free == 0 and not _mapped_at(address)
+        await trio.sleep(1)  # the run goes on
+
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_values_read_over_tcp_land_in_warm_blocks_both_ways(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

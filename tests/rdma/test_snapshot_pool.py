@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +18,9 @@ from otpmesh.rdma import RDMAError
 from otpmesh.rdma._backend import Region
 from otpmesh.rdma._channel import MAP_ABOVE, Channel
 from otpmesh.rdma._handle import Handle
-from otpmesh.rdma._pool import pool_limit
+from otpmesh.rdma._pool import memory_limit, pool_limit
 from otpmesh.rdma._registry import RegistryStatistics
-from otpmesh.rdma._snapshot import Snapshot
+from otpmesh.rdma._snapshot import Snapshot, end_when_freed, map_private
 from tests.conftest import run_trio
 from tests.rdma.channel_actors import Keeper, memfd_leftovers, serving_channel, settle_and_trim
 
@@ -116,10 +117,18 @@ def test_leases_end_only_by_their_own_reader_and_a_lost_connection_orphans_the_f
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_containers_memory_limit_bounds_the_default(tmp_path: Path) -> None:
+    machine = memory_limit(str(tmp_path / "none"))
+    (tmp_path / "max").write_text("max\n")
+    assert memory_limit(str(tmp_path / "max")) == machine  # no cgroup limit
+    (tmp_path / "small").write_text(f"{machine // 8}\n")
+    assert memory_limit(str(tmp_path / "small")) == machine // 8
+
+
 def test_the_pool_limit_is_read_from_the_environment_and_zero_turns_reuse_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert pool_limit() > 0  # a quarter of the machine's memory
+    assert pool_limit() == memory_limit() // 4 > 0  # a quarter of the memory it may use
     monkeypatch.setenv("OTPMESH_CHANNEL_POOL", "lots")
     with pytest.raises(RDMAError, match="OTPMESH_CHANNEL_POOL must be a number of bytes"):
         pool_limit()
@@ -156,3 +165,64 @@ def test_a_forked_child_refills_with_copier_threads_of_its_own() -> None:
     _, status = os.waitpid(pid, 0)
     parent.close()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_file_mapped_when_its_reader_forked_is_never_refilled() -> None:
+    """A forked child inherits its parent's mapping and may keep it after the parent freed it:
+    the parent's lease ends as ``forked``, and the owner closes the file rather than refill it."""
+
+    async def body() -> None:
+        async with serving_channel("forked") as channel:
+            reg = channel.registry
+            reader = _Conn()
+            h = Handle.from_wire(channel.offer(torch.ones(NUMEL), None))
+            await reg._serve(reader, {"op": "pin", "buffer": h.buffer, "token": h.token})  # type: ignore[arg-type]
+            snap = reg.buffers[h.buffer].snapshot
+            assert snap is not None
+            memory = map_private(snap.fd, MAP_ABOVE)
+            ends: list[bool] = []
+
+            def end(forked: bool) -> None:
+                ends.append(forked)
+                reg.unmapped(id(reader), h.buffer, h.token, forked)
+
+            end_when_freed(memory, end)
+            await reg._serve(reader, {"op": "unpin", "buffer": h.buffer, "token": h.token})  # type: ignore[arg-type]
+            sent = bytes(memory)  # the child compares bytes: torch may not work after a fork
+            go_r, go_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child's exit status is the assertion
+                try:
+                    os.close(go_w)
+                    os.read(go_r, 1)  # the parent freed its mapping and sent the next value
+                    os._exit(0 if bytes(memory) == sent else 1)
+                finally:
+                    os._exit(2)
+            os.close(go_r)
+            try:
+                reg.drop(h.buffer)
+                del memory
+                assert ends == [True]
+                stats = reg.statistics()
+                assert (stats.mapped, stats.pooled) == (0, 0)  # closed, not kept for a refill
+                channel.offer(torch.full((NUMEL,), 2.0), None)
+                assert reg.statistics().reused == 0
+                os.write(go_w, b"x")
+            finally:
+                os.close(go_w)  # the child goes on (end of file) even if the parent failed
+                status = await _reaped(pid)
+            assert os.waitstatus_to_exitcode(status) == 0  # the child saw what was sent
+
+    trio.run(body)
+
+
+async def _reaped(pid: int, within: float = 30) -> int:
+    """Child `pid`'s wait status; SIGKILLed (and reaped) if it has not exited `within` s."""
+    with trio.move_on_after(within):
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            await trio.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]

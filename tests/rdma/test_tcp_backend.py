@@ -5,6 +5,8 @@ network may send anything without it stopping to serve or moving bytes it should
 from __future__ import annotations
 
 import ctypes
+import os
+import resource
 import socket
 
 import msgpack
@@ -183,3 +185,80 @@ def test_the_owner_refuses_a_transfer_past_the_end_and_an_oversized_request() ->
         assert await trio.to_thread.run_sync(_raw_request, entry, huge) == b""
 
     run_trio(body, timeout=30)
+
+
+def test_the_owner_closes_the_longest_waiting_connection_when_too_many_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_tcp, "_MAX_IDLE", 1)
+
+    async def body() -> None:
+        owner, first, second = TcpBackend(), TcpBackend(), TcpBackend()
+        data = bytearray(PATTERN)
+        entry = owner.register(1, _region(data), writable=False)
+        address = (entry["host"], entry["port"])
+        incoming = bytearray(len(data))
+        await first.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        await second.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        kept = first._idle.take(address)
+        assert kept is not None
+        with trio.fail_after(10):
+            await trio.lowlevel.wait_readable(kept)  # the owner closed the first one
+        assert kept.recv(1, socket.MSG_PEEK) == b""
+        kept.close()
+        other = second._idle.take(address)
+        assert other is not None
+        second._idle.give(address, other)  # still open: it is the one waiting now
+        await second.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        assert other.fileno() != -1 and incoming == PATTERN
+
+    run_trio(body, timeout=30)
+
+
+def test_a_request_that_never_completes_is_dropped_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_tcp, "TIMEOUT", 0.2)
+
+    async def body() -> None:
+        owner = TcpBackend()
+        data = bytearray(PATTERN)
+        entry = owner.register(1, _region(data), writable=False)
+        stalled = trio.socket.socket()
+        await stalled.connect((entry["host"], entry["port"]))
+        await stalled.send(_tcp._LEN.pack(50) + b"\x85")  # 1 byte of a 50-byte request
+        with trio.fail_after(20):
+            assert await stalled.recv(100) == b""  # closed by the owner, nothing answered
+        stalled.close()
+
+    run_trio(body, timeout=30)
+
+
+def test_the_owner_keeps_accepting_after_the_process_ran_out_of_descriptors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+
+    async def body() -> None:
+        owner, reader = TcpBackend(), TcpBackend()
+        data = bytearray(PATTERN)
+        entry = owner.register(1, _region(data), writable=False)
+        address = (entry["host"], entry["port"])
+        clients = [socket.socket() for _ in range(4)]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used, hard))  # no descriptor left
+        try:
+            for client in clients:
+                client.connect(address)  # queued: the owner's accept fails (EMFILE)
+            await trio.sleep(_tcp._RETRY_ACCEPT * 3)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for client in clients:
+            client.close()
+        incoming = bytearray(len(data))
+        with trio.fail_after(20):
+            await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        assert incoming == PATTERN
+
+    run_trio(body, timeout=30)
+    assert "cannot accept a connection now" in caplog.text  # it did run out
