@@ -34,6 +34,7 @@ import fcntl
 import functools
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -60,9 +61,10 @@ _OWN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 _NAME = "otpmesh-channel"  # shows in /proc/PID/maps and fd links: "/memfd:otpmesh-channel"
 _PAGE = mmap.PAGESIZE
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)  # Python 3.10+ on Linux has it
-_THREADS = os.cpu_count() or 1
+_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 _PIECE = 4 << 20  # a refill splits across threads from twice this size
 _copiers: ThreadPoolExecutor | None = None
+_copiers_made = threading.Lock()  # nodes of one process may run in threads of their own
 
 
 def available() -> bool:
@@ -115,8 +117,9 @@ def _mapping_type(nbytes: int) -> type[ctypes.Array[ctypes.c_char]]:
 
 
 def _in_forked_child() -> None:
-    global _copiers
+    global _copiers, _copiers_made
     _copiers = None  # a forked child has none of its parent's threads: make new ones
+    _copiers_made = threading.Lock()  # (and a lock some parent thread held is held for good)
     _ENDS.clear()  # the leases are the parent's to end, over the parent's connections
 
 
@@ -130,11 +133,13 @@ def _copy_in_threads(dst: int, src: int, nbytes: int) -> None:
     if parts == 1:
         ctypes.memmove(dst, src, nbytes)
         return
-    if _copiers is None:
-        _copiers = ThreadPoolExecutor(_THREADS, thread_name_prefix="otpmesh-snapshot")
+    with _copiers_made:
+        if _copiers is None:
+            _copiers = ThreadPoolExecutor(_THREADS, thread_name_prefix="otpmesh-snapshot")
+        copiers = _copiers
     step = -(-nbytes // parts)
     spans = [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
-    for done in [_copiers.submit(ctypes.memmove, dst + at, src + at, n) for at, n in spans]:
+    for done in [copiers.submit(ctypes.memmove, dst + at, src + at, n) for at, n in spans]:
         done.result()
 
 
