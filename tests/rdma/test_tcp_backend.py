@@ -8,6 +8,7 @@ import ctypes
 import os
 import resource
 import socket
+from typing import Any
 
 import msgpack
 import pytest
@@ -40,6 +41,19 @@ def _raw_request(entry: dict[str, object], body: bytes) -> bytes:
         return answer
 
 
+def _served(writable: bool) -> tuple[TcpBackend, TcpBackend, bytearray, dict[str, Any]]:
+    """An owner serving PATTERN as buffer 1, a reader, the buffer's bytes and its entry."""
+    owner, reader = TcpBackend(), TcpBackend()
+    data = bytearray(PATTERN)
+    return owner, reader, data, owner.register(1, _region(data), writable=writable)
+
+
+async def _read(reader: TcpBackend, entry: dict[str, Any]) -> bytearray:
+    incoming = bytearray(len(PATTERN))
+    await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+    return incoming
+
+
 def test_a_large_read_and_write_move_every_byte_in_several_streams(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -47,11 +61,8 @@ def test_a_large_read_and_write_move_every_byte_in_several_streams(
     assert len(_tcp._slices(len(PATTERN))) == _tcp.STREAMS
 
     async def body() -> None:
-        owner, reader = TcpBackend(), TcpBackend()
-        data = bytearray(PATTERN)
-        entry = owner.register(1, _region(data), writable=True)
-        incoming = bytearray(len(data))
-        await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        _owner, reader, data, entry = _served(writable=True)
+        incoming = await _read(reader, entry)
         assert incoming == PATTERN
         outgoing = bytearray(reversed(PATTERN))
         await reader.write(entry, None, _region(outgoing), 0)  # type: ignore[arg-type]
@@ -88,11 +99,8 @@ def test_a_reader_opens_a_new_connection_when_the_owner_closed_an_idle_one(
     monkeypatch.setattr(_tcp, "IDLE", 0.05)
 
     async def body() -> None:
-        owner, reader = TcpBackend(), TcpBackend()
-        data = bytearray(PATTERN)
-        entry = owner.register(1, _region(data), writable=True)
-        incoming = bytearray(len(data))
-        await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        _owner, reader, _data, entry = _served(writable=True)
+        incoming = await _read(reader, entry)
         address = (entry["host"], entry["port"])
         kept = reader._idle.take(address)
         assert kept is not None
@@ -135,8 +143,7 @@ def test_connections_a_run_kept_are_closed_when_it_ends() -> None:
         owner = TcpBackend()
         data = bytearray(PATTERN)
         entry = owner.register(1, _region(data), writable=False)
-        incoming = bytearray(len(data))
-        await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        await _read(reader, entry)
         kept = reader._idle.take((entry["host"], entry["port"]))
         assert kept is not None
         reader._idle.give((entry["host"], entry["port"]), kept)
@@ -161,13 +168,10 @@ def test_connections_a_run_kept_are_closed_when_it_ends() -> None:
 )
 def test_a_malformed_request_is_dropped_and_the_owner_keeps_serving(request_body: bytes) -> None:
     async def body() -> None:
-        owner, reader = TcpBackend(), TcpBackend()
-        data = bytearray(PATTERN)
-        entry = owner.register(1, _region(data), writable=False)
+        _owner, reader, _data, entry = _served(writable=False)
         fake = {**entry, "token": "x"}
         assert await trio.to_thread.run_sync(_raw_request, fake, request_body) == b""
-        incoming = bytearray(len(data))
-        await reader.read(entry, None, _region(incoming), 0)  # type: ignore[arg-type]
+        incoming = await _read(reader, entry)
         assert incoming == PATTERN
 
     run_trio(body, timeout=30)
@@ -175,9 +179,7 @@ def test_a_malformed_request_is_dropped_and_the_owner_keeps_serving(request_body
 
 def test_the_owner_refuses_a_transfer_past_the_end_and_an_oversized_request() -> None:
     async def body() -> None:
-        owner, reader = TcpBackend(), TcpBackend()
-        data = bytearray(PATTERN)
-        entry = owner.register(1, _region(data), writable=True)
+        _owner, reader, data, entry = _served(writable=True)
         incoming = bytearray(len(data))
         with pytest.raises(ConnectionError, match="runs past the end of the buffer"):
             await reader.read(entry, None, _region(incoming), 1)  # type: ignore[arg-type]
@@ -239,9 +241,7 @@ def test_the_owner_keeps_accepting_after_the_process_ran_out_of_descriptors(
 ) -> None:
 
     async def body() -> None:
-        owner, reader = TcpBackend(), TcpBackend()
-        data = bytearray(PATTERN)
-        entry = owner.register(1, _region(data), writable=False)
+        _owner, reader, data, entry = _served(writable=False)
         address = (entry["host"], entry["port"])
         clients = [socket.socket() for _ in range(4)]
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
