@@ -227,8 +227,7 @@ class Registry:
         self.pool.trim()
         self.receive.close()
         for buffer_id in self.buffers:  # no backend serves from memory about to be unmapped
-            for backend in self.usable.values():
-                backend.unregister(buffer_id)
+            self._unregister(buffer_id)
         for reg in [*self.buffers.values(), *self._mapped.values()]:
             if reg.snapshot is not None:
                 reg.snapshot.close()
@@ -290,14 +289,17 @@ class Registry:
 
     def _forget(self, buffer_id: int) -> None:
         reg = self.buffers.pop(buffer_id, None)
-        for backend in self.usable.values():
-            backend.unregister(buffer_id)
+        self._unregister(buffer_id)
         if reg is not None and reg.snapshot is not None:
             reg.snapshot.registered = False
             if reg.snapshot.leases:  # a reader may map it: keep its token for the unmapped
                 self._mapped[buffer_id] = reg
             self._settle(reg.snapshot)
         self._note_change()
+
+    def _unregister(self, buffer_id: int) -> None:
+        for backend in self.usable.values():
+            backend.unregister(buffer_id)
 
     def _note_change(self) -> None:
         changed, self._changed = self._changed, trio.Event()
