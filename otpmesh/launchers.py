@@ -12,12 +12,17 @@ On a host, ``otpmesh agent --controller tcp:HOST:PORT`` runs an agent; ``run_age
 same as a Python call. An agent gets the controller's address on its command line and the secret
 on its stdin (Local, SSH, Slurm through srun); never in argv, where ``ps`` would show it. An agent
 whose stdin a launcher holds exits when that stdin closes, so none outlives its controller.
+
+The launchers that hold an agent's stdin also give it, after the secret, a one-time registration
+token for its rank (``agent_tokens``): only that agent can register as that host, so a process
+that merely knows the cluster's secret cannot take a host's place. Static agents have none.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -48,9 +53,14 @@ class Launcher(Protocol):
         each with why: their hosts are lost, whatever their agents still say."""
 
 
-def agent_args(controller: str, *, rank: int | None = None, listen: str | None = None) -> list[str]:
-    """The agent's arguments after its command (``otpmesh agent`` or ``python -m ...``)."""
+def agent_args(
+    controller: str, *, rank: int | None = None, listen: str | None = None, token: bool = False
+) -> list[str]:
+    """The agent's arguments after its command (``otpmesh agent`` or ``python -m ...``);
+    `token`: its stdin carries a registration token after the secret."""
     args = ["--controller", controller, "--secret-stdin"]
+    if token:
+        args.append("--token-stdin")
     if rank is not None:
         args += ["--rank", str(rank)]
     if listen is not None:
@@ -59,19 +69,32 @@ def agent_args(controller: str, *, rank: int | None = None, listen: str | None =
 
 
 class _Processes:
-    """Subprocesses whose stdin carries the secret and then holds them alive."""
+    """Subprocesses whose stdin carries the secret (and a registration token) and then holds
+    them alive."""
 
     def __init__(self, what: str) -> None:
         self.what = what  # what each process is to its host: "agent process", "ssh session"
         self.procs: list[trio.Process] = []
+        self.tokens: dict[int, bytes] = {}  # by rank: what the next start gives each agent
 
-    async def spawn(self, argv: list[str], secret: bytes, env: dict[str, str] | None) -> None:
+    def new_tokens(self, hosts: int) -> dict[int, bytes]:
+        # Hex: a line of stdin, whatever the bytes.
+        self.tokens = {rank: secrets.token_hex(32).encode() for rank in range(hosts)}
+        return dict(self.tokens)
+
+    def agent_args(self, controller: str, rank: int, listen: str | None = None) -> list[str]:
+        return agent_args(controller, rank=rank, listen=listen, token=rank in self.tokens)
+
+    async def spawn(
+        self, argv: list[str], secret: bytes, env: dict[str, str] | None, rank: int
+    ) -> None:
         log.info("starting agent: %s", shlex.join(argv))
         proc = await trio.lowlevel.open_process(
             argv, stdin=subprocess.PIPE, env=env, start_new_session=True
         )
         assert proc.stdin is not None
-        await proc.stdin.send_all(secret + b"\n")
+        token = self.tokens.get(rank)
+        await proc.stdin.send_all(secret + b"\n" + (token + b"\n" if token else b""))
         self.procs.append(proc)
 
     def failure(self) -> str | None:
@@ -124,11 +147,16 @@ class Local:
             prefix = list(self.prefixes[rank]) if self.prefixes else []
             listen = self.listen[rank] if self.listen else None
             argv = [*prefix, self.python, "-m", "otpmesh._hosts._agent"]
-            argv += [*agent_args(controller, rank=rank, listen=listen), "--name", f"local{rank}"]
-            await self._procs.spawn(argv, secret, env)
+            argv += [*self._procs.agent_args(controller, rank, listen), "--name", f"local{rank}"]
+            await self._procs.spawn(argv, secret, env, rank)
 
     async def stop(self) -> None:
         await self._procs.stop()
+
+    def agent_tokens(self) -> dict[int, bytes]:
+        """Fresh one-time registration tokens, by rank, that the next ``start`` gives its agents
+        on stdin; ``otpmesh.cluster`` asks for them first and registers only their holders."""
+        return self._procs.new_tokens(self.hosts)
 
     def failure(self) -> str | None:
         return self._procs.failure()
@@ -161,11 +189,16 @@ class SSH:
 
     async def start(self, controller: str, secret: bytes) -> None:
         for rank, host in enumerate(self.host_names):
-            remote = shlex.join([*self.agent, *agent_args(controller, rank=rank), "--name", host])
-            await self._procs.spawn([*self.ssh, host, remote], secret, None)
+            argv = [*self.agent, *self._procs.agent_args(controller, rank), "--name", host]
+            await self._procs.spawn([*self.ssh, host, shlex.join(argv)], secret, None, rank)
 
     async def stop(self) -> None:
         await self._procs.stop()
+
+    def agent_tokens(self) -> dict[int, bytes]:
+        """Fresh one-time registration tokens, by rank, that the next ``start`` gives its agents
+        on stdin; ``otpmesh.cluster`` asks for them first and registers only their holders."""
+        return self._procs.new_tokens(self.hosts)
 
     def failure(self) -> str | None:
         return self._procs.failure()
@@ -216,18 +249,24 @@ class Slurm:
         # A failed agent ends its own step, quietly; --overlap: the agents' steps leave the
         # allocation's CPUs to whatever else the job runs (the workers are the agents' children).
         step += ["--kill-on-bad-exit=0", "--overlap", f"--job-name=otpmesh-agent-{rank}"]
-        return [*step, *self.agent, *agent_args(controller, rank=rank), "--ignore-sigterm"]
+        args = self._procs.agent_args(controller, rank)
+        return [*step, *self.agent, *args, "--ignore-sigterm"]
 
     async def start(self, controller: str, secret: bytes) -> None:
         self._sigterm = _Sigterm.install()
         for rank in range(self.hosts):
-            await self._procs.spawn(self.step_argv(controller, rank), secret, None)
+            await self._procs.spawn(self.step_argv(controller, rank), secret, None, rank)
 
     async def stop(self) -> None:
         await self._procs.stop()
         if self._sigterm is not None:
             self._sigterm.uninstall()
             self._sigterm = None
+
+    def agent_tokens(self) -> dict[int, bytes]:
+        """Fresh one-time registration tokens, by rank, that the next ``start`` gives its agents
+        on stdin; ``otpmesh.cluster`` asks for them first and registers only their holders."""
+        return self._procs.new_tokens(self.hosts)
 
     def failure(self) -> str | None:
         return self._procs.failure()
@@ -263,7 +302,12 @@ class _Sigterm:
 
 @dataclass
 class Static:
-    """Agents started by something else (Kubernetes pods, a torchrun job): wait for `hosts`."""
+    """Agents started by something else (Kubernetes pods, a torchrun job): wait for `hosts`.
+
+    Nothing gives these agents a registration token: any process that knows the cluster's
+    secret can register as a further host (never in a live host's place), so keep that secret
+    as close as the hosts themselves (docs/security.md).
+    """
 
     hosts: int
 

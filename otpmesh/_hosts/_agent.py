@@ -77,9 +77,13 @@ class Agent:
         rank: int | None = None,
         name: str | None = None,
         reconnect: float = 60.0,
+        token: bytes | None = None,
     ) -> None:
         self.controller = controller
         self.secret = secret
+        # The one-time token its next HELLO presents: its launcher's first, then the one each
+        # registration hands it for the next (None: a Static agent, which has none).
+        self.token = token
         self.listen = listen
         self.rank = rank
         self.name = name or socket.gethostname()
@@ -96,10 +100,11 @@ class Agent:
             tcp_secret=secret,
         )
         self.node.parent_ops = frozenset(
-            {"spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"}
+            {"spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat", "agent_token"}
         )
         self.relay = Relay(self.node)
         self.node.sys_inline["beat"] = self._beat
+        self.node.sys_inline["agent_token"] = self._next_token
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
         self.procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, _Proc] = {}
@@ -142,13 +147,15 @@ class Agent:
         self.conn = conn
         self.node.parent = conn
         self.node.register(self.controller, conn)
-        hello = {
+        hello: dict[str, Any] = {
             "agent": self.name,
             "host_id": self.host_id,
             "rank": self.rank,
             "pid": os.getpid(),
             "listen": self._listen_host(),
         }
+        if self.token is not None:
+            hello["token"] = self.token
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()
         log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
@@ -178,6 +185,12 @@ class Agent:
 
     def _beat(self, payload: Any) -> None:
         self._last_beat = trio.current_time()
+
+    def _next_token(self, payload: Any) -> None:
+        """Registered: the token it used is spent; this one is for its next registration."""
+        token = payload.get("token") if isinstance(payload, dict) else None
+        if type(token) is bytes:
+            self.token = token
 
     # ------------------------------------------------------------ requests
 
@@ -311,6 +324,12 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         help="read the secret from the first line of stdin; exit when stdin closes",
     )
     p.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read a one-time registration token from the line of stdin after the secret "
+        "(launchers give one to each agent they start: only that agent may register as its rank)",
+    )
+    p.add_argument(
         "--reconnect",
         type=float,
         default=60.0,
@@ -338,8 +357,11 @@ def run_agent(args: argparse.Namespace) -> int:
         except (KeyError, ValueError):
             print(f"otpmesh agent: ${args.rank_from_env} is not set to a number", file=sys.stderr)
             return 2
+    token = None
     try:
         secret = sys.stdin.buffer.readline().strip() if args.secret_stdin else load_secret()
+        if args.token_stdin:
+            token = sys.stdin.buffer.readline().strip() or None
         # Not left in the environment, where the fork server and every worker would inherit
         # it (and /proc/PID/environ shows it): the workers get it in their fork request.
         os.environ.pop("OTPMESH_SECRET", None)
@@ -349,7 +371,13 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the fork server's workers
     agent = Agent(
-        controller, secret, listen=args.listen, rank=rank, name=args.name, reconnect=args.reconnect
+        controller,
+        secret,
+        listen=args.listen,
+        rank=rank,
+        name=args.name,
+        reconnect=args.reconnect,
+        token=token,
     )
 
     async def run() -> None:

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, SpawnError
-from .._runtime._controller_runtime import Proc, runtime
+from .._runtime._controller_runtime import (
+    Proc,
+    hello_peer,
+    new_registration_token,
+    runtime,
+    token_matches,
+)
 from .._wire._connection import Connection
 from .._wire._secret import load_secret
 
@@ -78,6 +84,10 @@ class Cluster:
         node.sys_inline["proc_output"] = self._proc_output
         self.address = ""  # what agents dial: tcp:HOST:PORT
         self.launcher: Launcher | None = None
+        # By rank: the one-time token the agent of that rank holds for its next registration
+        # (its launcher gave it the first; each registration hands it the next). None: the
+        # launcher gives agents no token (Static): any holder of the cluster secret may register.
+        self.tokens: dict[int, bytes] | None = None
 
     # ------------------------------------------------------------ membership
 
@@ -87,13 +97,19 @@ class Cluster:
         return sorted((h for h in self.hosts if h.alive), key=lambda h: h.rank)
 
     def on_agent_hello(self, conn: Connection, hello: dict[str, Any]) -> None:
-        host_id = str(hello.get("host_id", ""))
-        if any(h.host_id == host_id for h in self.hosts):
-            log.warning("refused agent %s: host %s was declared dead", hello.get("agent"), host_id)
-            conn.abort("refused: this registration was declared dead; register afresh")
+        why = self._hello_refusal(hello)
+        if why is not None:
+            # Nothing is sent to it and no registration is touched: a live host stays as it is.
+            what = f"agent HELLO from {hello.get('agent')!r} (hosts={hello.get('rank')!r})"
+            self._rt.node.refusals.refused(hello_peer(conn), f"{what}: {why}")
+            conn.abort(f"refused: {why}")
             return
-        rank = hello.get("rank")
-        if not isinstance(rank, int) or (rank in self._by_rank and self._by_rank[rank].alive):
+        host_id = str(hello.get("host_id", ""))
+        rank: int = hello["rank"] if type(hello.get("rank")) is int else -1
+        if self.tokens is not None:  # the token was this rank's: the host is that rank
+            next_token = self.tokens[rank] = new_registration_token()
+            self._rt.node.sys_cast(conn, "agent_token", {"token": next_token})
+        elif rank < 0 or self._rank_taken(rank):
             rank = next(i for i in range(len(self.hosts) + 1) if not self._rank_taken(i))
         host = Host(
             name=str(hello.get("agent")),
@@ -109,6 +125,33 @@ class Cluster:
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
         self._registered.set()
+
+    def _hello_refusal(self, hello: dict[str, Any]) -> str | None:
+        """Why an agent's HELLO may not register (None: it may). A live host is never replaced:
+        with tokens, only the agent holding its rank's unused token registers as that rank, and
+        only once its previous registration is dead."""
+        host_id = hello.get("host_id")
+        if not isinstance(host_id, str) or not host_id:
+            return "it carries no host_id"
+        old = next((h for h in self.hosts if h.host_id == host_id), None)
+        if old is not None:
+            if old.alive:
+                return f"host_id {host_id} is registered already, as live host {old.name}"
+            return f"host_id {host_id} was declared dead; its agent registers afresh"
+        if self.tokens is None:
+            return None
+        rank = hello.get("rank")
+        if type(rank) is not int or rank not in self.tokens:
+            return (
+                f"its rank is not one this cluster's launcher started (0..{len(self.tokens) - 1})"
+            )
+        if not token_matches(hello.get("token"), self.tokens[rank]):
+            return (
+                "its registration token is missing or wrong (agents get theirs from the launcher)"
+            )
+        if self._rank_taken(rank):
+            return f"hosts={rank} is registered and alive (as {self._by_rank[rank].name})"
+        return None
 
     def _rank_taken(self, rank: int) -> bool:
         host = self._by_rank.get(rank)
@@ -317,6 +360,10 @@ async def cluster(
 
     assert rt.nursery is not None
     rt.nursery.start_soon(watch)
+    # Made before any agent is started, so that none registers before they are expected.
+    agent_tokens = getattr(launcher, "agent_tokens", None)  # a launcher that can give them
+    if agent_tokens is not None:
+        hosts.tokens = dict(agent_tokens())
     try:
         await launcher.start(address, rt.node.tcp_secret)
         await hosts.wait_for(launcher, timeout)

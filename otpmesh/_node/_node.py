@@ -28,6 +28,7 @@ from .._wire._connection import (
     accept,
     detach,
     dial,
+    peer_credentials,
 )
 from .._wire._frames import (
     CALL,
@@ -197,7 +198,12 @@ class Node(Outgoing):
             self._unproven -= 1
         await self.run_connection(
             Connection(
-                sock, peer="(incoming)", decode=decode_frame, on_message=self.dispatch, mac=mac
+                sock,
+                peer="(incoming)",
+                decode=decode_frame,
+                on_message=self.dispatch,
+                mac=mac,
+                peer_pid=None if tcp else peer_credentials(sock)[0],
             )
         )
 

@@ -7,9 +7,12 @@ every socket, so the workers and the fork server notice and exit.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
+import secrets
 import signal
+import socket
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
+from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
@@ -50,6 +54,28 @@ FAULTHANDLER_WAIT = 1.0
 _ERR_TAIL = 400
 # How long a lost connection waits for the fork server's exit status before reporting.
 _EXIT_STATUS_WAIT = 1.0
+#: Bytes of the one-time token a forked worker presents in its HELLO (_worker.py).
+REGISTRATION_TOKEN_SIZE = 32
+
+
+def new_registration_token() -> bytes:
+    """A fresh one-time token that only the process (worker or host agent) given it can present."""
+    return secrets.token_bytes(REGISTRATION_TOKEN_SIZE)
+
+
+def token_matches(given: object, expected: bytes | None) -> bool:
+    """Whether `given` (from the wire: anything) is the one-time token `expected`, compared in
+    constant time. Only bytes compare: a str (msgpack's other string type) never matches and,
+    unlike a non-ASCII str handed to ``compare_digest``, never raises."""
+    return type(given) is bytes and expected is not None and hmac.compare_digest(given, expected)
+
+
+def hello_peer(conn: Connection) -> str:
+    """Who sent a HELLO on `conn`, for the refusal log: 'pid P (uid U)', or 'HOST:PORT'."""
+    try:
+        return describe_peer(conn.sock, conn.sock.family != socket.AF_UNIX)
+    except OSError:
+        return "(a peer already gone)"
 
 
 @dataclass(eq=False)
@@ -73,6 +99,9 @@ class Proc:
     ready: trio.Event = field(default_factory=trio.Event)
     exited: trio.Event = field(default_factory=trio.Event)
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # its app's (otpmesh.start(heartbeat_timeout=))
+    # The one-time token only its forked process was given; None once its HELLO used it.
+    token: bytes | None = field(default_factory=new_registration_token, repr=False)
+    forked: trio.Event = field(default_factory=trio.Event)  # its fork server reported its pid
     # Its last lines on stderr, counted: where a faulthandler dump is read back (hung()).
     err_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_ERR_TAIL))
     err_count: int = 0
@@ -150,6 +179,7 @@ class Runtime:
             if proc is not None:
                 proc.pid = msg["pid"]
                 self._by_pid[proc.pid] = proc
+                proc.forked.set()
         elif msg["op"] == "exit":
             proc = self._by_pid.pop(msg["pid"], None)
             if proc is not None:
@@ -172,6 +202,7 @@ class Runtime:
         self.node.relays.pop(proc.addr, None)
         proc.exited.set()
         proc.ready.set()
+        proc.forked.set()
 
     def exit_reason_of(self, proc: Proc, path: str) -> object:
         """Why `path`, hosted by the dead `proc`, exited."""
@@ -261,6 +292,8 @@ class Runtime:
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
             "main": getattr(main, "__file__", None),
             "heartbeat_interval": HEARTBEAT_INTERVAL,
+            # Presented in its HELLO: no other holder of the secret can register as it.
+            "token": proc.token,
         }
 
     async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
@@ -351,10 +384,28 @@ class Runtime:
             self.cluster.on_agent_hello(conn, payload)
             return
         proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
-        if proc is None or proc.conn is not None or not proc.alive:
-            log.error("refused a worker hello for an unknown or dead process: %r", payload)
-            conn.abort("refused: unknown or dead worker process")
+        if proc is not None and proc.host is None and not proc.forked.is_set():
+            # Its fork server's report (with the pid to check) is still on its way.
+            if self.nursery is not None:
+                self.nursery.start_soon(self._hello_once_forked, conn, proc, payload)
             return
+        self._check_hello(conn, proc, payload)
+
+    async def _hello_once_forked(self, conn: Connection, proc: Proc, payload: Any) -> None:
+        with trio.move_on_after(SPAWN_TIMEOUT):
+            await proc.forked.wait()
+        self._check_hello(conn, proc, payload)
+
+    def _check_hello(self, conn: Connection, proc: Proc | None, payload: Any) -> None:
+        """Register `proc`'s worker on `conn`, or refuse the HELLO without touching `proc`:
+        nothing is sent to the sender, its connection alone is closed, the token stays unused."""
+        why = _hello_refusal(conn, proc, payload)
+        if why is not None or proc is None:
+            name = payload.get("proc") if isinstance(payload, dict) else None
+            self.node.refusals.refused(hello_peer(conn), f"worker HELLO for {name!r}: {why}")
+            conn.abort(f"refused: {why}")
+            return
+        proc.token = None  # used: a replay of this HELLO, on any connection, is refused
         proc.conn = conn
         proc.addr = payload["addr"]
         proc.pid = proc.pid or payload["pid"]
@@ -412,6 +463,29 @@ class Runtime:
             listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
             log.warning("%s exited: %s", path, describe(reason))
+
+
+def _hello_refusal(conn: Connection, proc: Proc | None, payload: Any) -> str | None:
+    """Why a worker HELLO on `conn` is not from `proc`'s own forked process (None: it is).
+
+    It must carry the one-time token only that process was given, unused; on this host, the
+    kernel's word on the connection's peer (``SO_PEERCRED``) must also be the pid its fork
+    server forked, so even a process that read the token cannot present it."""
+    if proc is None:
+        return "no worker process of this controller has that proc id"
+    if not proc.alive:
+        return f"that process {proc.exit_reason}"
+    if proc.conn is not None or proc.token is None:
+        return "that process has registered already"
+    if not token_matches(payload.get("token"), proc.token):
+        return "its registration token is missing or wrong"
+    if proc.host is None and (conn.peer_pid is None or conn.peer_pid != proc.pid):
+        return (
+            f"it comes from pid {conn.peer_pid}, not from pid {proc.pid}, which was forked for it"
+        )
+    if not isinstance(payload.get("addr"), str) or type(payload.get("pid")) is not int:
+        return "it lacks the worker's address or pid"
+    return None
 
 
 def _lines_since(proc: Proc, mark: int) -> list[str]:

@@ -74,7 +74,14 @@ class Worker:
             self.controller = conn
             self.node.parent = conn
             self.node.register(self.cfg["controller"], conn)
-            hello = {"proc": self.cfg["proc"], "pid": os.getpid(), "addr": self.node.addr}
+            hello = {
+                "proc": self.cfg["proc"],
+                "pid": os.getpid(),
+                "addr": self.node.addr,
+                # Its parent handed it the one-time token over a private socket pair (the fork
+                # request): it shows the controller that this process is the one forked for it.
+                "token": self.cfg.pop("token", None),
+            }
             conn.send_nowait(_codec.pack([HELLO, hello]))
             nursery.start_soon(self._serve_controller, conn)
             await self._done.wait()

@@ -264,8 +264,12 @@ class Connection:
         decode: Callable[[bytes], tuple[Any, Any]],
         on_message: MessageHandler,
         mac: FrameMac | None = None,
+        peer_pid: int | None = None,
     ) -> None:
         self.sock = sock
+        #: The kernel's word on the peer process of an accepted Unix connection (``SO_PEERCRED``,
+        #: taken when it was accepted): None over TCP and for connections this side dialed.
+        self.peer_pid = peer_pid
         self._mac = mac  # over TCP: every frame carries a MAC (_framemac.py)
         self.peer = peer
         self._decode = decode
