@@ -266,6 +266,38 @@ class Intruder(otpmesh.Actor):
         return f"done: {result!r}"
 
 
+class Forger(otpmesh.Actor):
+    """A compromised actor: it holds its app's secret (its worker does) and sends a controller
+    HELLOs in other processes' names: a sibling's new worker, a host agent."""
+
+    @otpmesh.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @otpmesh.endpoint
+    async def hello(self, addr: str, payload: dict[str, Any]) -> str:
+        """Dial `addr` with this process's secret and send one HELLO frame; say what came back
+        before the connection closed: 'nothing', or how many bytes came first."""
+        from otpmesh._node._node import current_node
+        from otpmesh._wire import _codec
+        from otpmesh._wire._connection import dial, frame_header, recv_some, send_all
+        from otpmesh._wire._frames import HELLO
+
+        node = current_node()
+        assert node is not None
+        sock, mac = await dial(addr, node.secret_for(addr))
+        try:
+            frame = _codec.pack([HELLO, payload])
+            tag = mac.seal((frame,)) if mac is not None else b""
+            await send_all(sock, frame_header(len(frame) + len(tag)) + frame + tag)
+            with trio.move_on_after(30):  # a hang guard: a refused HELLO is closed at once
+                got = await recv_some(sock, 1 << 16)  # a frame, or b"" at the close
+                return f"{len(got)} bytes" if got else "nothing"
+            return "nothing, and still open"
+        finally:
+            sock.close()
+
+
 class Configured(otpmesh.Actor):
     """An actor whose own keywords share names with supervision settings."""
 

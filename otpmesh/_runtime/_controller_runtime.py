@@ -384,10 +384,16 @@ class Runtime:
             self.cluster.on_agent_hello(conn, payload)
             return
         proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
-        if proc is not None and proc.host is None and not proc.forked.is_set():
-            # Its fork server's report (with the pid to check) is still on its way.
-            if self.nursery is not None:
-                self.nursery.start_soon(self._hello_once_forked, conn, proc, payload)
+        if (
+            proc is not None
+            and proc.host is None
+            and not proc.forked.is_set()
+            and self.nursery is not None
+            and _hello_refusal(proc, payload) is None
+        ):
+            # The right token, but its fork server's report (the pid to check it against) is
+            # still on its way: decide once it came. A wrong token is refused at once, below.
+            self.nursery.start_soon(self._hello_once_forked, conn, proc, payload)
             return
         self._check_hello(conn, proc, payload)
 
@@ -399,7 +405,7 @@ class Runtime:
     def _check_hello(self, conn: Connection, proc: Proc | None, payload: Any) -> None:
         """Register `proc`'s worker on `conn`, or refuse the HELLO without touching `proc`:
         nothing is sent to the sender, its connection alone is closed, the token stays unused."""
-        why = _hello_refusal(conn, proc, payload)
+        why = _hello_refusal(proc, payload) or _peer_refusal(conn, proc)
         if why is not None or proc is None:
             name = payload.get("proc") if isinstance(payload, dict) else None
             self.node.refusals.refused(hello_peer(conn), f"worker HELLO for {name!r}: {why}")
@@ -465,12 +471,10 @@ class Runtime:
             log.warning("%s exited: %s", path, describe(reason))
 
 
-def _hello_refusal(conn: Connection, proc: Proc | None, payload: Any) -> str | None:
-    """Why a worker HELLO on `conn` is not from `proc`'s own forked process (None: it is).
-
-    It must carry the one-time token only that process was given, unused; on this host, the
-    kernel's word on the connection's peer (``SO_PEERCRED``) must also be the pid its fork
-    server forked, so even a process that read the token cannot present it."""
+def _hello_refusal(proc: Proc | None, payload: Any) -> str | None:
+    """Why a worker HELLO is not `proc`'s own forked process's (None: it may be, if it also
+    comes from the right pid, _peer_refusal). It must carry the one-time token that only that
+    process was given, unused."""
     if proc is None:
         return "no worker process of this controller has that proc id"
     if not proc.alive:
@@ -479,12 +483,21 @@ def _hello_refusal(conn: Connection, proc: Proc | None, payload: Any) -> str | N
         return "that process has registered already"
     if not token_matches(payload.get("token"), proc.token):
         return "its registration token is missing or wrong"
-    if proc.host is None and (conn.peer_pid is None or conn.peer_pid != proc.pid):
-        return (
-            f"it comes from pid {conn.peer_pid}, not from pid {proc.pid}, which was forked for it"
-        )
     if not isinstance(payload.get("addr"), str) or type(payload.get("pid")) is not int:
         return "it lacks the worker's address or pid"
+    return None
+
+
+def _peer_refusal(conn: Connection, proc: Proc | None) -> str | None:
+    """On this host, the kernel's word on who dialed (``SO_PEERCRED``) must be the pid the fork
+    server forked for `proc`: then even a process that read the token elsewhere (a sibling's
+    memory) cannot present it. Across hosts the token alone vouches for it."""
+    if proc is None or proc.host is not None:
+        return None
+    if not proc.forked.is_set():
+        return "its fork server has not said which pid it forked for it"
+    if conn.peer_pid != proc.pid:
+        return f"it comes from pid {conn.peer_pid}, not from pid {proc.pid}, forked for it"
     return None
 
 

@@ -1,0 +1,144 @@
+"""Registration is tied to the fork (docs/security.md): a worker's HELLO carries the one-time
+token its fork request gave it and, on one host, comes from the pid forked for it; a host
+agent's carries its launcher's token. A compromised actor that knows the secret sends HELLOs in
+its siblings' names while one restarts: each is refused with nothing sent back, and the real
+worker registers and answers. Real processes, real sockets, real signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import LogKind, Mesh, Supervisor, launchers
+from otpmesh._runtime._controller_runtime import Proc, Runtime, runtime
+from tests.actors import Echo, Forger, Member
+from tests.conftest import run_trio
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+
+
+@contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    """`pid` (the fork server) is SIGSTOPped inside the block: it forks nothing meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def _pending(rt: Runtime, known: set[str]) -> Proc:
+    """The worker process the controller is waiting for, not one of `known` (a hang guard)."""
+    with trio.fail_after(30):
+        while True:
+            fresh = [p for p in rt.procs.values() if p.proc_id not in known and p.alive]
+            if fresh:
+                return fresh[0]
+            await trio.sleep(0.01)
+
+
+def test_forged_hellos_for_a_restarting_sibling_are_refused_and_it_restarts() -> None:
+    tree = Supervisor(
+        "root",
+        children=[
+            Mesh("victim", Member, shape={"procs": 1}, intensity=3),
+            Mesh("forger", Forger, shape={"procs": 1}),
+        ],
+    )
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            rt = await runtime()
+            victim, forger = app.mesh("root/victim"), app.mesh("root/forger")
+            old_pid = await victim[0].pid()
+            me = await forger[0].pid()
+            known = set(rt.procs)
+            # The fork server is held still, so the forger is sure to speak while the
+            # controller waits for the sibling's new worker (an attacker races it instead).
+            with _stopped(_parent(old_pid)):
+                os.kill(old_pid, signal.SIGKILL)
+                new = await _pending(rt, known)
+                token = new.token
+                assert token is not None and new.conn is None
+                ids = sorted({*known, new.proc_id, *(f"p{i}" for i in range(1, 13))})
+                hello: dict[str, Any] = {"pid": me, "addr": "@forged"}
+                for proc_id in ids:  # what the attacker sent: no token, or a guessed one
+                    for forged in ({}, {"token": b"\0" * 32}, {"token": "\u00e9" * 32}):
+                        payload = dict(hello, proc=proc_id, **forged)
+                        assert await forger[0].hello(rt.node.addr, payload) == "nothing"
+                assert new.token == token and new.conn is None  # untouched, still expected
+
+                # Even the right token (read from the new process's memory, say) is refused
+                # from any pid but the one forked for it. Decided once the fork is reported.
+                async def stolen() -> None:
+                    payload = dict(hello, proc=new.proc_id, token=token)
+                    assert await forger[0].hello(rt.node.addr, payload) == "nothing"
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stolen)
+                    with trio.fail_after(30):  # a hang guard: until it waits for the fork
+                        while new.forked.statistics().tasks_waiting == 0:
+                            await trio.sleep(0.01)
+                    os.kill(_parent(old_pid), signal.SIGCONT)  # the real worker is forked
+            with trio.fail_after(30):  # a hang guard
+                await new.ready.wait()
+            assert new.conn is not None and new.token is None  # registered, token spent
+            assert new.pid not in (0, me) and await victim[0].pid() == new.pid
+            assert await victim[0].ping() == "root/victim/0"
+            await app.settled()
+            started = [
+                (e.child_path, e.incarnation) for e in app.events.of_kind(LogKind.CHILD_STARTED)
+            ]
+            assert ("root/victim/0", 2) in started, started
+            assert await forger[0].pid() == me  # the forger's own worker was never disturbed
+
+    run_trio(body, timeout=120)
+
+
+@pytest.fixture
+def cluster_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTPMESH_SECRET", "test-cluster-secret")
+
+
+def test_a_forged_agent_hello_is_refused_and_the_real_agent_keeps_working(
+    cluster_secret: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with otpmesh.cluster(launchers.Local(hosts=1)) as hosts:
+            [real] = hosts.live
+            procs = await otpmesh.proc_mesh(hosts=1, procs=1)
+            # A compromised actor on the host: its worker holds the cluster's secret.
+            forger = await procs.spawn("forger", Forger)
+            agent = {"agent": "local0", "pid": 1, "listen": "127.0.0.1"}
+            for forged in (
+                {"host_id": "f1", "rank": 0},  # in the live host's place
+                {"host_id": "f2", "rank": 0, "token": b"\0" * 64},
+                {"host_id": "f3", "rank": 0, "token": "\u00e9"},
+                {"host_id": "f4", "rank": 1},  # a host the launcher never started
+                {"host_id": "f5"},
+                {"host_id": real.host_id, "rank": 0},  # the live host's own identity
+            ):
+                assert await forger[0].hello(hosts.address, dict(agent, **forged)) == "nothing"
+            assert hosts.live == [real] and hosts.hosts == [real] and real.alive
+            assert not real.conn.closed
+            echo = await procs.spawn("echo", Echo)  # the real agent still forks and relays
+            assert (await echo.echo("agent answers")).values() == ["agent answers"]
+            more = await otpmesh.proc_mesh(hosts=1, procs=1)
+            assert (await (await more.spawn("e2", Echo)).echo(2)).values() == [2]
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh.node"):
+        run_trio(body, timeout=90)
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refusals and "agent HELLO" in refusals[0], refusals
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
