@@ -66,7 +66,8 @@ def test_forged_hellos_for_a_restarting_sibling_are_refused_and_it_restarts() ->
             known = set(rt.procs)
             # The fork server is held still, so the forger is sure to speak while the
             # controller waits for the sibling's new worker (an attacker races it instead).
-            with _stopped(_parent(old_pid)):
+            fork_server = _parent(old_pid)
+            with _stopped(fork_server):
                 os.kill(old_pid, signal.SIGKILL)
                 new = await _pending(rt, known)
                 token = new.token
@@ -90,7 +91,7 @@ def test_forged_hellos_for_a_restarting_sibling_are_refused_and_it_restarts() ->
                     with trio.fail_after(30):  # a hang guard: until it waits for the fork
                         while new.forked.statistics().tasks_waiting == 0:
                             await trio.sleep(0.01)
-                    os.kill(_parent(old_pid), signal.SIGCONT)  # the real worker is forked
+                    os.kill(fork_server, signal.SIGCONT)  # the real worker is forked now
             with trio.fail_after(30):  # a hang guard
                 await new.ready.wait()
             assert new.conn is not None and new.token is None  # registered, token spent
