@@ -22,6 +22,7 @@ from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
+from .._wire._brief import brief
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
@@ -352,7 +353,8 @@ class Runtime:
             return
         proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
         if proc is None or proc.conn is not None or not proc.alive:
-            log.error("refused a worker hello for an unknown or dead process: %r", payload)
+            why = f"a worker hello for an unknown or dead process: {brief(payload)}"
+            self.node.refusals.refused(f"connection {conn.peer}", why)  # rate-limited, WARNING
             conn.abort("refused: unknown or dead worker process")
             return
         proc.conn = conn
