@@ -565,12 +565,11 @@ def _empty(code: int, shape: list[int]) -> msgpack.ExtType:
 
 
 def _ext(code: int, payload: Any) -> bytes:
-    return msgpack.packb(msgpack.ExtType(code, msgpack.packb(payload)))
+    packed: bytes = msgpack.packb(msgpack.ExtType(code, msgpack.packb(payload)))
+    return packed
 
 
-# Every extension whose payload is unpacked into an object, and what a well-formed payload of
-# each holds: the fields' exact types (None: the payload is no array of fields).
-_STR, _INT, _NUM, _LIST, _BOOL = "s", 7, 1.5, [], False
+# Every extension whose payload is an array of fields, with a well-formed payload of each.
 WELL_FORMED: dict[int, Any] = {
     _codec.EXT_ACTOR_CRASH: ["ValueError", "boom", "tb", "ep"],
     _codec.EXT_PROCESS_EXIT: [123, "killed by signal 9 (SIGKILL)"],
