@@ -647,7 +647,7 @@ _FIELD_VALUES = st.one_of(
     st.text(max_size=4),
     st.binary(max_size=4),
     st.lists(st.integers(0, 3), max_size=3),
-    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(-(2**63), 2**64 - 1), max_size=2),
     st.sampled_from(ZERO_ELEMENT),
 )
 
