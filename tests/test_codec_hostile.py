@@ -682,6 +682,7 @@ def test_malformed_payloads_of_every_extension_are_a_protocol_error_within_the_c
 ) -> None:
     assert decoder.decode(b"u", payload) == "refused ProtocolError"
     assert decoder.decode(b"m", b"\x93\x02\x01" + payload) == "refused ProtocolError"
+    assert decoder.decode(b"f", _frame(b"\x93\x02\x01" + payload)) == "refused ProtocolError"
 
 
 def _mutants(rng: random.Random, seed: bytes, count: int) -> Iterator[bytes]:
@@ -794,3 +795,28 @@ def test_hostile_frames_close_only_their_connection_and_the_app_keeps_answering(
     for line in closed:
         assert "MemoryError" not in line and "bad_alloc" not in line, line
         assert "has no elements but 2147483648 rows" in line, line
+
+
+def test_channel_forms_and_handles_bound_zero_element_shapes_too() -> None:
+    """A channel buffer or tensor with no elements reads no bytes: its shape is bounded by the
+    same rule, in the frame's form and in the handle."""
+    from otpmesh.rdma._error import RDMAError
+    from otpmesh.rdma._handle import Handle
+
+    form = ["ndarray", "<f4", [2**31, 0]]
+    with pytest.raises(otpmesh.ProtocolError, match="2147483648 rows before its first zero"):
+        unpack(_ext(_codec.EXT_CHANNEL_BUFFER, [form, {"id": 1}]))
+    handle = {
+        "id": 1,
+        "token": "0" * 32,
+        "owner": "somewhere",
+        "nbytes": 0,
+        "dtype": "float32",
+        "shape": [2**31, 0],
+        "backends": ["shm"],
+    }
+    with pytest.raises(RDMAError, match="2147483648 rows before its first zero"):
+        Handle.from_wire(handle)
+    with pytest.raises(RDMAError, match="nonzero dims of product 2147483648"):
+        Handle.from_wire({**handle, "shape": [0, 2**31]})
+    assert Handle.from_wire({**handle, "shape": [0, 2**20]}).shape == (0, 2**20)

@@ -97,11 +97,15 @@ def shape_problem(shape: Any, kind: str = "array") -> str | None:
         if dim:
             extent *= dim
             rows = rows * dim if walking else rows
-    if rows > MAX_EMPTY_ROWS or extent > MAX_EMPTY_EXTENT:
+    if rows > MAX_EMPTY_ROWS:
         return (
             f"{kind} shape {brief(shape)} has no elements but {rows} rows before its first zero "
-            f"dim (at most {MAX_EMPTY_ROWS}) and nonzero dims of product {extent} (at most "
-            f"{MAX_EMPTY_EXTENT})"
+            f"dim (at most {MAX_EMPTY_ROWS})"
+        )
+    if extent > MAX_EMPTY_EXTENT:
+        return (
+            f"{kind} shape {brief(shape)} has no elements but nonzero dims of product {extent} "
+            f"(at most {MAX_EMPTY_EXTENT})"
         )
     return None
 
