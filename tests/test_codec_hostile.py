@@ -595,7 +595,11 @@ ZERO_ELEMENT = [
 ]
 
 
-@pytest.mark.parametrize("code", [*WELL_FORMED, _codec.EXT_TUPLE, _codec.EXT_CHANNEL_TENSOR])
+# Extensions whose payload is a map (a handle) or any array (a tuple): no fields to count.
+OTHER_CODES = [_codec.EXT_TUPLE, _codec.EXT_CHANNEL_TENSOR, _codec.EXT_RDMA_BUFFER]
+
+
+@pytest.mark.parametrize("code", [*WELL_FORMED, *OTHER_CODES])
 @pytest.mark.parametrize("inner", [_codec.EXT_TENSOR, _codec.EXT_ARRAY])
 def test_a_27_byte_zero_element_value_as_a_payload_is_refused_within_the_cap(
     decoder: DecoderProcess, code: int, inner: int
@@ -657,10 +661,10 @@ def malformed_payloads(draw: st.DrawFn) -> bytes:
     """An extension value that is certainly malformed: a payload of the wrong arity, a field of
     the wrong type (a zero-element value with huge dims is of the wrong type for every field),
     or a payload that is no array at all; for every extension code."""
-    code = draw(st.sampled_from([*WELL_FORMED, _codec.EXT_TUPLE, _codec.EXT_CHANNEL_TENSOR]))
+    code = draw(st.sampled_from([*WELL_FORMED, *OTHER_CODES]))
     if code == _codec.EXT_TUPLE:  # any array is a tuple: only a non-array is malformed
         return _ext(code, draw(st.sampled_from([*ZERO_ELEMENT, 5, "s", {"k": 1}, None])))
-    if code == _codec.EXT_CHANNEL_TENSOR:  # its payload is a handle map
+    if code in (_codec.EXT_CHANNEL_TENSOR, _codec.EXT_RDMA_BUFFER):  # a handle map
         return _ext(code, draw(st.sampled_from([*ZERO_ELEMENT, [1, 2], "s", None])))
     good = WELL_FORMED[code]
     how = draw(st.sampled_from(["arity", "field", "not an array"]))
