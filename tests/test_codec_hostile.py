@@ -5,6 +5,11 @@ C stack ran out (SIGSEGV). A crash cannot be caught in-process, so hostile paylo
 decoder process (``_DECODER``, one per test module, fed many payloads over a pipe) and the tests
 check that it answers each one and never dies. Values the encoder accepts are bounded by the
 same limit, so they are checked in-process.
+
+A decode's work must also be bounded by its bytes: a 27-byte zero-element tensor of shape
+``[2**31, 0]`` as a crash's payload once made a decoder walk 2**31 rows (OOM-killed at 23 GB).
+The decoder process runs under an address-space cap, so such a decode fails the test (its
+answer says it met the cap) instead of eating the machine.
 """
 
 from __future__ import annotations
