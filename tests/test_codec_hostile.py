@@ -5,11 +5,17 @@ C stack ran out (SIGSEGV). A crash cannot be caught in-process, so hostile paylo
 decoder process (``_DECODER``, one per test module, fed many payloads over a pipe) and the tests
 check that it answers each one and never dies. Values the encoder accepts are bounded by the
 same limit, so they are checked in-process.
+
+A decode's work must also be bounded by its bytes: a 27-byte zero-element tensor of shape
+``[2**31, 0]`` as a crash's payload once made a decoder walk 2**31 rows (OOM-killed at 23 GB).
+The decoder process runs under an address-space cap, so such a decode fails the test (its
+answer says it met the cap) instead of eating the machine.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
 import struct
@@ -18,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -35,12 +42,36 @@ from tests.actors import Echo
 from tests.conftest import run_trio
 
 # Reads records (kind: 1 byte, length: u32, payload) from stdin and answers each with one line:
-# "ok", or "refused <error type>" for a clean ProtocolError/EncodeError. Any other exception
-# ends it with a traceback on stderr; a crash ends it by a signal.
+# "ok", or "refused <error type>" for a clean ProtocolError/EncodeError, or "capped <error>"
+# when the decode ran into the address-space cap (a ProtocolError whose cause was out of
+# memory is no clean refusal: a process without the cap would have been OOM-killed). Any other
+# exception ends it with a traceback on stderr; a crash ends it by a signal.
+#
+# The cap (RLIMIT_AS) is set above what the process maps once it has imported everything a
+# decode may import (torch maps much address space it never touches): a decode that allocates
+# past a small multiple of its payload hits it, and no decode can eat the machine.
 _DECODER = r"""
-import struct, sys
+import os, resource, struct, sys
+import numpy, torch
+import otpmesh._node._mesh, otpmesh.rdma._buffer
 from otpmesh._wire import _codec, _frames, _connection as _wire
 from otpmesh._core._errors import EncodeError, ProtocolError
+
+def vm_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+CAP = (vm_kib("VmSize") << 10) + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
+
+def out_of_memory(exc):
+    while exc is not None:
+        if isinstance(exc, MemoryError) or "bad_alloc" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 def feed(data):
     decoder = _wire.FrameDecoder(max_frame_size=1 << 20)
@@ -73,8 +104,15 @@ while True:
         answer = "ok"
     except (ProtocolError, EncodeError) as exc:
         answer = "refused " + type(exc).__name__
+        if out_of_memory(exc):
+            answer = "capped " + repr(exc)[:200]
+    except MemoryError as exc:
+        answer = "capped " + repr(exc)[:200]
     print(answer, flush=True)
 """
+#: Address space a decoder process may map beyond its baseline: many times the payloads the
+#: tests send (at most a few MiB), far below what a decode that walks 2**31 rows needs.
+DECODER_CAP = 1 << 30
 
 
 class DecoderProcess:
@@ -82,11 +120,13 @@ class DecoderProcess:
 
     def __init__(self) -> None:
         self.stderr = tempfile.TemporaryFile()
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # threads' arenas map address space
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _DECODER],
+            [sys.executable, "-c", _DECODER, str(DECODER_CAP)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
+            env=env,
         )
         self._pending = b""
 
@@ -518,3 +558,274 @@ def test_error_messages_show_a_received_value_briefly() -> None:
             decode_message(msgpack.packb(value))
         assert len(str(info.value)) < 400
     assert time.monotonic() - started < 5.0
+
+
+# ---------------------------------------------------------------- work bounded by the bytes
+
+
+def _empty(code: int, shape: list[int]) -> msgpack.ExtType:
+    """A zero-element tensor (EXT_TENSOR) or numpy array (EXT_ARRAY) of `shape`: no bytes."""
+    dtype = "float32" if code == _codec.EXT_TENSOR else "<f4"
+    return msgpack.ExtType(code, _tensor_ext(dtype, shape, b""))
+
+
+def _ext(code: int, payload: Any) -> bytes:
+    packed: bytes = msgpack.packb(msgpack.ExtType(code, msgpack.packb(payload)))
+    return packed
+
+
+# Every extension whose payload is an array of fields, with a well-formed payload of each.
+WELL_FORMED: dict[int, Any] = {
+    _codec.EXT_ACTOR_CRASH: ["ValueError", "boom", "tb", "ep"],
+    _codec.EXT_PROCESS_EXIT: [123, "killed by signal 9 (SIGKILL)"],
+    _codec.EXT_HUNG: ["ep", 2.5, "killed", "stacks"],
+    _codec.EXT_VALUE_MESH: [[["x", 2]], [1, 2]],
+    _codec.EXT_ACTOR_REF: ["r", ["echo"], ["r/0", "addr", True], None],
+    _codec.EXT_ACTOR_MESH: ["m", ["echo"], [["x", 1]], [["m/0", "addr", False]], 3.0],
+    _codec.EXT_CHANNEL_BUFFER: [["ndarray", "<f4", [4, 2]], {"id": 1}],
+}
+
+
+def test_well_formed_payloads_of_every_extension_still_decode() -> None:
+    for code, payload in WELL_FORMED.items():
+        assert unpack(_ext(code, payload)) is not None, code
+    assert unpack(_ext(_codec.EXT_TUPLE, [1, 2])) == (1, 2)
+
+
+HOSTILE_SHAPES = [[2**31, 0], [2**16 + 1, 0], [1 << 20, 1 << 20, 0], [0, 2**31, 2**31], [2**63, 0]]
+ZERO_ELEMENT = [
+    _empty(code, shape)
+    for code in (_codec.EXT_TENSOR, _codec.EXT_ARRAY)
+    for shape in HOSTILE_SHAPES
+]
+
+
+# Extensions whose payload is a map (a handle) or any array (a tuple): no fields to count.
+OTHER_CODES = [_codec.EXT_TUPLE, _codec.EXT_CHANNEL_TENSOR, _codec.EXT_RDMA_BUFFER]
+
+
+@pytest.mark.parametrize("code", [*WELL_FORMED, *OTHER_CODES])
+@pytest.mark.parametrize("inner", [_codec.EXT_TENSOR, _codec.EXT_ARRAY])
+def test_a_27_byte_zero_element_value_as_a_payload_is_refused_within_the_cap(
+    decoder: DecoderProcess, code: int, inner: int
+) -> None:
+    """The frame that once made a decoder walk 2**31 rows (and get OOM-killed at 23 GB)."""
+    payload = msgpack.packb(msgpack.ExtType(code, msgpack.packb(_empty(inner, [2**31, 0]))))
+    assert len(payload) <= 27
+    for kind, data in [
+        (b"u", payload),
+        (b"m", b"\x93\x02\x01" + payload),  # a reply carrying it
+        (b"f", _frame(b"\x93\x02\x01" + payload)),
+    ]:
+        assert decoder.decode(kind, data) == "refused ProtocolError"
+
+
+@pytest.mark.parametrize("value", ZERO_ELEMENT)
+def test_zero_element_values_with_oversized_dims_are_refused_anywhere(
+    decoder: DecoderProcess, value: msgpack.ExtType
+) -> None:
+    assert decoder.decode(b"u", msgpack.packb(value)) == "refused ProtocolError"
+    assert decoder.decode(b"m", b"\x93\x02\x01" + msgpack.packb([value])) == "refused ProtocolError"
+
+
+def test_zero_element_values_of_sane_shapes_travel_and_oversized_ones_fail_in_the_sender() -> None:
+    import numpy
+
+    for shape in ([0], [0, 3, 1024, 1024], [512, 0], [2**16, 0, 7]):
+        assert unpack(pack(torch.empty(shape))).shape == tuple(shape)
+        assert unpack(pack(numpy.empty(shape))).shape == tuple(shape)
+    for value in (torch.empty(2**16 + 1, 0), numpy.empty((2**16 + 1, 0))):
+        with pytest.raises(otpmesh.EncodeError, match=r"65537 rows before its first zero dim"):
+            pack(value)
+
+
+def test_exit_reasons_and_meshes_a_receiver_would_refuse_fail_in_the_sender() -> None:
+    with pytest.raises(otpmesh.EncodeError, match="ActorCrash: its wire form field 1 is 5"):
+        pack(otpmesh.ActorCrash("ValueError", 5))  # type: ignore[arg-type]
+    with pytest.raises(otpmesh.EncodeError, match="dimension x=2 is not a size of at most 1"):
+        pack(otpmesh.ValueMesh({"x": 2}, [1]))
+    with pytest.raises(otpmesh.EncodeError, match="more points than its 3 values"):
+        pack(otpmesh.ValueMesh({"x": 2, "y": 2}, [1, 2, 3]))
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+    st.lists(st.integers(0, 3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(-(2**63), 2**64 - 1), max_size=2),
+    st.sampled_from(ZERO_ELEMENT),
+)
+
+
+@st.composite
+def malformed_payloads(draw: st.DrawFn) -> bytes:
+    """An extension value that is certainly malformed: a payload of the wrong arity, a field of
+    the wrong type (a zero-element value with huge dims is of the wrong type for every field),
+    or a payload that is no array at all; for every extension code."""
+    code = draw(st.sampled_from([*WELL_FORMED, *OTHER_CODES]))
+    if code == _codec.EXT_TUPLE:  # any array is a tuple: only a non-array is malformed
+        return _ext(code, draw(st.sampled_from([*ZERO_ELEMENT, 5, "s", {"k": 1}, None])))
+    if code in (_codec.EXT_CHANNEL_TENSOR, _codec.EXT_RDMA_BUFFER):  # a handle map
+        return _ext(code, draw(st.sampled_from([*ZERO_ELEMENT, [1, 2], "s", None])))
+    good = WELL_FORMED[code]
+    how = draw(st.sampled_from(["arity", "field", "not an array"]))
+    if how == "arity":
+        size = draw(st.integers(0, 8).filter(lambda n: n != len(good)))
+        fields = draw(st.lists(_FIELD_VALUES, min_size=size, max_size=size))
+    elif how == "field":
+        fields = list(good)
+        fields[draw(st.integers(0, len(good) - 1))] = draw(st.sampled_from(ZERO_ELEMENT))
+    else:
+        return _ext(code, draw(st.sampled_from([*ZERO_ELEMENT, 3, "s", {"k": [1]}])))
+    return _ext(code, fields)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(malformed_payloads())
+def test_malformed_payloads_of_every_extension_are_a_protocol_error_within_the_cap(
+    decoder: DecoderProcess, payload: bytes
+) -> None:
+    assert decoder.decode(b"u", payload) == "refused ProtocolError"
+    assert decoder.decode(b"m", b"\x93\x02\x01" + payload) == "refused ProtocolError"
+    assert decoder.decode(b"f", _frame(b"\x93\x02\x01" + payload)) == "refused ProtocolError"
+
+
+def _mutants(rng: random.Random, seed: bytes, count: int) -> Iterator[bytes]:
+    """`count` mutations of `seed`: bytes flipped, inserted or dropped, and integers swapped for
+    huge ones (what makes a shape or a length large)."""
+    huge = [b"\xce\x80\x00\x00\x00", b"\xcf\x00\x00\x00\x00\x80\x00\x00\x00", b"\xcd\xff\xff"]
+    for _ in range(count):
+        data = bytearray(seed)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data) + 1)
+            action = rng.randrange(4)
+            if action == 0 and at < len(data):
+                data[at] = rng.randrange(256)
+            elif action == 1:
+                data[at:at] = bytes([rng.randrange(256)])
+            elif action == 2 and at < len(data):
+                del data[at]
+            else:
+                data[at : at + 1] = rng.choice(huge)
+        yield bytes(data)
+
+
+def test_a_fuzzer_never_makes_a_decoder_die_or_reach_the_cap(decoder: DecoderProcess) -> None:
+    rng = random.Random(22)
+    seeds = [_ext(code, payload) for code, payload in WELL_FORMED.items()]
+    seeds += [msgpack.packb(value) for value in ZERO_ELEMENT]
+    seeds.append(msgpack.packb(_empty(_codec.EXT_TENSOR, [0, 3, 2])))
+    for seed in seeds:
+        for data in _mutants(rng, seed, 150):
+            decoder.decode(b"u", data)  # "ok" or a ProtocolError; never a death or the cap
+            decoder.decode(b"f", _frame(b"\x93\x02\x01" + data))
+
+
+# A running app, in a process of its own under an address-space cap (set before the app forks
+# its fork server, so its workers inherit it): a connection that proved the app's secret sends
+# hostile frames to a worker and to the controller. Each closes that connection only, and says
+# why; the actor keeps answering; no process grew by more than a little address space.
+_APP_UNDER_CAP = r"""
+import os, resource, sys
+import msgpack, torch, numpy, trio
+import otpmesh
+from otpmesh._runtime._controller_runtime import runtime
+from otpmesh._wire._connection import dial, frame_header
+from tests.actors import Echo
+
+def vm_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+cap = (vm_kib("self", "VmSize") << 10) + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+frames = [bytes.fromhex(h) for h in sys.argv[2:]]
+
+async def main():
+    async with await otpmesh.proc_mesh(procs=1) as procs:
+        echo = await procs.spawn("e", Echo)
+        # The worker imports torch and numpy as the first ones arrive: before the baseline.
+        await echo[0].echo((torch.zeros(2), numpy.zeros(2)))
+        rt = await runtime()
+        worker = procs._procs[0]
+        peaks = {"worker": vm_kib(worker.pid, "VmPeak"), "controller": vm_kib("self", "VmPeak")}
+        for addr in (worker.addr, rt.node.addr):
+            for frame in frames:
+                sock, _ = await dial(addr, rt.node.secret)
+                sock.sendall(frame_header(len(frame)) + frame)
+                sock.settimeout(30)
+                assert await trio.to_thread.run_sync(sock.recv, 1) == b"", "not closed"
+                sock.close()
+                assert await echo[0].echo("still here") == "still here"
+        for who, before in peaks.items():
+            pid = worker.pid if who == "worker" else "self"
+            grew = vm_kib(pid, "VmPeak") - before
+            print(who, "VmPeak grew", grew, "KiB", flush=True)
+            assert grew < 256 << 10, (who, grew)
+    print("app answered", flush=True)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_hostile_frames_close_only_their_connection_and_the_app_keeps_answering() -> None:
+    crash = msgpack.ExtType(
+        _codec.EXT_ACTOR_CRASH, msgpack.packb(_empty(_codec.EXT_TENSOR, [2**31, 0]))
+    )
+    ref = msgpack.ExtType(_codec.EXT_ACTOR_REF, msgpack.packb(_empty(_codec.EXT_ARRAY, [2**31, 0])))
+    frames = [
+        msgpack.packb([0, 1, "e/0", "echo", [crash], {}]),  # a call with it as the argument
+        msgpack.packb([2, 1, ref]),  # a reply carrying it
+    ]
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "MALLOC_ARENA_MAX": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", _APP_UNDER_CAP, str(2 << 30), *(f.hex() for f in frames)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "app answered" in done.stdout
+    # Each connection closed for what its frame was, not because its decode ran out of memory
+    # (under the cap a walk of 2**31 rows fails at once, asking for 16 GiB of row pointers;
+    # without it, it grows until the kernel kills the process).
+    closed = [line for line in done.stderr.splitlines() if "closing connection to" in line]
+    assert len(closed) >= 2 * len(frames), done.stderr[-3000:]
+    for line in closed:
+        assert "MemoryError" not in line and "bad_alloc" not in line, line
+        assert "has no elements but 2147483648 rows" in line, line
+
+
+def test_channel_forms_and_handles_bound_zero_element_shapes_too() -> None:
+    """A channel buffer or tensor with no elements reads no bytes: its shape is bounded by the
+    same rule, in the frame's form and in the handle."""
+    from otpmesh.rdma._error import RDMAError
+    from otpmesh.rdma._handle import Handle
+
+    form = ["ndarray", "<f4", [2**31, 0]]
+    with pytest.raises(otpmesh.ProtocolError, match="2147483648 rows before its first zero"):
+        unpack(_ext(_codec.EXT_CHANNEL_BUFFER, [form, {"id": 1}]))
+    handle = {
+        "id": 1,
+        "token": "0" * 32,
+        "owner": "somewhere",
+        "nbytes": 0,
+        "dtype": "float32",
+        "shape": [2**31, 0],
+        "backends": ["shm"],
+    }
+    with pytest.raises(RDMAError, match="2147483648 rows before its first zero"):
+        Handle.from_wire(handle)
+    with pytest.raises(RDMAError, match="nonzero dims of product 2147483648"):
+        Handle.from_wire({**handle, "shape": [0, 2**31]})
+    assert Handle.from_wire({**handle, "shape": [0, 2**20]}).shape == (0, 2**20)

@@ -12,14 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .._controller._inspect import (
-    Stacks,
-    is_private,
-    is_running_app,
-    running_apps,
-    stacks_dir,
-    stacks_file,
-)
+from .._controller._inspect import Stacks, app_dir, running_apps, stacks_file
+from .._controller._stacksdir import usual_dir, why_untrusted
 from .._core._errors import UsageError
 
 DESCRIPTION = """\
@@ -60,11 +54,12 @@ def add_to(commands: Any) -> None:
 
 def ask(pid: int, wait: float = WAIT) -> Stacks:
     """Signal the app at `pid` and read the stacks it writes."""
-    if not is_private(stacks_dir()):
-        raise UsageError(f"{stacks_dir()} is not a private directory of yours: not trusted")
-    if not is_running_app(pid):
-        raise UsageError(f"process {pid} is not a running otpmesh app of yours{_apps_hint()}")
-    target = stacks_file(pid)
+    directory = app_dir(pid)
+    if directory is None:
+        raise UsageError(
+            f"process {pid} is not a running otpmesh app of yours{_apps_hint()}{_squatted()}"
+        )
+    target = stacks_file(directory, pid)
     before = target.stat().st_mtime_ns if target.exists() else 0
     try:
         os.kill(pid, signal.SIGUSR2)
@@ -81,6 +76,19 @@ def ask(pid: int, wait: float = WAIT) -> Stacks:
     raise UsageError(
         f"process {pid} wrote no stacks within {wait:g} s: is it an otpmesh app "
         "(inside otpmesh.start), with SIGUSR2 left to otpmesh?"
+    )
+
+
+def _squatted() -> str:
+    """A note when the usual stacks directory exists but is not trusted (someone else's)."""
+    usual = usual_dir()
+    why = why_untrusted(usual)
+    if why is None or not os.path.lexists(usual):
+        return ""
+    return (
+        f"; {usual} is not a private directory of yours ({why}), so nothing in it is trusted: "
+        "apps use a private one beside it, and removing it (as its owner, or root) restores "
+        "the usual place"
     )
 
 

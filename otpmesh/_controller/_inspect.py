@@ -6,7 +6,8 @@ GIL in C code, does not answer within the timeout, and says so). Actors placed i
 are read directly. All processes are asked at once.
 
 ``otpmesh stacks PID`` sends SIGUSR2 to an app's controller; the app writes its stacks, as JSON,
-to ``stacks_file(PID)`` (in a directory only its user can enter) and the command prints them.
+to ``stacks_file(directory, PID)`` (in a directory only its user can enter, ``_stacksdir.py``)
+and the command prints them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import stat
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._runtime import _stacks
+from ._stacksdir import is_private, make_private_dir, trusted_dirs
 
 if TYPE_CHECKING:
     from .._runtime._controller_runtime import Proc, Runtime
@@ -119,30 +120,14 @@ async def collect(rt: Runtime, path: str = "", timeout: float = ANSWER_TIMEOUT) 
     return result
 
 
-def stacks_dir() -> Path:
-    """Where apps of this user write their stacks: a directory only this user can enter."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
-    return base / f"otpmesh-{os.getuid()}"
+def stacks_file(directory: Path, pid: int) -> Path:
+    return directory / f"stacks-{pid}.json"
 
 
-def stacks_file(pid: int) -> Path:
-    return stacks_dir() / f"stacks-{pid}.json"
-
-
-def app_marker(pid: int) -> Path:
-    """Present while the app whose controller is `pid` answers ``otpmesh stacks``."""
-    return stacks_dir() / f"app-{pid}"
-
-
-def is_private(directory: Path) -> bool:
-    """Whether `directory` is a real directory of this user that nobody else may enter (what
-    is in another user's look-alike must not be trusted: a planted marker would have
-    ``otpmesh stacks`` signal a process that dies of SIGUSR2)."""
-    try:
-        st = directory.lstat()
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+def app_marker(directory: Path, pid: int) -> Path:
+    """Present in `directory` while the app whose controller is `pid` answers ``otpmesh
+    stacks``."""
+    return directory / f"app-{pid}"
 
 
 def started_at(pid: int) -> str | None:
@@ -156,40 +141,36 @@ def started_at(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
-def is_running_app(pid: int) -> bool:
-    """Whether `pid` is the controller that wrote its marker (not a later process that got
-    the pid of an app that died without removing it)."""
-    try:
-        written = app_marker(pid).read_text().strip()
-    except OSError:
-        return False
-    return bool(written) and written == started_at(pid)
+def app_dir(pid: int) -> Path | None:
+    """The trusted directory (``_stacksdir.py``) where `pid` left the marker of a running app,
+    or None: not an app, or a later process that got the pid of an app that died without
+    removing its marker."""
+    for directory in trusted_dirs():
+        try:
+            written = app_marker(directory, pid).read_text().strip()
+        except OSError:
+            continue
+        if written and written == started_at(pid):
+            return directory
+    return None
 
 
 def running_apps() -> list[int]:
     """The controllers of this user's apps that answer ``otpmesh stacks`` now."""
-    if not is_private(stacks_dir()):
-        return []
-    pids = []
-    for marker in stacks_dir().glob("app-*"):
-        pid = marker.name.removeprefix("app-")
-        if pid.isdigit() and is_running_app(int(pid)):
-            pids.append(int(pid))
+    pids = set()
+    for directory in trusted_dirs():
+        for marker in directory.glob("app-*"):
+            pid = marker.name.removeprefix("app-")
+            if pid.isdigit() and app_dir(int(pid)) is not None:
+                pids.add(int(pid))
     return sorted(pids)
 
 
-def _private_dir() -> Path:
-    directory = stacks_dir()
-    directory.mkdir(mode=0o700, exist_ok=True)
-    if not is_private(directory):
-        raise PermissionError(f"{directory} is not a private directory of this user")
-    return directory
-
-
-def write_stacks(stacks: Stacks, pid: int) -> Path:
+def write_stacks(stacks: Stacks, directory: Path, pid: int) -> Path:
     """Write `stacks` where ``otpmesh stacks PID`` reads them (atomically, mode 0600)."""
-    directory = _private_dir()
-    target = stacks_file(pid)
+    if not is_private(directory):
+        raise PermissionError(f"{directory} is no longer a private directory of this user")
+    target = stacks_file(directory, pid)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".stacks-")
     with os.fdopen(fd, "w") as f:
         json.dump(stacks.to_json(), f)
@@ -208,19 +189,26 @@ async def serve_signal(rt: Runtime) -> None:
     pid = os.getpid()
     with receiver as signals:
         try:
-            _private_dir()
-            marker = app_marker(pid)
+            directory, why = make_private_dir()
+            marker = app_marker(directory, pid)
             marker.touch(mode=0o600)
             marker.write_text(started_at(pid) or "")
         except OSError as exc:
             log.warning("otpmesh stacks will not reach this app: %s", exc)
             return
+        if why is not None:
+            log.warning(
+                "%s; otpmesh stacks uses %s instead (remove the other one, as its owner or "
+                "root, to use the usual place again)",
+                why,
+                directory,
+            )
         try:
             async for _ in signals:
                 try:
-                    write_stacks(await collect(rt), pid)
+                    write_stacks(await collect(rt), directory, pid)
                 except OSError as exc:
                     log.error("cannot write the stacks otpmesh stacks asked for: %s", exc)
         finally:
-            for path in (app_marker(pid), stacks_file(pid)):
+            for path in (app_marker(directory, pid), stacks_file(directory, pid)):
                 path.unlink(missing_ok=True)

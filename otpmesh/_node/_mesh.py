@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 import trio
 
-from .._core._errors import ActorDiedError, CallTimeoutError, MeshError
+from .._core._errors import ActorDiedError, CallTimeoutError, MeshError, ProtocolError
 from .._core._shape import Coords, Shape, all_coords, select
 from .._core._valuemesh import ValueMesh as ValueMesh
-from .._wire import _codec
+from .._wire import _codec, _payloads
 from ._calls import CallGroup
 from ._node import Node, current_node
 from ._slot import Slot as Slot
@@ -96,10 +96,16 @@ class ActorMesh(_Caller):
         ]
 
     @classmethod
-    def _from_wire(cls, data: list[Any]) -> ActorMesh:
-        name, endpoints, shape, slots, timeout = data
+    def _from_wire(cls, data: Any) -> ActorMesh:
+        # Checked before anything is built: ProtocolError for a malformed one (_payloads.py).
+        name, endpoints, pairs, slots, timeout = _payloads.fields(data, "actor mesh", _MESH_FIELDS)
+        shape = _payloads.mesh_shape(pairs, len(slots), "actor mesh")
         return cls(
-            name, frozenset(endpoints), dict(shape), [_slot_from_data(s) for s in slots], timeout
+            name,
+            frozenset(_payloads.strings(endpoints, "actor mesh's endpoints")),
+            shape,
+            [_slot_from_data(s) for s in slots],
+            _wire_timeout(timeout),
         )
 
     @property
@@ -142,9 +148,11 @@ class ActorRef(_Caller):
         return [self._name, sorted(self._endpoints), _slot_to_data(self._slots[0]), self._timeout]
 
     @classmethod
-    def _from_wire(cls, data: list[Any]) -> ActorRef:
-        name, endpoints, slot, timeout = data
-        return cls(name, frozenset(endpoints), _slot_from_data(slot), timeout)
+    def _from_wire(cls, data: Any) -> ActorRef:
+        # Checked before anything is built: ProtocolError for a malformed one (_payloads.py).
+        name, endpoints, slot, timeout = _payloads.fields(data, "actor ref", _REF_FIELDS)
+        endpoints = _payloads.strings(endpoints, "actor ref's endpoints")
+        return cls(name, frozenset(endpoints), _slot_from_data(slot), _wire_timeout(timeout))
 
     def __init__(
         self, name: str, endpoints: frozenset[str], slot: Slot, timeout: float | None = None
@@ -319,12 +327,27 @@ def _value(outcome: tuple[bool, Any]) -> Any:
 _round_robin = itertools.count()
 
 
+# The fields of refs, meshes and slots as they travel (see their ``_to_wire``).
+_SLOT_FIELDS = (_payloads.STR, _payloads.STR, _payloads.BOOL)  # actor id, address, supervised
+_TIMEOUT = _payloads.OPTIONAL_NUMBER
+# name, endpoints, slot, timeout
+_REF_FIELDS = (_payloads.STR, _payloads.LIST, _payloads.LIST, _TIMEOUT)
+# name, endpoints, shape pairs, slots, timeout
+_MESH_FIELDS = (_payloads.STR, _payloads.LIST, _payloads.LIST, _payloads.LIST, _TIMEOUT)
+
+
+def _wire_timeout(seconds: float | None) -> float | None:
+    if seconds is not None and not seconds > 0:
+        raise ProtocolError(f"malformed timeout {seconds!r}: a positive number of seconds or null")
+    return seconds
+
+
 def _slot_to_data(slot: Slot) -> list[Any]:
     return [slot.actor_id, slot.addr, slot.supervised]
 
 
-def _slot_from_data(data: list[Any]) -> Slot:
-    actor_id, addr, supervised = data
+def _slot_from_data(data: Any) -> Slot:
+    actor_id, addr, supervised = _payloads.fields(data, "actor slot", _SLOT_FIELDS)
     # Received in a message: this process has no supervisor's view of it, so a supervised
     # slot that moved is looked up again through the controller (Node.resolve).
     return Slot(actor_id, addr, supervised=supervised, remote=True)

@@ -2,8 +2,17 @@
 
 An inline array (extension 10) is a u16 header length, a msgpack header ``[dtype str, shape]``
 and the raw bytes in C order. The same dtype and shape checks serve the channel form
-(extension 11), whose header the tensor channel reads. numpy is imported only when an array
-arrives: a sender meets arrays only if it imported numpy itself.
+(extension 11), whose header the tensor channel reads, and torch tensors (extension 1).
+
+A shape is bounded by its bytes: a value with elements has as many as its bytes say, so no dim
+exceeds them. A zero-element value carries no bytes at all, so its shape is bounded here
+instead: the rows before its first zero dim (what ``for row in value`` or ``tolist()`` walk,
+one new object each) by MAX_EMPTY_ROWS, and the product of its nonzero dims (what strides are
+computed from) by MAX_EMPTY_EXTENT. ``[0, 3, 1024, 1024]`` (an empty batch of images) travels;
+``[2**31, 0]`` (27 bytes that once made a decoder walk 2**31 rows) does not.
+
+numpy is imported only when an array arrives: a sender meets arrays only if it imported numpy
+itself.
 """
 
 from __future__ import annotations
@@ -17,8 +26,12 @@ import msgpack
 from .._core._errors import EncodeError, ProtocolError
 from ._brief import brief
 
-#: Most dimensions an array or a view on the wire may have.
+#: Most dimensions an array, a tensor or a view on the wire may have.
 MAX_DIMS = 64
+#: Most rows a zero-element value may have before its first zero dim (see the docstring).
+MAX_EMPTY_ROWS = 1 << 16
+#: Largest product of a zero-element value's nonzero dims: a frame's size (MAX_FRAME_SIZE).
+MAX_EMPTY_EXTENT = 1 << 30
 #: memoryview formats a receiver can make again (``memoryview.cast``): single native items.
 #: A view of any other format, or with a zero in its shape, arrives as flat bytes ('B').
 VIEW_FORMATS = frozenset("bBhHiIlLqQnNfde?c")
@@ -63,15 +76,48 @@ def array_dtype(name: Any) -> Any:
     return dt
 
 
-def array_numel(shape: Any) -> int:
-    """The number of items of an array or view `shape` from the wire; ProtocolError if it is
-    not a list of sizes."""
-    if type(shape) is not list or len(shape) > MAX_DIMS:
-        raise ProtocolError(f"array shape {brief(shape)} is not a list of at most 64 sizes")
+def shape_problem(shape: Any, kind: str = "array") -> str | None:
+    """Why `shape` is not the shape of a `kind` that may travel, or None (see the module
+    docstring for the bounds on zero-element ones)."""
+    if type(shape) is not list:
+        return f"{kind} shape {brief(shape)} is not a list of sizes"
+    if len(shape) > MAX_DIMS:
+        return f"{kind} of {len(shape)} dims (at most {MAX_DIMS})"
     numel = 1
     for dim in shape:
         if type(dim) is not int or dim < 0:
-            raise ProtocolError(f"array shape {brief(shape)} has a dim that is not a size")
+            return f"{kind} shape {brief(shape)} has a dim that is not a size"
+        numel *= dim
+    if numel:
+        return None
+    rows = extent = 1
+    walking = True
+    for dim in shape:
+        walking = walking and dim != 0
+        if dim:
+            extent *= dim
+            rows = rows * dim if walking else rows
+    if rows > MAX_EMPTY_ROWS:
+        return (
+            f"{kind} shape {brief(shape)} has no elements but {rows} rows before its first zero "
+            f"dim (at most {MAX_EMPTY_ROWS})"
+        )
+    if extent > MAX_EMPTY_EXTENT:
+        return (
+            f"{kind} shape {brief(shape)} has no elements but nonzero dims of product {extent} "
+            f"(at most {MAX_EMPTY_EXTENT})"
+        )
+    return None
+
+
+def array_numel(shape: Any, kind: str = "array") -> int:
+    """The number of items of an array, tensor or view `shape` from the wire; ProtocolError if
+    it is not a shape that travels (``shape_problem``)."""
+    problem = shape_problem(shape, kind)
+    if problem is not None:
+        raise ProtocolError(problem)
+    numel = 1
+    for dim in shape:
         numel *= dim
     return numel
 

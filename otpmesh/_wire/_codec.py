@@ -25,6 +25,17 @@ same both ways: the sender raises EncodeError, the receiver ProtocolError (closi
 connection). Plain lists and maps nest within one payload without counting here: msgpack's C
 unpacker walks them iteratively and refuses more than 1024 levels (StackError).
 
+What a decode costs is bounded by its bytes: no decode allocates more than a small multiple of
+its frame's size (measured, msgpack 1.2 and torch 2.13: at most ~75x, for a frame of
+one-element tensors, each a torch object of ~1.2 KiB from 17 bytes; msgpack's own empty lists
+and maps cost ~60x, an actor ref ~56x, everything else less), and every malformed payload is a
+ProtocolError (closing only the connection it came on). msgpack bounds its own work by the
+bytes; every extension checks its payload's type and arity, field by field, before it builds
+anything (``_payloads.py``), so no code here walks a value that is not what its bytes hold; and
+a zero-element tensor or array, which carries no bytes, has its dims bounded instead
+(``_arrays.py``): ``[2**31, 0]`` as the payload of a crash once made a decoder walk 2**31 rows
+out of 27 bytes. The sender refuses, as EncodeError, what its receiver would refuse.
+
 torch is imported only when a tensor is met, so processes that never touch one never pay for it;
 numpy only when an array arrives (a sender meets arrays only if it imported numpy itself).
 
@@ -52,7 +63,16 @@ import msgpack
 from .._core._errors import EncodeError, ProtocolError
 from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._valuemesh import ValueMesh
-from ._arrays import VIEW_FORMATS, check_sendable, decode_array, split_header
+from . import _payloads
+from ._arrays import (
+    MAX_DIMS,
+    VIEW_FORMATS,
+    array_numel,
+    check_sendable,
+    decode_array,
+    shape_problem,
+    split_header,
+)
 from ._arrays import inline as inline_array
 from ._brief import brief
 from ._connection import MAX_FRAME_SIZE
@@ -82,7 +102,7 @@ _U16 = struct.Struct(">H")
 #: of tuples of tensors is 3).
 MAX_NESTING = 8
 #: Most dimensions a tensor on the wire may have (torch itself caps tensors at 64 dims).
-MAX_TENSOR_DIMS = 64
+MAX_TENSOR_DIMS = MAX_DIMS
 # The cheap size check before packing looks this many containers deep (a call's [method, args,
 # kwargs], its arguments, their items), into containers of at most this many items: a bound on
 # its cost on the hot path. The size after packing is checked too, for what this misses.
@@ -101,31 +121,57 @@ CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)
 #: inline. A node passes its own to ``pack``; nothing is installed here.
 Offer = Callable[[Any], Any]
 
-# The core's values that travel as extensions: code -> (type, to data, from data). The codec
-# sits above the core, so it knows them itself.
-_CORE_EXTS: Mapping[int, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = (
-    MappingProxyType(
-        {
-            EXT_ACTOR_CRASH: (
-                ActorCrash,
-                lambda c: [c.type_name, c.message, c.traceback, c.endpoint],
-                lambda d: ActorCrash(*d),
-            ),
-            EXT_PROCESS_EXIT: (ProcessExit, lambda p: [p.pid, p.how], lambda d: ProcessExit(*d)),
-            EXT_HUNG: (
-                Hung,
-                lambda h: [h.endpoint, h.seconds, h.how, h.stacks],
-                lambda d: Hung(*d),
-            ),
-            EXT_VALUE_MESH: (
-                ValueMesh,
-                lambda vm: [list(vm.shape.items()), vm.values()],
-                lambda d: ValueMesh(dict(d[0]), d[1]),
-            ),
-        }
-    )
+# The fields of the exit reasons' payloads, checked both ways: a sender refuses to send what its
+# receiver would refuse (closing the connection).
+_CRASH_FIELDS = (_payloads.STR,) * 4  # type name, message, traceback, endpoint
+_EXIT_FIELDS = (_payloads.INT, _payloads.STR)  # pid, how
+_HUNG_FIELDS = (_payloads.STR, _payloads.NUMBER, _payloads.STR, _payloads.STR)
+
+
+def _value_mesh_problem(data: list[Any]) -> str | None:
+    return _payloads.mesh_shape_problem(data[0], len(data[1]))
+
+
+def _value_mesh_from(data: Any) -> ValueMesh[Any]:
+    shape, values = _payloads.fields(data, "value mesh", (_payloads.LIST, _payloads.LIST))
+    return ValueMesh(_payloads.mesh_shape(shape, len(values), "value mesh"), values)
+
+
+# The core's values that travel as extensions: code -> (type, to data, from data, why its data
+# cannot travel or None). The codec sits above the core, so it knows them itself. Each "from
+# data" checks its payload's type and arity before it builds anything (``_payloads.py``).
+_CORE_EXTS: Mapping[
+    int,
+    tuple[type, Callable[[Any], Any], Callable[[Any], Any], Callable[[Any], str | None]],
+] = MappingProxyType(
+    {
+        EXT_ACTOR_CRASH: (
+            ActorCrash,
+            lambda c: [c.type_name, c.message, c.traceback, c.endpoint],
+            lambda d: ActorCrash(*_payloads.fields(d, "actor crash", _CRASH_FIELDS)),
+            partial(_payloads.fields_problem, types=_CRASH_FIELDS),
+        ),
+        EXT_PROCESS_EXIT: (
+            ProcessExit,
+            lambda p: [p.pid, p.how],
+            lambda d: ProcessExit(*_payloads.fields(d, "process exit", _EXIT_FIELDS)),
+            partial(_payloads.fields_problem, types=_EXIT_FIELDS),
+        ),
+        EXT_HUNG: (
+            Hung,
+            lambda h: [h.endpoint, h.seconds, h.how, h.stacks],
+            lambda d: Hung(*_payloads.fields(d, "hung", _HUNG_FIELDS)),
+            partial(_payloads.fields_problem, types=_HUNG_FIELDS),
+        ),
+        EXT_VALUE_MESH: (
+            ValueMesh,
+            lambda vm: [list(vm.shape.items()), vm.values()],
+            _value_mesh_from,
+            _value_mesh_problem,
+        ),
+    }
 )
-_CORE_CODES: Mapping[type, int] = MappingProxyType({t: c for c, (t, _, _) in _CORE_EXTS.items()})
+_CORE_CODES: Mapping[type, int] = MappingProxyType({e[0]: c for c, e in _CORE_EXTS.items()})
 # Values of the layers above (refs, meshes, buffers), by code. Each such class says how it
 # travels (``_wire_ext``, ``_to_wire()``, ``_from_wire(data)``); the codec looks it up by name
 # when it meets one, so it never imports the layers above it (they import the codec).
@@ -193,6 +239,18 @@ class _Blob:
 _PLAIN = _Packing(None, False)
 
 
+def _check_empty_shape(shape: list[int], kind: str) -> None:
+    """EncodeError for a zero-element value whose shape its receiver would refuse (the bounds
+    in ``_arrays.py``): refused here, where the sender can fix it, not by closing the
+    connection there."""
+    problem = shape_problem(shape, kind)
+    if problem is not None:
+        raise EncodeError(
+            f"cannot send it: {problem}; an empty value needs no such shape, send "
+            "value.reshape(0) (and its shape as a list, if the receiver needs it)"
+        )
+
+
 def _encode_tensor(original: Any, level: int, how: _Packing) -> msgpack.ExtType:
     t = original
     if t.layout is not sys.modules["torch"].strided:
@@ -212,7 +270,10 @@ def _encode_tensor(original: Any, level: int, how: _Packing) -> msgpack.ExtType:
             f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large tensors go "
             "over the tensor channel) or as an otpmesh.rdma.RDMABuffer"
         )
-    header = msgpack.packb([str(t.dtype).removeprefix("torch."), list(t.shape)])
+    shape = list(t.shape)
+    if not nbytes:
+        _check_empty_shape(shape, "tensor")
+    header = msgpack.packb([str(t.dtype).removeprefix("torch."), shape])
     raw: bytes | memoryview = b""
     if nbytes:
         # A view of the tensor's memory: the only copy is the join below.
@@ -229,13 +290,7 @@ def _decode_tensor(data: bytes) -> Any:
     dtype = vars(torch).get(dtype_name) if isinstance(dtype_name, str) else None
     if not isinstance(dtype, torch.dtype):
         raise ProtocolError(f"unknown tensor dtype {brief(dtype_name)}")
-    if len(shape) > MAX_TENSOR_DIMS:
-        raise ProtocolError(f"tensor of {len(shape)} dims (at most {MAX_TENSOR_DIMS})")
-    numel = 1
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            raise ProtocolError(f"tensor shape {brief(shape)} has a dim that is not a size")
-        numel *= dim
+    numel = array_numel(shape, "tensor")
     if len(body) != numel * dtype.itemsize:
         raise ProtocolError(
             f"tensor of shape {brief(shape)} and dtype {dtype_name} needs "
@@ -261,6 +316,8 @@ def _encode_array(a: Any, level: int, how: _Packing) -> msgpack.ExtType:
     flat = contiguous.reshape(-1).view(numpy.uint8)
     nbytes = int(flat.nbytes)
     shape = [int(d) for d in a.shape]
+    if not nbytes:
+        _check_empty_shape(shape, "numpy array")
     if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
         handle = how.handle_for(a, memoryview(flat))
         if handle is not None:
@@ -342,7 +399,17 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
     if code is not None:
         if level >= MAX_NESTING:
             raise _too_deep()
-        data = _CORE_EXTS[code][1](obj) if code in _CORE_EXTS else obj._to_wire()
+        core = _CORE_EXTS.get(code)
+        if core is None:
+            data = obj._to_wire()
+        else:
+            data = core[1](obj)
+            problem = core[3](data)
+            if problem is not None:
+                raise EncodeError(
+                    f"cannot send this {kind.__name__}: its wire form {problem} (build it with "
+                    "the field types it declares, and a value mesh with one value per point)"
+                )
         return msgpack.ExtType(code, _pack(data, level + 1, how))
     if kind is PendingTensor:  # relayed as it came: its reader fetches it from its owner
         if obj.form is None:
@@ -376,6 +443,26 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
     )
 
 
+_FORM = (str, list)  # a channel buffer's form: "bytes", "bytearray" or [kind, item, shape]
+
+
+def _check_form(form: str | list[Any]) -> None:
+    """ProtocolError unless `form` is one a channel buffer may have (the module docstring); the
+    channel checks its item type against the handle before it reads anything."""
+    if type(form) is str:
+        if form not in ("bytes", "bytearray"):
+            raise ProtocolError(f"unknown channel buffer form {brief(form)}")
+        return
+    kind, _item, shape = _payloads.fields(
+        form, "channel buffer form", (_payloads.STR, _payloads.STR, _payloads.LIST)
+    )
+    if kind not in ("memoryview", "ndarray"):
+        raise ProtocolError(f"unknown channel buffer form {brief(form)}")
+    problem = shape_problem(shape, kind)
+    if problem is not None:
+        raise ProtocolError(problem)
+
+
 def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) -> Any:
     """msgpack's hook for an extension value met inside `level` others; the channel tensors it
     meets are appended to `pending`, for the caller of ``unpack``."""
@@ -392,16 +479,20 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
     if code == EXT_TENSOR:
         return _decode_tensor(data)
     if code == EXT_CHANNEL_TENSOR:
-        placeholder = PendingTensor(_unpack(data, level + 1, pending))
+        handle = _unpack(data, level + 1, pending)
+        if type(handle) is not dict:  # its fields are checked by the channel that reads it
+            raise ProtocolError(f"channel tensor payload is not a handle map: {brief(handle)}")
+        placeholder = PendingTensor(handle)
         pending.append(placeholder)
         return placeholder
     if code == EXT_ARRAY:
         return decode_array(data)
     if code == EXT_CHANNEL_BUFFER:
-        payload = _unpack(data, level + 1, pending)
-        if type(payload) is not list or len(payload) != 2:
-            raise ProtocolError(f"channel buffer payload is not [form, handle]: {brief(payload)}")
-        placeholder = PendingTensor(payload[1], payload[0])
+        form, handle = _payloads.fields(
+            _unpack(data, level + 1, pending), "channel buffer", (_FORM, (dict,))
+        )
+        _check_form(form)
+        placeholder = PendingTensor(handle, form)
         pending.append(placeholder)
         return placeholder
     core = _CORE_EXTS.get(code)

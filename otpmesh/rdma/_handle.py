@@ -19,6 +19,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._wire._arrays import shape_problem
 from .._wire._connection import peer_credentials
 from ._error import RDMAError
 
@@ -216,4 +217,7 @@ def _dtype_and_shape(data: dict[str, Any], what: str) -> tuple[str | None, tuple
         or not all(type(d) is int and 0 <= d <= _MAX_ID for d in shape)
     ):
         raise _malformed("shape", shape, "a list of sizes (non-negative integers)", what)
+    problem = shape_problem(shape, "tensor")  # a zero-element one is bounded by no bytes
+    if problem is not None:
+        raise RDMAError(f"malformed {what}: {problem}")
     return dtype, tuple(shape)
