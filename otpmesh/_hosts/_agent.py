@@ -31,6 +31,7 @@ from typing import Any
 
 import trio
 
+from .._core._dumpable import make_undumpable
 from .._core._errors import ProtocolError
 from .._node._fanout import Relay
 from .._node._node import Node
@@ -357,6 +358,7 @@ def run_agent(args: argparse.Namespace) -> int:
         except (KeyError, ValueError):
             print(f"otpmesh agent: ${args.rank_from_env} is not set to a number", file=sys.stderr)
             return 2
+    make_undumpable()  # before the secret is read: no actor of this host may read it here
     token = None
     try:
         secret = sys.stdin.buffer.readline().strip() if args.secret_stdin else load_secret()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._core._dumpable import make_undumpable
 from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
@@ -130,6 +131,10 @@ class Runtime:
     """Everything the controller owns for one trio run."""
 
     def __init__(self) -> None:
+        # No actor may read the controller's memory (the secret, every actor's arguments): it is
+        # not dumpable from here on. The fork server is started with execve, which makes it (and
+        # the workers it forks) dumpable again.
+        make_undumpable()
         self.node = Node(
             "ctl", sys_handlers={"resolve_actor": self._resolve_actor}, channel=Channel
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from .._core._dumpable import isolate_worker
 from .._core._errors import EncodeError
 from .._core._reasons import SHUTDOWN
 from .._node._host import ActorHost
@@ -145,6 +146,7 @@ class Worker:
 def main(cfg: dict[str, Any]) -> int:
     """Run a worker until its controller goes away. Called in the forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    isolate_worker()  # OTPMESH_DUMPABLE=0: no actor reads another (docs/security.md)
     # A worker stuck in C with the GIL held has no watchdog thread running: its parent sends
     # SIGUSR1 before killing it, and faulthandler writes every thread's stack to its stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

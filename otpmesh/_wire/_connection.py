@@ -8,6 +8,9 @@ Layout of a connection (see docs/wire.md):
     both directions      frames: length (u32, big-endian) + msgpack payload
 
 On a Unix socket each side first checks that the peer runs as its own user (SO_PEERCRED).
+There a frame may also carry file descriptors (``SCM_RIGHTS``, ``Connection.pass_fd``): how
+the tensor channel hands a reader its snapshot file without the reader touching the owner's
+process (which may not let it: docs/security.md).
 
 The decoder is sans-IO (``FrameDecoder.feed``) so garbage can be fed to it directly in tests.
 A broken frame closes that one connection; nothing else is affected.
@@ -15,6 +18,7 @@ A broken frame closes that one connection; nothing else is affected.
 
 from __future__ import annotations
 
+import array
 import logging
 import math
 import os
@@ -48,6 +52,11 @@ _RECV_CHUNK = 1 << 18
 _COALESCE_LIMIT = 1 << 18
 # A caller waits for the writer once this much is queued on one connection (backpressure).
 _HIGH_WATER = 16 << 20
+#: Descriptors passed in one write, and kept received but not yet taken, per connection. Only a
+#: tensor channel owner sends them, one per pin answered; a peer that sends more than a reader
+#: takes cannot fill this process's descriptor table: the oldest are closed.
+MAX_PASSED_FDS = 16
+_FD_SPACE = socket.CMSG_SPACE(MAX_PASSED_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
 
 def frame_header(size: int) -> bytes:
@@ -283,6 +292,9 @@ class Connection:
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
         self.close_reason: str | None = None
+        self._unix = sock.family == socket.AF_UNIX and _FD_SPACE > 0
+        self._fds_out: list[int] = []  # our duplicates, sent with the next bytes written
+        self._fds_in: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> descriptor
         #: Outstanding calls sent on this connection, by call id (owned by the node).
         self.pending: dict[int, Any] = {}
         self.next_call_id = 0
@@ -314,7 +326,7 @@ class Connection:
         self._batching = True
         self._writer_lot.unpark()
         try:
-            sent = self.sock.send(data)
+            sent = self._send(data)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
@@ -323,6 +335,75 @@ class Connection:
         if sent < len(data):
             self._out.append(memoryview(data)[sent:])
             self._out_bytes += len(data) - sent
+
+    def pass_fd(self, fd: int) -> tuple[int, int]:
+        """Send (a duplicate of) descriptor `fd` to the peer with the next bytes written on this
+        connection, so it arrives no later than the next frame sent; return the key the peer
+        takes it by (``take_fd``): the file's (st_dev, st_ino). Unix sockets only."""
+        if not self._unix:
+            raise ValueError(f"connection to {self.peer} cannot pass descriptors (not Unix)")
+        st = os.fstat(fd)
+        self._fds_out.append(os.dup(fd))
+        return st.st_dev, st.st_ino
+
+    def take_fd(self, key: Any) -> int | None:
+        """The descriptor the peer passed for file `key` (``pass_fd``'s answer there), now this
+        caller's to close; None if none arrived (or it was closed, being too old)."""
+        if type(key) is not list or len(key) != 2 or not all(type(k) is int for k in key):
+            return None
+        return self._fds_in.pop((key[0], key[1]), None)
+
+    def _send(self, data: bytes | bytearray | memoryview) -> int:
+        if not self._fds_out:
+            return self.sock.send(data)
+        fds = self._fds_out[:MAX_PASSED_FDS]
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = self.sock.sendmsg([data], rights)  # BlockingIOError: nothing went, fds stay
+        del self._fds_out[: len(fds)]
+        for fd in fds:  # the peer holds its own now
+            os.close(fd)
+        return sent
+
+    async def _send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                view = view[self._send(view) :]
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+
+    def _recv(self) -> bytes:
+        if not self._unix:
+            return self.sock.recv(_RECV_CHUNK)
+        data, ancillary, _flags, _addr = self.sock.recvmsg(
+            _RECV_CHUNK, _FD_SPACE, socket.MSG_CMSG_CLOEXEC
+        )
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+                for fd in fds:
+                    self._keep_fd(fd)
+        return data
+
+    def _keep_fd(self, fd: int) -> None:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return
+        old = self._fds_in.pop((st.st_dev, st.st_ino), None)
+        if old is not None:
+            os.close(old)
+        self._fds_in[st.st_dev, st.st_ino] = fd
+        while len(self._fds_in) > MAX_PASSED_FDS:  # a peer passing what nobody takes
+            os.close(self._fds_in.pop(next(iter(self._fds_in))))
+
+    def _close_fds(self) -> None:
+        for fd in [*self._fds_out, *self._fds_in.values()]:
+            os.close(fd)
+        self._fds_out.clear()
+        self._fds_in.clear()
 
     async def drain(self) -> None:
         """Wait while more than the high-water mark is queued (writers must not outrun it)."""
@@ -339,6 +420,7 @@ class Connection:
             self._mark_closed("connection closed")
             trio.lowlevel.notify_closing(self.sock)
             self.sock.close()
+            self._close_fds()
 
     async def _guarded(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
         try:
@@ -362,7 +444,7 @@ class Connection:
         streak = 0
         while True:
             try:
-                data = sock.recv(_RECV_CHUNK)
+                data = self._recv()
             except BlockingIOError:
                 streak = 0
                 await trio.lowlevel.wait_readable(sock)
@@ -393,10 +475,10 @@ class Connection:
             size = self._out_bytes
             self._out_bytes = 0
             if size <= _COALESCE_LIMIT:
-                await send_all(self.sock, b"".join(out))
+                await self._send_all(b"".join(out))
             else:
                 for part in out:
-                    await send_all(self.sock, part)
+                    await self._send_all(part)
             self._drain_lot.unpark_all()
 
     def abort(self, reason: str) -> None:

@@ -34,6 +34,18 @@ class Peer:
     request: Callable[[str, str, Any], Awaitable[Any]]  # (backend name, op, payload) -> answer
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asks the owner's backend (``Backend.serve``), as the owner knows it: the pid the
+    kernel names for the connection (``SO_PEERCRED``; None over TCP), the buffer's memory,
+    whether the buffer takes writes, and whether that connection holds a pin on it."""
+
+    pid: int | None
+    region: Region
+    writable: bool
+    pinned: bool
+
+
 class Backend(Protocol):
     name: ClassVar[str]
 
@@ -56,5 +68,5 @@ class Backend(Protocol):
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
         """In a reader: copy `src` into the remote buffer at `offset`."""
 
-    async def serve(self, op: str, payload: Any) -> Any:
-        """In the owner: answer a reader's request (``Peer.request``)."""
+    async def serve(self, op: str, payload: Any, caller: Caller) -> Any:
+        """In the owner: answer a reader's request (``Peer.request``) from `caller`."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -30,13 +31,14 @@ from ._pool import from_any_thread
 from ._registry import allowed_backends, registry
 
 #: A reader's way to take a channel tensor without copying it: (backend, its entry in the grant,
-#: the owner's pid, what to call from any thread once the mapping is gone) -> the tensor, or
+#: the snapshot file the owner passed over the connection (this process's descriptor; the
+#: caller closes it), what to call from any thread once the mapping is gone) -> the tensor, or
 #: None to copy it.
 Mapper = Callable[[str, dict[str, Any], int, Callable[[bool], None]], Any]
 
 log = logging.getLogger("otpmesh.rdma")
-#: Backends that act on the pid a grant names (process_vm_readv, pidfd_getfd): used only when
-#: the kernel vouched for that pid.
+#: Backends that act on the pid a grant names (process_vm_readv): used only when the kernel
+#: vouched for that pid.
 _PID_BACKENDS = frozenset({"shm"})
 
 # Fallbacks already said once: (best backend, backend used).
@@ -311,9 +313,10 @@ class RDMABuffer:
                 f"buffer {h.buffer}",
             )
 
-        pin = {"op": "pin", "token": h.token, "write": op == "write"}
+        pin = {"op": "pin", "token": h.token, "write": op == "write", "memfd": mapped is not None}
         answer = await self._owner_call(node, conn, pin)
         mapped_it = False  # a mapping's lease outlives the pin: the owner must not refill it
+        passed: int | None = None  # the snapshot file the owner passed with its answer
         try:
             grant = Grant.from_wire(answer)
             answered_by = peer_pid(conn.sock)
@@ -324,8 +327,12 @@ class RDMABuffer:
             verified = answered_by is not None
             name, backend = self._choose(node, grant, peer, verified)
             entry = grant.entries[name]
-            if mapped is not None and verified:  # while pinned: the owner keeps what it names
-                taken = mapped(name, entry, grant.pid, from_any_thread(_unmapped(node, conn, h)))
+            shm = grant.entries.get("shm")
+            if mapped is not None and isinstance(shm, dict):
+                passed = conn.take_fd(shm.get("memfd"))
+            if mapped is not None and verified and passed is not None:
+                # While pinned: the owner keeps what it names.
+                taken = mapped(name, entry, passed, from_any_thread(_unmapped(node, conn, h)))
                 if taken is not None:
                     mapped_it = True
                     self.backend = name
@@ -342,6 +349,8 @@ class RDMABuffer:
                 # KeyError, TypeError: an entry the backend cannot use.
                 raise RDMAError(f"{op} of buffer {h.buffer} over {name} failed: {exc!s}") from None
         finally:
+            if passed is not None:  # mapped (the mapping holds the file) or not used
+                os.close(passed)
             if not conn.closed:
                 unpin = {"op": "unpin", "buffer": h.buffer, "mapped": mapped_it}
                 node.sys_cast(conn, "rdma", unpin)

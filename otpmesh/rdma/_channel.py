@@ -291,18 +291,18 @@ class Channel:
         over: Callable[[Any, Handle], Any],
         backend: str,
         entry: dict[str, Any],
-        pid: int,
+        fd: int,
         end_lease: Callable[[bool], None],
     ) -> Any:
-        """The owner's snapshot of `handle`'s value mapped copy-on-write (as `over` makes it),
-        if the grant offers one this process can map; else None (the caller copies). Once
-        the mapping is gone, `end_lease` tells the owner so (it may refill the file then)."""
-        fd = entry.get("memfd")
-        if backend != "shm" or type(fd) is not int or fd < 0 or not handle.nbytes:
+        """The owner's snapshot of `handle`'s value mapped copy-on-write (as `over` makes it)
+        from `fd` (the file the owner passed with its grant; the caller closes it), if this
+        process can map it; else None (the caller copies). Once the mapping is gone,
+        `end_lease` tells the owner so (it may refill the file then)."""
+        if backend != "shm" or not handle.nbytes:
             return None
         try:
-            memory = map_private(fd, handle.nbytes, pid=pid)
-        except OSError as exc:  # pidfd_getfd refused, a lying owner: copy instead
+            memory = map_private(fd, handle.nbytes)
+        except OSError as exc:  # a lying owner (not a sealed file, too small): copy instead
             log.warning("tensor channel: cannot map buffer %s, copying it: %s", handle.buffer, exc)
             return None
         taken = over(memory, handle)

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import trio
 
 from .._node._hostid import boot_id, pid_namespace
-from ._backend import Peer, Region
+from ._backend import Caller, Peer, Region
 
 # Settings, all optional: which device/port/GID index this process uses.
 _ENV_DEVICE = "OTPMESH_IBVERBS_DEVICE"
@@ -341,7 +341,7 @@ class IbverbsBackend:
             # access error instead of touching memory that may be reused.
             mr.close()
 
-    async def serve(self, op: str, payload: Any) -> Any:
+    async def serve(self, op: str, payload: Any, caller: Caller) -> Any:
         if op != "connect":
             raise IbverbsError(f"unknown ibverbs request {op!r}")
         dev = self._device()

@@ -29,9 +29,9 @@ import trio
 from .._node._hostid import boot_id, pid_namespace
 from .._node._node import Node, current_node
 from .._wire._connection import Connection
-from ._backend import Backend, Region
+from ._backend import Backend, Caller, Region
 from ._error import RDMAError as RDMAError
-from ._handle import Grant, new_token, tokens_match
+from ._handle import Grant, new_token, peer_pid, tokens_match
 from ._pool import SnapshotPool
 from ._receive import ReceivePool
 from ._shm import ShmBackend
@@ -140,7 +140,10 @@ class Registry:
             if n in allowed
         }
         if snapshot is not None and "shm" in entries:
-            entries["shm"] = {**entries["shm"], "memfd": snapshot.fd}
+            # Readers of this host map the file: it is passed to each over its own connection
+            # (``SCM_RIGHTS``, with the answer to its pin), named here by its inode.
+            st = os.fstat(snapshot.fd)
+            entries["shm"] = {**entries["shm"], "memfd": [st.st_dev, st.st_ino]}
         grant = Grant(
             pid=os.getpid(),
             boot_id=self._host[0],
@@ -388,14 +391,23 @@ class Registry:
                 self.check_write(buffer_id, reg)
             reg.pins[key] = reg.pins.get(key, 0) + 1
             self.lease(reg, key)  # a reader of this host may map its snapshot
+            if p.get("memfd") is True and reg.snapshot is not None and conn is not None:
+                if peer_pid(conn.sock) is not None:  # a Unix socket: this host, fds pass
+                    conn.pass_fd(reg.snapshot.fd)  # arrives no later than this answer
             return reg.grant
         if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
-            self.check(buffer_id, token, live=False)
+            reg = self.check(buffer_id, token, live=False)
             name = p.get("backend")
             backend = self.usable.get(name) if isinstance(name, str) else None
             if backend is None:
                 raise RDMAError(f"this owner has no tensor-channel backend {name!r:.40}")
-            return await backend.serve(str(p.get("request")), p.get("payload"))
+            caller = Caller(
+                pid=None if conn is None else peer_pid(conn.sock),
+                region=reg.region,
+                writable=reg.writable,
+                pinned=key in reg.pins,
+            )
+            return await backend.serve(str(p.get("request")), p.get("payload"), caller)
         found = self.buffers.get(buffer_id) if type(buffer_id) is int else None
         if op == "unpin":  # only this connection's own pins
             if found is not None and key in found.pins:

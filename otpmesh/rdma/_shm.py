@@ -7,6 +7,14 @@ not by hostname.
 
 The entry (address and size) and the pid come from the owner's answer to a pin (``Grant``), never
 from a handle: see ``_handle.py``.
+
+Only a dumpable owner can be read this way. The controller and host agents are not dumpable (no
+actor may read them: ``_core/_dumpable.py``), so their entries say ``push``: the reader sends the
+address of its own memory (``copy``, over its connection, for token holders with a pin) and the
+owner copies into it (or out of it, for a write) with ``process_vm_writev`` / ``process_vm_readv``
+on the reader, a dumpable process of the same user: the same kernel copy, one round trip more.
+The owner copies only to or from the pid the kernel names for that connection (``SO_PEERCRED``),
+only inside the pinned buffer, and only what the pin allows.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from typing import Any, ClassVar
 
 import trio
 
+from .._core._dumpable import dumpable
+from .._core._errors import OtpmeshError
 from .._node._hostid import boot_id, pid_namespace
-from ._backend import Peer, Region
+from ._backend import Caller, Peer, Region
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Big copies run in a thread, so the node keeps serving while the kernel copies.
@@ -78,22 +88,69 @@ class ShmBackend:
     def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
         # Read-only buffers: the owner refuses a pin for writing (``Registry``); a channel
         # snapshot's pages are not even writable (``process_vm_writev`` fails with EFAULT).
-        return {"address": region.address, "nbytes": region.nbytes}
+        entry: dict[str, Any] = {"address": region.address, "nbytes": region.nbytes}
+        if not dumpable():  # readers cannot reach this process: it copies for them
+            entry = {"nbytes": region.nbytes, "push": True}
+        return entry
 
     def unregister(self, buffer_id: int) -> None:
         return None
 
     def reaches(self, entry: dict[str, Any], peer: Peer) -> bool:
-        return (peer.boot_id, peer.pid_namespace) == self._host
+        if (peer.boot_id, peer.pid_namespace) != self._host:
+            return False
+        # One side must be readable by the other: an owner that pushes needs a dumpable reader.
+        return entry.get("push") is not True or dumpable()
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
+        if entry.get("push") is True:
+            await self._ask(peer, dst, offset, write=False)
+            return
         await self._run(peer.pid, dst, _remote(entry, offset, dst.nbytes), write=False)
 
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
+        if entry.get("push") is True:
+            await self._ask(peer, src, offset, write=True)
+            return
         await self._run(peer.pid, src, _remote(entry, offset, src.nbytes), write=True)
 
-    async def serve(self, op: str, payload: Any) -> Any:
-        raise ValueError(f"the shm backend has no request {op!r}")
+    @staticmethod
+    async def _ask(peer: Peer, local: Region, offset: int, *, write: bool) -> None:
+        """Have a non-dumpable owner copy between its buffer and `local` (in this process)."""
+        copy = {"address": local.address, "nbytes": local.nbytes, "offset": offset, "write": write}
+        try:
+            await peer.request("shm", "copy", copy)
+        except OtpmeshError as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            raise ShmError(errno.EIO, f"the owner could not copy: {message}") from None
+
+    async def serve(self, op: str, payload: Any, caller: Caller) -> Any:
+        if op != "copy" or type(payload) is not dict:
+            raise ValueError(f"the shm backend has no request {op!r:.40}")
+        if caller.pid is None or not caller.pinned:
+            raise ShmError(
+                errno.EPERM,
+                "an shm copy needs a pin held on a Unix connection of this host (the kernel "
+                "names the process to copy to); pin the buffer first",
+            )
+        address, nbytes = payload.get("address"), payload.get("nbytes")
+        offset, write = payload.get("offset"), payload.get("write")
+        if (
+            type(address) is not int
+            or type(nbytes) is not int
+            or type(offset) is not int
+            or type(write) is not bool
+        ):
+            raise ValueError(f"malformed shm copy request: {payload!r:.120}")
+        if write and not caller.writable:
+            raise ShmError(errno.EPERM, "this buffer is read-only: the pin was for reading")
+        mine = caller.region
+        if offset < 0 or nbytes < 0 or offset + nbytes > mine.nbytes:
+            raise ValueError(f"{nbytes} bytes at offset {offset} fall outside its {mine.nbytes}")
+        # The reader's write comes out of its memory into ours; its read goes into its memory.
+        here = Region(mine.address + offset, nbytes)
+        await self._run(caller.pid, here, address, write=not write)
+        return True
 
     @staticmethod
     async def _run(pid: int, local: Region, remote_address: int, write: bool) -> None:

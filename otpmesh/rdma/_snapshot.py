@@ -2,10 +2,11 @@
 
 The sender's channel copies the value once, when it sends the message, into an anonymous memory
 file (``memfd_create``) sealed against shrinking and growing (``Snapshot``). A reader on the same
-host, once the owner's grant (checked against ``SO_PEERCRED``) names the file's descriptor, takes
-a duplicate of it with ``pidfd_getfd(2)`` (the same permission ``process_vm_readv`` needs), checks
-the seals and the size, maps it copy-on-write (``MAP_PRIVATE``) and closes the duplicate at once
-(``map_private``). So:
+host receives a descriptor of the file from the owner itself, passed over the reader's own
+connection (``SCM_RIGHTS``) with the answer to its pin (which names the file by its inode); it
+checks the seals and the size, maps it copy-on-write (``MAP_PRIVATE``) and closes the descriptor
+at once (``map_private``). Nothing reaches into the owner's process (no ``pidfd_getfd``, which a
+non-dumpable controller refuses: ``_core/_dumpable.py``). So:
 
 - a reader copies nothing: its tensor is the sender's snapshot, and a broadcast to n readers
   costs one copy in all; pages fault in as the reader first touches them;
@@ -16,7 +17,7 @@ the seals and the size, maps it copy-on-write (``MAP_PRIVATE``) and closes the d
 - the owner fills the file through a mapping of its own and offers the backends another,
   read-only one: a ``process_vm_writev`` at the address a grant names fails (its pages are not
   writable there);
-- nothing can leak: no file is named anywhere (not in /dev/shm), the reader holds no descriptor,
+- nothing can leak: no file is named anywhere (not in /dev/shm), the reader keeps no descriptor,
   and the memory lives exactly as long as the last mapping or descriptor of it (the reader's
   tensor; the owner's registered buffer or pool); a SIGKILLed process's go with it;
 - a reader can never be made to fault: it maps only a file sealed against shrinking
@@ -53,7 +54,6 @@ _libc.mmap.argtypes = (
 )
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_SYS_PIDFD_GETFD = 438  # the same number on every architecture Linux numbers uniformly
 #: What a reader checks before it maps: the file cannot shrink under the mapping (no SIGBUS).
 #: The owner also seals growth and the seals themselves.
 SEALS = fcntl.F_SEAL_SHRINK
@@ -68,8 +68,8 @@ _copiers_made = threading.Lock()  # nodes of one process may run in threads of t
 
 
 def available() -> bool:
-    """Whether this process can make and map snapshots (Linux 5.6+ with memfd and pidfds)."""
-    return hasattr(os, "memfd_create") and hasattr(os, "pidfd_open")
+    """Whether this process can make and map snapshots (Linux, with memfd)."""
+    return hasattr(os, "memfd_create")
 
 
 def _map(fd: int, nbytes: int, flags: int, prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> int:
@@ -211,35 +211,18 @@ class Snapshot:
             self.fd = -1
 
 
-def _pidfd_getfd(pid: int, fd: int) -> int:
-    pidfd = os.pidfd_open(pid)
-    try:
-        got = int(_libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0))
-    finally:
-        os.close(pidfd)
-    if got < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"cannot take the owner's snapshot (pidfd_getfd): {os.strerror(err)}")
-    return got
-
-
-def map_private(fd: int, nbytes: int, *, pid: int | None = None) -> Any:
-    """A private (copy-on-write) mapping of `nbytes` of the snapshot file `fd`: of process `pid`
-    (a descriptor number in its table), or of this process. A buffer object that unmaps itself
-    when the last user is freed (``torch.frombuffer`` keeps it alive; ``end_when_freed``).
-    OSError if the file is not a sealed snapshot of at least `nbytes`."""
-    own = fd if pid is None else _pidfd_getfd(pid, fd)
-    try:
-        seals = fcntl.fcntl(own, fcntl.F_GET_SEALS)  # EINVAL: not a memory file at all
-        size = os.fstat(own).st_size
-        if seals & SEALS != SEALS or size < nbytes:
-            raise OSError(
-                errno.EINVAL,
-                f"the owner's snapshot is not sealed or too small ({size} bytes, "
-                f"{nbytes} expected); refusing to map it",
-            )
-        address = _map(own, nbytes, mmap.MAP_PRIVATE)
-    finally:
-        if own != fd:
-            os.close(own)
+def map_private(fd: int, nbytes: int) -> Any:
+    """A private (copy-on-write) mapping of `nbytes` of the snapshot file `fd` (this process's
+    descriptor: its own snapshot's, or one its owner passed). A buffer object that unmaps itself
+    when the last user is freed (``torch.frombuffer`` keeps it alive; ``end_when_freed``); `fd`
+    may be closed at once. OSError if the file is not a sealed snapshot of at least `nbytes`."""
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)  # EINVAL: not a memory file at all
+    size = os.fstat(fd).st_size
+    if seals & SEALS != SEALS or size < nbytes:
+        raise OSError(
+            errno.EINVAL,
+            f"the owner's snapshot is not sealed or too small ({size} bytes, "
+            f"{nbytes} expected); refusing to map it",
+        )
+    address = _map(fd, nbytes, mmap.MAP_PRIVATE)
     return _mapping_type(nbytes).from_address(address)

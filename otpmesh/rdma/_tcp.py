@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import msgpack
 import trio
 
-from ._backend import Peer, Region
+from ._backend import Caller, Peer, Region
 
 _LEN = struct.Struct(">I")
 _CHUNK = 4 << 20
@@ -426,5 +426,5 @@ class TcpBackend:
             sock.close()
             raise
 
-    async def serve(self, op: str, payload: Any) -> Any:
+    async def serve(self, op: str, payload: Any, caller: Caller) -> Any:
         raise ValueError(f"the tcp backend has no request {op!r}")
