@@ -99,8 +99,9 @@ class ShmBackend:
     def reaches(self, entry: dict[str, Any], peer: Peer) -> bool:
         if (peer.boot_id, peer.pid_namespace) != self._host:
             return False
-        # One side must be readable by the other: an owner that pushes needs a dumpable reader.
-        return entry.get("push") is not True or dumpable()
+        # One side must be readable by the other: an owner that pushes needs a dumpable reader
+        # (or itself: two nodes of one process).
+        return entry.get("push") is not True or dumpable() or peer.pid == os.getpid()
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
         if entry.get("push") is True:
