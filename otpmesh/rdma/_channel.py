@@ -117,6 +117,27 @@ def _raw_address(view: memoryview) -> int | None:
     return None
 
 
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def _fresh_bytes(nbytes: int) -> Any:
+    """Writable memory that is a new ``bytes`` of `nbytes` (its ``filled`` attribute), for a
+    reader to fill before anything else sees it: the C API's own way to build a bytes
+    (``PyBytes_FromStringAndSize(NULL, n)``), so a large bytes is read once, not read into a
+    bytearray and copied again. `nbytes` > 1 (smaller ones are shared singletons)."""
+    made = _new_bytes(None, nbytes)
+    memory = (ctypes.c_char * nbytes).from_address(_raw_address(memoryview(made)) or 0)
+    memory.filled = made  # type: ignore[attr-defined]  # keeps the bytes alive with its memory
+    return memory
+
+
+def _filled(raw: Any) -> bytes:
+    made = getattr(raw, "filled", None)
+    return made if type(made) is bytes else bytes(memoryview(raw).cast("B"))
+
+
 def _rebuilder(form: Any, handle: Handle) -> Callable[[Any], Any]:
     """How to rebuild a channel buffer of `form` from its bytes (a bytearray or a mapping),
     after checking that the form fits the handle; RDMAError for a malformed one, before
@@ -124,7 +145,7 @@ def _rebuilder(form: Any, handle: Handle) -> Callable[[Any], Any]:
     if handle.dtype is not None or handle.shape is not None:
         raise RDMAError(f"a channel buffer's handle names a tensor ({handle.describe()})")
     if form == "bytes":
-        return lambda raw: bytes(memoryview(raw).cast("B"))
+        return _filled
     if form == "bytearray":
         return lambda raw: raw if type(raw) is bytearray else bytearray(memoryview(raw).cast("B"))
     if not (type(form) is list and len(form) == 3 and form[0] in ("memoryview", "ndarray")):
@@ -224,7 +245,10 @@ class Channel:
         """A flat byte view (of a bytes-like or a numpy array), registered raw: the receiver
         rebuilds the type from the form that travels beside the handle."""
         address = _raw_address(view)
-        mapped = view.nbytes >= MAP_ABOVE and snapshots_available()
+        # A whole ``bytes`` is registered in place, whatever its size: nobody can change it,
+        # so it needs no copy (readers copy from it; a bytes receiver copies anyway).
+        in_place = address is not None and view.readonly
+        mapped = not in_place and view.nbytes >= MAP_ABOVE and snapshots_available()
         if address is None or (not mapped and not view.readonly):
             view = memoryview(bytes(view))  # a copy nobody can change: registered in place
             address = _raw_address(view)
@@ -279,9 +303,11 @@ class Channel:
 
     def _receive_raw(self, handle: Handle, form: Any) -> Any:
         """Memory to read a buffer of `form` into: a ``bytes`` or ``bytearray`` owns its memory
-        (a new bytearray); a numpy array or memoryview lies in a receive pool block, as a
-        tensor does."""
-        if handle.nbytes < MAP_ABOVE or form in ("bytes", "bytearray"):
+        (a new bytes, filled in place; a new bytearray); a numpy array or memoryview lies in a
+        receive pool block, as a tensor does."""
+        if form == "bytes" and handle.nbytes > 1:
+            return _fresh_bytes(handle.nbytes)
+        if handle.nbytes < MAP_ABOVE or form == "bytearray":
             return bytearray(handle.nbytes)
         return self.registry.receive.take(handle.nbytes)
 
@@ -330,7 +356,8 @@ class Channel:
                 got = _empty_like(handle)
                 ctypes.memmove(got.data_ptr(), entry.region.address, handle.nbytes)
             else:
-                got = bytearray(handle.nbytes)
+                fresh = form == "bytes" and handle.nbytes > 1
+                got = _fresh_bytes(handle.nbytes) if fresh else bytearray(handle.nbytes)
                 ctypes.memmove(
                     (ctypes.c_char * handle.nbytes).from_buffer(got),
                     entry.region.address,

@@ -135,9 +135,7 @@ def _run_as_nobody() -> dict[str, object]:
     # The app's interpreter must be reachable by that user: the test run's may live under
     # root's home (pyenv); a system Python of the same version loads the same packages.
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    python = next(
-        (p for p in (sys.executable, f"/usr/bin/{version}") if _runs_as_nobody(p)), None
-    )
+    python = next((p for p in (sys.executable, f"/usr/bin/{version}") if _runs_as_nobody(p)), None)
     if python is None:
         pytest.skip(f"no {version} interpreter that uid {NOBODY} can run and import torch with")
     # Not pytest's tmp_path: it lies in a directory only root may enter.
