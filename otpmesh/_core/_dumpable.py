@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _PR_GET_DUMPABLE = 3
@@ -22,12 +23,16 @@ _PR_GET_DUMPABLE = 3
 ENV = "OTPMESH_DUMPABLE"
 
 
+try:
+    _libc_prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: nothing to set, nothing to ask
+    _libc_prctl = None
+
+
 def _prctl(option: int, arg: int = 0) -> int:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(option, arg, 0, 0, 0))
-    except (OSError, AttributeError):  # not Linux: nothing to set, nothing to ask
+    if _libc_prctl is None:
         return -1
+    return int(_libc_prctl(option, arg, 0, 0, 0))
 
 
 def dumpable() -> bool:

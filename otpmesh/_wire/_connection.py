@@ -342,6 +342,8 @@ class Connection:
         takes it by (``take_fd``): the file's (st_dev, st_ino). Unix sockets only."""
         if not self._unix:
             raise ValueError(f"connection to {self.peer} cannot pass descriptors (not Unix)")
+        if self.closed:  # nothing would send (or close) the duplicate
+            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
         st = os.fstat(fd)
         self._fds_out.append(os.dup(fd))
         return st.st_dev, st.st_ino

@@ -389,11 +389,11 @@ class Registry:
             reg = self.check(buffer_id, token)
             if p.get("write", False) is not False:
                 self.check_write(buffer_id, reg)
-            reg.pins[key] = reg.pins.get(key, 0) + 1
-            self.lease(reg, key)  # a reader of this host may map its snapshot
             if p.get("memfd") is True and reg.snapshot is not None and conn is not None:
                 if peer_pid(conn.sock) is not None:  # a Unix socket: this host, fds pass
                     conn.pass_fd(reg.snapshot.fd)  # arrives no later than this answer
+            reg.pins[key] = reg.pins.get(key, 0) + 1
+            self.lease(reg, key)  # a reader of this host may map its snapshot
             return reg.grant
         if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
             reg = self.check(buffer_id, token, live=False)

@@ -57,12 +57,14 @@ def _copy(pid: int, local: Region, remote_address: int, write: bool) -> None:
         if moved < 0:
             err = ctypes.get_errno()
             if err == errno.ESRCH:
-                raise ShmError(err, f"the owner process {pid} is gone")
+                raise ShmError(err, f"process {pid} (the other end of the copy) is gone")
             raise ShmError(
-                err, f"cannot {'write' if write else 'read'} the owner's memory: {os.strerror(err)}"
+                err,
+                f"cannot {'write' if write else 'read'} the memory of process {pid}: "
+                f"{os.strerror(err)}",
             )
         if moved == 0:
-            raise ShmError(errno.EFAULT, "the owner's memory region ended early")
+            raise ShmError(errno.EFAULT, f"the memory region of process {pid} ended early")
         done += moved
 
 
