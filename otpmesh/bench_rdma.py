@@ -16,6 +16,10 @@ the very first one, which copies into new memory files rather than the pool's wa
   which travels in the message itself (its row's ``bytes`` say so; with ``--sizes 1`` compare
   its ``seconds`` with the 1 MiB ``argument`` row's: the channel against inline at the threshold).
 
+``measure_controller`` (``--controller``) measures an argument, a result, ``read_into`` and
+``write_from`` between the controller and one worker: the controller is not dumpable, so these
+are the paths that pass descriptors or have the controller copy (docs/rdma.md).
+
 ``measure_hosts`` measures ``read_into``, ``argument`` and ``result`` between two hosts made as
 network namespaces (``otpmesh.testing.netns``; needs root), where the only backend that reaches
 is ``tcp``: ``python -m otpmesh.bench_rdma --between-hosts``; beside them, what plain sockets
@@ -124,6 +128,18 @@ class Taker(otpmesh.Actor):
             times.append(time.perf_counter() - start)
         ok = bool(dst[0].item() == 1.0 and dst[-1].item() == 1.0)
         return {**_best(times[1:]), "backend": buf.backend, "ok": ok}
+
+    @otpmesh.endpoint
+    async def write(self, buf: Any, repeats: int) -> dict[str, Any]:
+        import torch
+
+        src = torch.ones(buf.nbytes // 4, dtype=torch.float32)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            await buf.write_from(src)
+            times.append(time.perf_counter() - start)
+        return {**_best(times[1:]), "backend": buf.backend, "ok": True}
 
 
 def _uint8() -> Any:
@@ -407,11 +423,52 @@ async def measure_hosts(size_mib: int = 256, repeats: int = 5) -> list[dict[str,
     return rows
 
 
+CONTROLLER_WHAT = ("argument", "result", "read_into", "write_from")
+
+
+async def measure_controller(size_mib: int = 256, repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per measurement in ``CONTROLLER_WHAT`` between this process, the controller (not
+    dumpable: a worker cannot read it, docs/security.md), and one worker: an argument to it, a
+    result from it, and the worker's ``read_into`` / ``write_from`` of an ``RDMABuffer`` the
+    controller registered (the controller copies for it, docs/rdma.md)."""
+    import torch
+
+    from otpmesh.rdma import RDMABuffer
+
+    nbytes = size_mib * MIB
+    procs = await otpmesh.proc_mesh(procs=1)
+    taker = (await procs.spawn("taker", Taker))[0]
+    t = torch.ones(nbytes // 4, dtype=torch.float32)
+    rows = []
+    for kind in CONTROLLER_WHAT:
+        if kind in ("read_into", "write_from"):
+            buf = RDMABuffer(t)
+            got = await (taker.read if kind == "read_into" else taker.write)(buf, repeats)
+            buf.drop()
+        else:
+            times, ok = [], True
+            for _ in range(WARMUP + repeats):
+                start = time.perf_counter()
+                if kind == "result":
+                    back = await taker.make(nbytes)
+                    ok = ok and bool(back[0].item() == 1.0 and back[-1].item() == 1.0)
+                else:
+                    ok = ok and await taker.take(t, False)
+                times.append(time.perf_counter() - start)
+            got = {**_best(times[WARMUP:]), "first": times[0], "ok": ok}
+        rows.append({**_row(size_mib, kind, "shm", got), "between": "controller and worker"})
+    await procs.stop()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m otpmesh.bench_rdma``: the same host (``otpmesh bench rdma`` has the options),
     or ``--between-hosts``: two namespaced hosts over tcp. Rows as JSON lines."""
     parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_rdma")
     parser.add_argument("--between-hosts", action="store_true", help="two netns hosts (root)")
+    parser.add_argument(
+        "--controller", action="store_true", help="between the controller and one worker"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[256], help="MiB (default 256)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
@@ -419,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     async def run() -> list[dict[str, Any]]:
         if args.between_hosts:
             return [r for mib in args.sizes for r in await measure_hosts(mib, args.repeats)]
+        if args.controller:
+            return [r for mib in args.sizes for r in await measure_controller(mib, args.repeats)]
         return await measure(args.sizes, ["shm"], args.repeats, gloo=False)
 
     for row in otpmesh.run(run):

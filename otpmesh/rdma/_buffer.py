@@ -325,18 +325,26 @@ class RDMABuffer:
             # Only the kernel's word (SO_PEERCRED, on a Unix socket) makes the grant's pid safe
             # to copy from or map: over TCP nothing vouches for it, so no same-host shortcut.
             verified = answered_by is not None
-            name, backend = self._choose(node, grant, peer, verified)
-            entry = grant.entries[name]
             shm = grant.entries.get("shm")
             if mapped is not None and isinstance(shm, dict):
                 passed = conn.take_fd(shm.get("memfd"))
-            if mapped is not None and verified and passed is not None:
-                # While pinned: the owner keeps what it names.
-                taken = mapped(name, entry, passed, from_any_thread(_unmapped(node, conn, h)))
+            if (
+                mapped is not None
+                and isinstance(shm, dict)
+                and passed is not None
+                and verified
+                and "shm" in allowed_backends()
+            ):
+                # A memory file passed over this connection: mapped whichever backend would
+                # copy (neither side reads the other's memory for it, so a non-dumpable reader
+                # of a non-dumpable owner maps too). While pinned: the owner keeps what it names.
+                taken = mapped("shm", shm, passed, from_any_thread(_unmapped(node, conn, h)))
                 if taken is not None:
                     mapped_it = True
-                    self.backend = name
+                    self.backend = "shm"
                     return taken
+            name, backend = self._choose(node, grant, peer, verified)
+            entry = grant.entries[name]
             local = make()
             region = self._check(local)
             try:

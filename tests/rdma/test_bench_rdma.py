@@ -29,3 +29,17 @@ def test_one_small_run_reports_each_path_beside_copy_and_clone() -> None:
     measured = inline["bytes"] / inline["seconds"] / 1e9  # its speed is of its own bytes
     assert abs(inline["gb_per_s"] - measured) <= 0.05 * measured + 0.01
     assert all("first_gb_per_s" in row for row in rows if row["what"] != "read_into")
+
+
+def test_a_controller_run_reports_each_path_over_shm() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "otpmesh.bench_rdma", "--controller", "--sizes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["what"] for row in rows] == ["argument", "result", "read_into", "write_from"]
+    for row in rows:
+        assert row["ok"] and row["backend"] == "shm" and row["seconds"] > 0, row

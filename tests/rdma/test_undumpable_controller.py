@@ -129,7 +129,7 @@ APP = textwrap.dedent(
 )
 
 
-def _run_as_nobody() -> dict[str, object]:
+def _run_as_nobody(extra_env: dict[str, str]) -> dict[str, object]:
     if os.getuid() != 0:
         pytest.skip("needs root to run the app as another, unprivileged user (uid 65534)")
     # The app's interpreter must be reachable by that user: the test run's may live under
@@ -153,7 +153,7 @@ def _run_as_nobody() -> dict[str, object]:
             group=NOBODY,
             extra_groups=[],
             cwd=home,
-            env=_env(home),
+            env={**_env(home), **extra_env},
         )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout + done.stderr
@@ -190,7 +190,7 @@ def _runs_as_nobody(python: str) -> bool:
 
 @pytest.mark.timeout(300)
 def test_an_actor_cannot_read_its_controller_and_the_channel_still_moves_tensors() -> None:
-    result = _run_as_nobody()
+    result = _run_as_nobody({})
     assert result["uid"] == NOBODY
     # The controller's memory: every way a process of the same user reads another is refused.
     controller = result["controller"]
@@ -207,3 +207,17 @@ def test_an_actor_cannot_read_its_controller_and_the_channel_still_moves_tensors
     assert result["small"] is True
     assert result["bump_backend"] == "shm"
     assert result["bumped"] is True
+
+
+@pytest.mark.timeout(300)
+def test_isolated_workers_cannot_read_each_other_and_the_channel_falls_back() -> None:
+    # OTPMESH_DUMPABLE=0 (untrusted actor code): no process of the app is readable.
+    result = _run_as_nobody({"OTPMESH_DUMPABLE": "0", "OTPMESH_RDMA_BACKENDS": "shm,tcp"})
+    for target in ("controller", "sibling"):
+        probes = result[target]
+        assert isinstance(probes, dict)
+        assert probes["mem"] in ("EACCES", "EPERM"), (target, probes)
+        assert probes["vm_readv"] == "EPERM" and probes["getfd"] == "EPERM", (target, probes)
+    # Large values are still mapped from descriptors; an RDMABuffer falls back to tcp.
+    assert result["big"] is True and result["small"] is True
+    assert result["bump_backend"] == "tcp" and result["bumped"] is True
