@@ -28,7 +28,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "testing", "chaos", "rdma", "launchers",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "testing", "chaos", "rdma",
+    "launchers",
 }  # fmt: skip
 
 

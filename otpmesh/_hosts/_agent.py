@@ -46,6 +46,7 @@ from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
 from .._wire._secret import SecretError, load_secret
+from .._wire._unproven import parent_pid
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 
 log = logging.getLogger("otpmesh.agent")
@@ -99,6 +100,7 @@ class Agent:
             },
             secret=secret,
             tcp_secret=secret,
+            is_app_process=self._is_worker,
         )
         self.node.parent_ops = frozenset(
             {"spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat", "agent_token"}
@@ -113,6 +115,11 @@ class Agent:
         self.host_id = ""
         self._last_beat = 0.0
         self._stopping = False
+
+    def _is_worker(self, pid: int) -> bool:
+        """Whether `pid` is one of this host's workers (a child of this agent's fork server)."""
+        server = self.forkserver.pid
+        return pid in self._by_pid or (server is not None and parent_pid(pid) == server)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:

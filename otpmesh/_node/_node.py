@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,12 +22,12 @@ import trio
 
 from .._core._errors import ActorDiedError, ProtocolError
 from .._wire import _codec, _secret
+from .._wire._accepting import Acceptor
 from .._wire._addresses import bind, bind_tcp, listen_address, tcp_address
 from .._wire._codec import PendingTensor
 from .._wire._connection import (
     Connection,
     accept,
-    detach,
     dial,
     peer_credentials,
 )
@@ -42,7 +43,8 @@ from .._wire._frames import (
     decode_frame,
     remote_error,
 )
-from .._wire._refusals import RefusalLog, describe_peer
+from .._wire._refusals import RefusalLog
+from .._wire._unproven import PER_LISTENER, Unproven
 from ._calls import CallGroup
 from ._cell import ActorCell
 from ._channel import TensorChannel
@@ -55,8 +57,13 @@ log = logging.getLogger("otpmesh.node")
 SysHandler = Callable[[Connection | None, Any], Awaitable[Any]]
 #: How long a new incoming connection has to prove it belongs to the app.
 PROOF_TIMEOUT = 10.0
-#: Incoming connections allowed to be proving themselves at once; more are refused at once.
-MAX_UNPROVEN = 64
+#: How long it has to send its first bytes (a dialer sends its handshake at once), on a Unix
+#: socket and over TCP (room for a slow link). The app's own processes get PROOF_TIMEOUT.
+FIRST_BYTES_TIMEOUT = 1.0
+FIRST_BYTES_TIMEOUT_TCP = 3.0
+#: Connections from peers that proved nothing yet, per listener (_wire/_unproven.py): a newcomer
+#: past the bound evicts the oldest of the peer holding the most.
+MAX_UNPROVEN = PER_LISTENER
 
 
 _CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
@@ -86,6 +93,7 @@ class Node(Outgoing):
         secret: bytes | None = None,
         tcp_secret: bytes | None = None,
         channel: Callable[[Node], TensorChannel] | None = None,
+        is_app_process: Callable[[int], bool] | None = None,
     ) -> None:
         #: The app's secret: every Unix connection, in or out, proves it knows it (a node made
         #: without one gets a fresh secret nobody else knows).
@@ -96,7 +104,15 @@ class Node(Outgoing):
         #: controller or host agent): never from another actor's connection.
         self.parent_ops: frozenset[str] = frozenset()
         self.refusals = RefusalLog(log)
-        self._unproven = 0  # incoming connections still proving themselves
+        #: Whether the process with this pid (a Unix peer's, ``SO_PEERCRED``) is one of the
+        #: app's own: passed in by the process that runs the node (the controller knows its
+        #: workers); its connections take no slot among the unproven, so strangers cannot
+        #: starve them. None: every peer is a stranger until it proves itself.
+        self.is_app_process = is_app_process
+        #: Incoming connections still proving themselves, per listener (Unix, TCP).
+        self.unproven = {False: Unproven(), True: Unproven()}
+        #: The accept loops, per listener: their ``episodes`` count descriptor shortages.
+        self.acceptors: dict[bool, Acceptor] = {}
         self._listener = bind(role, listen)
         self.addr = listen_address(self._listener)
         #: This node's TCP address once ``listen_tcp`` made one (or `listen` asked for TCP).
@@ -167,25 +183,40 @@ class Node(Outgoing):
 
     async def _accept_loop(self, raw: socket.socket) -> None:
         tcp = raw.family != socket.AF_UNIX
-        async with trio.SocketListener(trio.socket.from_stdlib_socket(raw)) as listener:
+        with trio.socket.from_stdlib_socket(raw) as listener:
+            what = f"node pid {os.getpid()} ({listen_address(raw)!r})"
+            self.acceptors[tcp] = acceptor = Acceptor(listener, log, what)
             assert self.nursery is not None
             while True:
-                stream = await listener.accept()
-                self.nursery.start_soon(self._serve_accepted, stream, tcp)
+                conn, _ = await acceptor.accept()
+                sock = socket.socket(fileno=conn.detach())
+                sock.setblocking(False)
+                self.nursery.start_soon(self._serve_accepted, sock, tcp)
 
-    async def _serve_accepted(self, stream: trio.SocketStream, tcp: bool) -> None:
-        sock = detach(stream)
+    async def _serve_accepted(self, sock: socket.socket, tcp: bool) -> None:
         peer = "(unknown peer)"
-        self._unproven += 1
         try:
-            peer = describe_peer(sock, tcp)
-            if self._unproven > MAX_UNPROVEN:
-                raise ProtocolError(f"more than {MAX_UNPROVEN} connections are proving themselves")
+            peer, key, own, pid = self._peer_of(sock, tcp)
             secret = self.tcp_secret if tcp else self.secret
             if secret is None:
                 raise ProtocolError("this node has no secret to check TCP peers with")
-            with trio.fail_after(PROOF_TIMEOUT):
-                mac = await accept(sock, secret, tcp=tcp)
+            if own:
+                with trio.fail_after(PROOF_TIMEOUT):
+                    mac = await accept(sock, secret, tcp=tcp)
+            else:
+                with self.unproven[tcp].hold(key) as slot, trio.fail_after(PROOF_TIMEOUT):
+                    first = FIRST_BYTES_TIMEOUT_TCP if tcp else FIRST_BYTES_TIMEOUT
+                    with trio.move_on_after(first) as waiting:
+                        await trio.lowlevel.wait_readable(sock)
+                    if waiting.cancelled_caught:
+                        raise ProtocolError(f"sent nothing within {first:g} s")
+                    mac = await accept(sock, secret, tcp=tcp)
+                if slot.evicted:
+                    bound = self.unproven[tcp]
+                    raise ProtocolError(
+                        f"evicted by newer connections: at most {bound.per_peer} per peer and "
+                        f"{bound.per_listener} in all may be proving themselves at once"
+                    )
         except (ProtocolError, trio.TooSlowError, OSError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 why = f"did not prove itself within {PROOF_TIMEOUT:g} s"
@@ -194,8 +225,6 @@ class Node(Outgoing):
             self.refusals.refused(peer, why)
             sock.close()
             return
-        finally:
-            self._unproven -= 1
         await self.run_connection(
             Connection(
                 sock,
@@ -203,9 +232,23 @@ class Node(Outgoing):
                 decode=decode_frame,
                 on_message=self.dispatch,
                 mac=mac,
-                peer_pid=None if tcp else peer_credentials(sock)[0],
+                peer_pid=pid,
             )
         )
+
+    def _peer_of(self, sock: socket.socket, tcp: bool) -> tuple[str, str, bool, int | None]:
+        """Who dialed: its name for the log, its key among the unproven (a host over TCP; a
+        pid of this user on a Unix socket: another uid is refused at once), whether it is one
+        of the app's own processes, and its pid (``SO_PEERCRED``; None over TCP)."""
+        if tcp:
+            host, port = sock.getpeername()[:2]
+            return f"{host}:{port}", str(host), False, None
+        pid, uid, _gid = peer_credentials(sock)
+        peer = f"pid {pid} (uid {uid})"
+        if uid != os.getuid():
+            raise ProtocolError(f"peer runs as uid {uid}, not this app's uid {os.getuid()}")
+        own = self.is_app_process is not None and self.is_app_process(pid)
+        return peer, f"pid {pid}", own, pid
 
     async def run_connection(self, conn: Connection) -> None:
         try:

@@ -28,6 +28,7 @@ from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
+from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
@@ -136,7 +137,10 @@ class Runtime:
         # the workers it forks) dumpable again.
         make_undumpable()
         self.node = Node(
-            "ctl", sys_handlers={"resolve_actor": self._resolve_actor}, channel=Channel
+            "ctl",
+            sys_handlers={"resolve_actor": self._resolve_actor},
+            channel=Channel,
+            is_app_process=self._is_worker,
         )
         self.node.sys_inline["actor_exited"] = self._actor_exited
         self.node.sys_inline["actor_exiting"] = self._actor_exiting
@@ -152,6 +156,13 @@ class Runtime:
         self.exit_listeners: dict[str, ExitListener] = {}
         self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
+
+    def _is_worker(self, pid: int) -> bool:
+        """Whether `pid` is one of this app's workers on this host: a child of its fork server
+        (known before the fork server's report of it arrives, so a worker dialing back at once
+        is never a stranger)."""
+        server = self.forkserver.pid
+        return pid in self._by_pid or (server is not None and parent_pid(pid) == server)
 
     # ------------------------------------------------------------ life cycle
 

@@ -47,6 +47,8 @@ class ForkServer:
         self._raw: socket.socket | None = None
         self.ready = trio.Event()
         self.gone = False
+        #: The fork server's pid once it runs (its children are the workers).
+        self.pid: int | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -64,6 +66,7 @@ class ForkServer:
             env=env,
         )
         theirs.close()
+        self.pid = process.pid
         sock = trio.socket.from_stdlib_socket(ours)
         self._sock, self._raw = sock, ours
         task_status.started()

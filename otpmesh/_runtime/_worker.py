@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -19,10 +20,25 @@ from .._node._node import Node, set_current_node
 from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
+from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
+
+
+def _kin_of_this_worker() -> Callable[[int], bool]:
+    """Which peers a worker counts as its app's own: its fork server (its parent), the
+    controller or host agent that runs that server (its grandparent), and its siblings (the
+    server's other children: actors call each other directly). Read once, at start: a worker
+    whose fork server is gone is about to go too. docs/security.md says why these."""
+    fork_server = os.getppid()
+    controller = parent_pid(fork_server)
+
+    def kin(pid: int) -> bool:
+        return pid in (fork_server, controller) or parent_pid(pid) == fork_server
+
+    return kin
 
 
 class Worker:
@@ -43,6 +59,7 @@ class Worker:
             secret=cfg["secret"],
             tcp_secret=cfg.get("tcp_secret"),
             channel=Channel,
+            is_app_process=_kin_of_this_worker(),
         )
         # Another actor's connection (authenticated: it is one of ours) may call and cast, but
         # only the controller or agent that forked this process may run or stop actors in it.

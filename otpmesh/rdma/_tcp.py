@@ -1,11 +1,15 @@
 """The ``tcp`` backend: the last resort (other hosts, nothing better), on connections of its own
 (never the control mailbox), chunked.
 
-The owner listens on loopback (``OTPMESH_RDMA_TCP_HOST`` to bind elsewhere) and serves each
-request straight from / into the tensor's memory; the owner's answer to a pin carries a random
-per-buffer token that every request must present. A request is read and checked in trio (all of
-it within ``TIMEOUT``); only an accepted one gets a thread, for its bytes. A read-only buffer (a
-tensor sent in a message) refuses writes.
+The owner listens only once a reader asks for its address (``serve("listen")``, which the
+owner's registry runs for token holders only): most values never travel by tcp. It listens on
+loopback (``OTPMESH_RDMA_TCP_HOST`` to bind elsewhere) and serves each request straight from /
+into the tensor's memory; the owner's answer to a pin carries a random per-buffer token that
+every request must present. A request is read and checked in trio (all of it within
+``TIMEOUT``); only an accepted one gets a thread, for its bytes. Until its first request is
+accepted, a connection holds a slot of the listener's bounded ``Unproven`` set (per host, the
+oldest evicted: _wire/_unproven.py) and must send its first bytes within
+``FIRST_BYTES_TIMEOUT``. A read-only buffer (a tensor sent in a message) refuses writes.
 
 A reader keeps its connections to an owner open for later transfers (a connection authorizes
 nothing: each request on it presents its own buffer's token) and moves a transfer of
@@ -14,13 +18,13 @@ leaves a core idle (between two hosts on one 2-core machine, two streams moved 2
 fast as one). The owner waits for a connection's next request without a thread, and closes it
 after ``IDLE`` seconds without one (or sooner, the longest-waiting first, when more than
 ``_MAX_IDLE`` wait); a reader closes one it kept unused through a whole ``IDLE`` period. When the
-process runs out of descriptors, the owner stops accepting for a moment, never for good.
+process runs out of descriptors, the owner stops accepting for a moment, never for good, and
+says so once (_wire/_accepting.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import secrets
@@ -33,7 +37,12 @@ from typing import Any, ClassVar
 import msgpack
 import trio
 
+from .._wire._accepting import Acceptor
+from .._wire._refusals import RefusalLog
+from .._wire._unproven import Unproven
 from ._backend import Caller, Peer, Region
+
+log = logging.getLogger("otpmesh.rdma")
 
 _LEN = struct.Struct(">I")
 _CHUNK = 4 << 20
@@ -43,6 +52,10 @@ _OPS = ("read", "write")
 _REQUEST_MAX = 1024
 #: Seconds a peer may stall mid-request or mid-transfer before its connection is dropped.
 TIMEOUT = 30.0
+#: Seconds a new connection has to send the first bytes of its first request (a reader sends it
+#: as soon as it connects); until a request presents a buffer's token, the connection holds a
+#: slot of the listener's bounded ``Unproven`` set (_wire/_unproven.py), per reader host.
+FIRST_BYTES_TIMEOUT = 3.0
 #: Seconds the owner keeps a connection open waiting for its next request.
 IDLE = 60.0
 #: Transfers this large or larger move as `STREAMS` slices at once.
@@ -52,10 +65,6 @@ STREAMS = 2
 _KEEP = STREAMS
 #: Connections an owner keeps waiting for a next request (the longest-waiting goes first).
 _MAX_IDLE = 64
-#: Why accept may fail for a while without anything being wrong with the listener, and how
-#: long to wait before trying again.
-_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-_RETRY_ACCEPT = 0.1
 #: What a write to a read-only buffer is told (the registry says the same at the pin).
 READ_ONLY = (
     "buffer {} is read-only: it holds a value sent in a message (a snapshot other receivers "
@@ -140,6 +149,8 @@ class _Request:
         numbers = (buffer, offset, nbytes)
         if not all(type(n) is int and n >= 0 for n in numbers) or not isinstance(token, str):
             raise ValueError("a transfer request with fields of the wrong type or sign")
+        if not token.isascii():  # ours are hex; compare_digest refuses other str
+            raise ValueError("a transfer request whose token is not ASCII")
         if op not in _OPS:
             raise ValueError(f"a transfer request for {op!r}, not one of {_OPS}")
         return cls(buffer=buffer, token=token, op=op, offset=offset, nbytes=nbytes)
@@ -156,7 +167,7 @@ def _ask(sock: socket.socket, request: _Request) -> str | None:
 
 def _refusal(req: _Request, found: tuple[Region, str, bool] | None) -> str | None:
     """Why the owner refuses `req` for the buffer it `found` under that id, or None."""
-    if found is None or not secrets.compare_digest(found[1], req.token):
+    if found is None or not secrets.compare_digest(found[1].encode(), req.token.encode()):
         return "buffer not registered (dropped?)"
     region, _, writable = found
     if req.op != "read" and not writable:
@@ -246,6 +257,11 @@ class TcpBackend:
         self._listener: socket.socket | None = None
         self._idle = _Idle()
         self._idle_conns: dict[socket.socket, trio.CancelScope] = {}  # owner side, oldest first
+        #: Connections that presented no token yet, and the accept loop (once listening).
+        self.unproven = Unproven()
+        self.acceptor: Acceptor | None = None
+        #: Refused or failed connections, logged once per host, then summarized.
+        self.refusals = RefusalLog(log)
 
     def unavailable(self) -> str | None:
         return None
@@ -253,15 +269,17 @@ class TcpBackend:
     # ---------------------------------------------------------------- owner
 
     def register(self, buffer_id: int, region: Region, *, writable: bool) -> dict[str, Any]:
-        host, port = self._listen()
+        # No listening yet: most values never travel by tcp (shared memory serves this host).
+        # A reader that must use tcp asks for the address (``serve("listen")``) first.
         token = secrets.token_hex(16)
         self._buffers[buffer_id] = (region, token, writable)
-        return {"host": host, "port": port, "token": token, "buffer": buffer_id}
+        return {"token": token, "buffer": buffer_id}
 
     def unregister(self, buffer_id: int) -> None:
         self._buffers.pop(buffer_id, None)
 
-    def _listen(self) -> tuple[str, int]:
+    def listen(self) -> tuple[str, int]:
+        """The address this owner serves transfers on, listening from the first call on."""
         if self._address is None:
             host = os.environ.get("OTPMESH_RDMA_TCP_HOST", "127.0.0.1")
             listener = socket.create_server((host, 0))
@@ -272,63 +290,79 @@ class TcpBackend:
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         # A system task: it must never raise (that would end the whole trio run).
-        log = logging.getLogger("otpmesh.rdma")
         try:
-            sock = trio.socket.from_stdlib_socket(listener)
-            async with trio.open_nursery() as nursery:
-                while True:
-                    try:
-                        conn, _ = await sock.accept()
-                    except OSError as exc:
-                        if exc.errno not in _OUT_OF_RESOURCES:
-                            raise
-                        log.warning("tcp backend: cannot accept a connection now: %s", exc)
-                        await trio.sleep(_RETRY_ACCEPT)  # descriptors or memory come back
-                        continue
-                    nursery.start_soon(self._serve_connection, socket.socket(fileno=conn.detach()))
+            with trio.socket.from_stdlib_socket(listener) as sock:
+                host, port = listener.getsockname()[:2]
+                self.acceptor = Acceptor(sock, log, f"tcp backend {host}:{port}")
+                async with trio.open_nursery() as nursery:
+                    while True:
+                        conn, address = await self.acceptor.accept()
+                        raw = socket.socket(fileno=conn.detach())
+                        nursery.start_soon(self._serve_connection, raw, str(address[0]))
         except Exception:
             log.exception("the tcp backend stopped serving")
         finally:
             listener.close()
 
-    async def _serve_connection(self, sock: socket.socket) -> None:
+    async def _serve_connection(self, sock: socket.socket, host: str) -> None:
         # Anyone on the network may connect: nothing one connection sends may end the listener,
-        # and none gets a thread before its request proved it holds a buffer's token.
+        # none gets a thread before its request proved it holds a buffer's token, and those that
+        # proved nothing yet hold a bounded share of the listener, per host.
         with sock:
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                while True:
-                    with trio.CancelScope(deadline=trio.current_time() + IDLE) as idle:
-                        self._idle_conns[sock] = idle  # the oldest goes when there are too many
-                        while len(self._idle_conns) > _MAX_IDLE:
-                            self._idle_conns.pop(next(iter(self._idle_conns))).cancel()
-                        try:
-                            await trio.lowlevel.wait_readable(sock)
-                        finally:
-                            self._idle_conns.pop(sock, None)
-                    if idle.cancelled_caught:
-                        return
-                    accepted = await self._accept_request(sock)
-                    if accepted is None:
-                        return
+                accepted = await self._first_request(sock, host)
+                while accepted is not None:
                     sock.settimeout(TIMEOUT)  # blocking, in a thread, for the bytes
                     try:
                         if not await trio.to_thread.run_sync(self._move_bytes, sock, *accepted):
                             return
                     finally:
                         sock.setblocking(False)
-            except Exception:
-                logging.getLogger("otpmesh.rdma").exception("a tcp transfer connection failed")
+                    accepted = await self._next_request(sock, host)
+            except Exception as exc:  # a bug, not a peer's doing: still one line per host
+                self.refusals.refused(host, f"a tcp transfer connection failed: {exc!r}")
 
-    async def _accept_request(self, sock: socket.socket) -> tuple[str, memoryview] | None:
+    async def _first_request(self, sock: socket.socket, host: str) -> tuple[str, memoryview] | None:
+        """The first request of a new connection, while it holds a slot among the unproven:
+        its first bytes within ``FIRST_BYTES_TIMEOUT``, the rest within ``TIMEOUT``."""
+        with self.unproven.hold(host) as slot:
+            with trio.move_on_after(FIRST_BYTES_TIMEOUT) as waiting:
+                await trio.lowlevel.wait_readable(sock)
+            if waiting.cancelled_caught:
+                self.refusals.refused(host, f"sent nothing within {FIRST_BYTES_TIMEOUT:g} s")
+                return None
+            accepted = await self._accept_request(sock, host)
+        if slot.evicted:
+            self.refusals.refused(host, "evicted by newer connections that proved nothing")
+        return accepted
+
+    async def _next_request(self, sock: socket.socket, host: str) -> tuple[str, memoryview] | None:
+        """A later request on a connection that presented a token: it waits idle (one of at
+        most ``_MAX_IDLE``, the longest-waiting closed first) for up to ``IDLE`` seconds."""
+        with trio.CancelScope(deadline=trio.current_time() + IDLE) as idle:
+            self._idle_conns[sock] = idle  # the oldest goes when there are too many
+            while len(self._idle_conns) > _MAX_IDLE:
+                self._idle_conns.pop(next(iter(self._idle_conns))).cancel()
+            try:
+                await trio.lowlevel.wait_readable(sock)
+            finally:
+                self._idle_conns.pop(sock, None)
+        if idle.cancelled_caught:
+            return None
+        return await self._accept_request(sock, host)
+
+    async def _accept_request(
+        self, sock: socket.socket, host: str
+    ) -> tuple[str, memoryview] | None:
         """Read and check the next request on `sock` (non-blocking, within ``TIMEOUT`` for all
         of it): what to move, once the owner said yes; None when the connection must close."""
         try:
             with trio.fail_after(TIMEOUT):
                 (size,) = _LEN.unpack(await _receive(sock, _LEN.size))
                 if size > _REQUEST_MAX:
-                    return None
+                    raise ValueError(f"a request of {size} bytes (at most {_REQUEST_MAX})")
                 req = _Request.parse(await _receive(sock, size))
                 found = self._buffers.get(req.buffer)
                 refusal = _refusal(req, found)
@@ -337,7 +371,9 @@ class TcpBackend:
                     return None
                 sock.send(_OK)
                 return req.op, _view(found[0], req.offset, req.nbytes)
-        except (OSError, ValueError, trio.TooSlowError):  # gone, stalled, or not one of ours
+        except (OSError, ValueError, trio.TooSlowError) as exc:  # gone, stalled, not ours
+            if not isinstance(exc, OSError):
+                self.refusals.refused(host, str(exc) or "stalled mid-request")
             return None
 
     @staticmethod
@@ -359,23 +395,33 @@ class TcpBackend:
         return True
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
-        await self._move(entry, "read", dst, offset)
+        await self._move(entry, peer, "read", dst, offset)
 
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
-        await self._move(entry, "write", src, offset)
+        await self._move(entry, peer, "write", src, offset)
 
-    async def _move(self, entry: dict[str, Any], op: str, local: Region, offset: int) -> None:
+    async def _move(
+        self, entry: dict[str, Any], peer: Peer, op: str, local: Region, offset: int
+    ) -> None:
         self._idle.keep_for_this_run()
+        # The owner listens from the first such request on (a round trip on the control
+        # connection, small beside a transfer big enough for the channel).
+        answer = await peer.request(self.name, "listen", None)
+        if not (isinstance(answer, list) and len(answer) == 2 and type(answer[1]) is int):
+            raise ConnectionError(f"the owner answered {answer!r:.80} for its tcp address")
+        address = (str(answer[0]), answer[1])
         parts = _slices(local.nbytes)
         if len(parts) == 1:
-            await trio.to_thread.run_sync(self._transfer, entry, op, local, offset)
+            await trio.to_thread.run_sync(self._transfer, entry, address, op, local, offset)
             return
         failures: list[OSError] = []
 
         async def part(start: int, nbytes: int) -> None:
             region = Region(local.address + start, nbytes)
             try:
-                await trio.to_thread.run_sync(self._transfer, entry, op, region, offset + start)
+                await trio.to_thread.run_sync(
+                    self._transfer, entry, address, op, region, offset + start
+                )
             except OSError as exc:
                 failures.append(exc)
 
@@ -385,8 +431,9 @@ class TcpBackend:
         if failures:
             raise failures[0]
 
-    def _transfer(self, entry: dict[str, Any], op: str, local: Region, offset: int) -> None:
-        address = (entry["host"], entry["port"])
+    def _transfer(
+        self, entry: dict[str, Any], address: tuple[str, int], op: str, local: Region, offset: int
+    ) -> None:
         request = _Request(
             buffer=entry["buffer"], token=entry["token"], op=op, offset=offset, nbytes=local.nbytes
         )
@@ -427,4 +474,6 @@ class TcpBackend:
             raise
 
     async def serve(self, op: str, payload: Any, caller: Caller) -> Any:
+        if op == "listen":  # a token holder's reader cannot use anything better
+            return list(self.listen())
         raise ValueError(f"the tcp backend has no request {op!r}")

@@ -50,6 +50,7 @@ def test_the_tcp_backend_refuses_a_write_to_a_read_only_buffer_itself() -> None:
     """Even a reader that skips the owner's check (a pin for reading, then a write) is refused
     by the owner's tcp server."""
     from otpmesh.rdma._tcp import TcpBackend
+    from tests.rdma.test_tcp_backend import peer
 
     async def body() -> None:
         owner, reader = TcpBackend(), TcpBackend()
@@ -59,8 +60,8 @@ def test_the_tcp_backend_refuses_a_write_to_a_read_only_buffer_itself() -> None:
         incoming = bytearray(len(data))
         local = Region(ctypes.addressof(ctypes.c_char.from_buffer(incoming)), len(incoming))
         with pytest.raises(ConnectionError, match="buffer 1 is read-only"):
-            await reader.write(entry, None, local, 0)  # type: ignore[arg-type]
-        await reader.read(entry, None, local, 0)  # type: ignore[arg-type]
+            await reader.write(entry, peer(owner), local, 0)
+        await reader.read(entry, peer(owner), local, 0)
         assert bytes(incoming) == PATTERN == bytes(data)
 
     run_trio(body, timeout=30)
