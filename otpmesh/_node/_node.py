@@ -251,6 +251,7 @@ class Node(Outgoing):
         return peer, f"pid {pid}", own, pid
 
     async def run_connection(self, conn: Connection) -> None:
+        conn.refusals = self.refusals  # a peer's broken frames: logged once, then summarized
         try:
             await conn.run()
         finally:
@@ -455,7 +456,10 @@ class Node(Outgoing):
             import traceback
 
             self.reply_error(reply, type(exc).__qualname__, str(exc), traceback.format_exc())
-            if reply is None:
+            if reply is None and conn is not None and conn is not self.parent:
+                # Any authenticated peer may cast this as often as it likes: rate-limited.
+                self.refusals.refused(f"connection {conn.peer}", f"node operation {op}: {exc}")
+            elif reply is None:
                 log.exception("node operation %s failed", op)
             return
         if reply is not None:

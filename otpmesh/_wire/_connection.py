@@ -26,7 +26,7 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -34,6 +34,9 @@ from .._core._errors import ProtocolError
 from . import _framemac, _secret
 from ._addresses import tcp_address
 from ._framemac import FrameMac
+
+if TYPE_CHECKING:
+    from ._refusals import RefusalLog
 
 log = logging.getLogger("otpmesh.wire")
 
@@ -292,6 +295,9 @@ class Connection:
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
         self.close_reason: str | None = None
+        #: Where a protocol error the peer caused is logged, rate-limited (the node's); None:
+        #: at ERROR, each time.
+        self.refusals: RefusalLog | None = None
         self._unix = sock.family == socket.AF_UNIX and _FD_SPACE > 0
         self._fds_out: list[int] = []  # our duplicates, sent with the next bytes written
         self._fds_in: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> descriptor
@@ -429,8 +435,12 @@ class Connection:
             await loop()
             reason = "connection closed by peer"
         except ProtocolError as exc:
-            log.error("closing connection to %s: %s", self.peer, exc)
             reason = f"protocol error: {exc}"
+            if self.refusals is None:
+                log.error("closing connection to %s: %s", self.peer, exc)
+            else:  # the peer decides how often: once per peer, then a summary a minute
+                who = self.peer if self.peer_pid is None else f"pid {self.peer_pid} ({self.peer})"
+                self.refusals.refused(f"connection {who}", f"closed it: {exc}")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             reason = f"connection lost: {exc or type(exc).__name__}"
         except Exception as exc:
