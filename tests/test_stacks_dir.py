@@ -30,11 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _squat(usual: Path, how: str) -> None:
     """Make `usual` as another user (or a careless one) could have."""
-    if how == "another user's":
+    if how.startswith("another user's"):
         if os.getuid() != 0:
             pytest.skip("needs root to make a directory owned by another uid")
         usual.mkdir(mode=0o755)
         os.chown(usual, 65534, 65534)  # nobody
+        if how.endswith("fallbacks"):  # names that sort before any mkdtemp name
+            for i in range(20):
+                fake = usual.parent / f"{usual.name}-+{i:02d}"
+                fake.mkdir(mode=0o700)
+                os.chown(fake, 65534, 65534)
     elif how == "open to others":
         usual.mkdir()
         usual.chmod(0o777)
@@ -45,7 +50,10 @@ def _squat(usual: Path, how: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("how", ["another user's", "open to others", "a symlink"])
+@pytest.mark.parametrize(
+    "how",
+    ["another user's", "another user's, with look-alike fallbacks", "open to others", "a symlink"],
+)
 def test_otpmesh_stacks_works_when_the_usual_directory_is_a_look_alike(
     tmp_path: Path, how: str
 ) -> None:
@@ -76,7 +84,8 @@ def test_otpmesh_stacks_works_when_the_usual_directory_is_a_look_alike(
         app.send_signal(signal.SIGINT)
         _, err = app.communicate(timeout=60)
     # The app said why, and where it went instead; nothing was written into the look-alike.
-    fallbacks = sorted(tmp_path.glob(f"otpmesh-{os.getuid()}-*"))
+    ours = (p for p in tmp_path.glob(f"otpmesh-{os.getuid()}-*") if p.stat().st_uid == os.getuid())
+    fallbacks = sorted(ours)
     assert len(fallbacks) == 1 and (fallbacks[0].stat().st_mode & 0o777) == 0o700
     assert f"{usual} is not a private directory of yours" in err, err
     assert f"otpmesh stacks uses {fallbacks[0]} instead" in err, err

@@ -58,14 +58,10 @@ def is_private(directory: Path) -> bool:
 
 def fallback_dirs() -> list[Path]:
     """This user's trusted ``otpmesh-UID-*`` directories beside the usual place, oldest name
-    first (at most MAX_FALLBACKS looked at)."""
-    found = []
-    for i, path in enumerate(sorted(_base().glob(f"otpmesh-{os.getuid()}-*"))):
-        if i >= MAX_FALLBACKS:
-            break
-        if is_private(path):
-            found.append(path)
-    return found
+    first (at most MAX_FALLBACKS of them). Others may make look-alike names there too: they are
+    passed over before counting, so no number of them hides this user's own."""
+    own = [path for path in _base().glob(f"otpmesh-{os.getuid()}-*") if is_private(path)]
+    return sorted(own)[:MAX_FALLBACKS]
 
 
 def trusted_dirs() -> list[Path]:

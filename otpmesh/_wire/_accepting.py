@@ -5,7 +5,8 @@ out of something a new connection needs. Nothing is wrong with the listener: the
 connection waits in the kernel's backlog. So an accept loop must not end (a node's ending ends
 its runtime, and with it every worker), nor spin, nor log every retry: ``Acceptor`` pauses,
 doubling the pause up to ``MAX_PAUSE``, logs one warning when such an episode starts and one
-line at INFO when it ends, and counts episodes for tests and statistics.
+line at INFO when it ends, and counts episodes for tests and statistics. A connection that
+went away before it was taken (ECONNABORTED and the like) is skipped at once, as accept(2) asks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,24 @@ import trio
 
 #: Why accept may fail for a while without anything being wrong with the listener.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: Errors of one pending connection, not of the listener (accept(2) tells Linux programs to
+#: retry on these at once; trio's SocketListener does the same).
+CONNECTION_GONE = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPROTO",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "EPERM",
+    )
+    if hasattr(errno, name)
+)
 #: The first pause after such a failure, and the longest (the pause doubles while it lasts).
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 1.0
@@ -42,6 +61,8 @@ class Acceptor:
             try:
                 conn, address = await self._sock.accept()
             except OSError as exc:
+                if exc.errno in CONNECTION_GONE:
+                    continue  # that connection went away before we took it: the next one
                 if exc.errno not in OUT_OF_RESOURCES:
                     raise
                 self.failures += 1

@@ -303,6 +303,8 @@ class TcpBackend:
             log.exception("the tcp backend stopped serving")
         finally:
             listener.close()
+            if self._listener is listener:  # a later reader's "listen" makes a new one
+                self._listener = self._address = None
 
     async def _serve_connection(self, sock: socket.socket, host: str) -> None:
         # Anyone on the network may connect: nothing one connection sends may end the listener,
@@ -327,6 +329,7 @@ class TcpBackend:
     async def _first_request(self, sock: socket.socket, host: str) -> tuple[str, memoryview] | None:
         """The first request of a new connection, while it holds a slot among the unproven:
         its first bytes within ``FIRST_BYTES_TIMEOUT``, the rest within ``TIMEOUT``."""
+        accepted = None  # also when the slot is evicted (its scope cancelled) mid-request
         with self.unproven.hold(host) as slot:
             with trio.move_on_after(FIRST_BYTES_TIMEOUT) as waiting:
                 await trio.lowlevel.wait_readable(sock)
@@ -336,6 +339,7 @@ class TcpBackend:
             accepted = await self._accept_request(sock, host)
         if slot.evicted:
             self.refusals.refused(host, "evicted by newer connections that proved nothing")
+            return None
         return accepted
 
     async def _next_request(self, sock: socket.socket, host: str) -> tuple[str, memoryview] | None:
