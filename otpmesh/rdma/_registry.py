@@ -21,6 +21,8 @@ import importlib
 import itertools
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +109,7 @@ class Registry:
         self.usable = {n: b for n, b in self.backends.items() if b.unavailable() is None}
         self.buffers: dict[int, _Registered] = {}
         self._ids = itertools.count(1)
+        self._holds = itertools.count(-1, -1)  # keys of the owner's own holds (_held)
         self._issued = 0  # the highest buffer id handed out
         self._host = (boot_id(), pid_namespace())  # read once: a pin must stay cheap
         self._expiring: dict[int, float] = {}  # buffer id -> deadline (trio's clock)
@@ -407,7 +410,11 @@ class Registry:
                 writable=reg.writable,
                 pinned=key in reg.pins,
             )
-            return await backend.serve(str(p.get("request")), p.get("payload"), caller)
+            request, payload = str(p.get("request")), p.get("payload")
+            if not caller.pinned:
+                return await backend.serve(request, payload, caller)
+            with self._held(buffer_id, reg):  # the owner copies: that pin must outlive it
+                return await backend.serve(request, payload, caller)
         found = self.buffers.get(buffer_id) if type(buffer_id) is int else None
         if op == "unpin":  # only this connection's own pins
             if found is not None and key in found.pins:
@@ -424,6 +431,23 @@ class Registry:
                 self.drop(buffer_id)
             return True
         raise RDMAError(f"unknown tensor-channel request {op!r:.40}")
+
+    @contextmanager
+    def _held(self, buffer_id: int, reg: _Registered) -> Iterator[None]:
+        """A pin and a lease of `reg` of its own while the owner copies for a reader (a push
+        copy runs in threads): the reader's unpin, a drop, or its connection's close meanwhile
+        can neither forget the buffer nor refill or unmap its snapshot under the copy. Its key
+        is no connection's, so nothing but the end of the copy releases it."""
+        hold = next(self._holds)  # negative: never a connection's id(conn) key
+        reg.pins[hold] = 1
+        self.lease(reg, hold)
+        try:
+            yield
+        finally:
+            reg.pins.pop(hold, None)
+            self._end_lease(buffer_id, reg, hold)
+            if reg.dropped and not reg.pins and self.buffers.get(buffer_id) is reg:
+                self._forget(buffer_id)
 
     def _unpin(self, buffer_id: int, reg: _Registered, key: int) -> None:
         if key not in reg.pins:

@@ -95,3 +95,57 @@ def test_a_non_dumpable_owner_copies_for_its_readers_and_only_within_a_pin(
             nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=60)
+
+
+def test_a_push_copy_holds_its_buffer_until_it_ends_whatever_the_reader_and_owner_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The copy runs in threads while the owner goes on: a reader's unpin and the owner's drop
+    # during it must not forget the buffer (nor refill its snapshot) under the copy.
+    monkeypatch.setenv("OTPMESH_RDMA_BACKENDS", "shm")
+    monkeypatch.delenv("OTPMESH_DUMPABLE", raising=False)
+    make_undumpable()
+
+    async def body() -> None:
+        secret = new_app_secret()
+        owner = Node("owner", secret=secret, channel=Channel)
+        reader = Node("reader", secret=secret, channel=Channel)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(owner.serve)
+            await nursery.start(reader.serve)
+            set_current_node(owner)
+            buf = RDMABuffer(torch.arange(16, dtype=torch.uint8))
+            owned = registry(owner)
+            backend = owned.usable["shm"]
+            started, release = trio.Event(), trio.Event()
+            real_serve = backend.serve
+
+            async def copy_when_released(op: str, payload: Any, caller: Any) -> Any:
+                started.set()
+                await release.wait()
+                return await real_serve(op, payload, caller)
+
+            monkeypatch.setattr(backend, "serve", copy_when_released)
+            set_current_node(reader)
+            conn = await reader.connect_side(owner.addr)
+            handle = {"buffer": buf._handle.buffer, "token": buf._handle.token}
+            await reader.sys_call(conn, "rdma", {"op": "pin", **handle}, "buffer")
+            landing = ctypes.create_string_buffer(16)
+            address = ctypes.addressof(landing)
+
+            async def copy() -> None:
+                await reader.sys_call(conn, "rdma", _copy_request(buf, address=address), "b")
+
+            nursery.start_soon(copy)
+            await started.wait()
+            await reader.sys_call(conn, "rdma", {"op": "unpin", **handle}, "buffer")
+            owned.drop(buf._handle.buffer)
+            assert buf._handle.buffer in owned.buffers  # held by the copy in flight
+            release.set()
+            with trio.fail_after(30):
+                while buf._handle.buffer in owned.buffers:
+                    await trio.sleep(0.01)
+            assert landing.raw == bytes(range(16))
+            nursery.cancel_scope.cancel()
+
+    run_trio(body, timeout=60)
