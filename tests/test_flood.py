@@ -25,7 +25,8 @@ import trio.testing
 import otpmesh
 from otpmesh import Mesh, Supervisor
 from otpmesh._runtime._controller_runtime import runtime
-from otpmesh._wire._connection import HANDSHAKE
+from otpmesh._node._node import Node
+from otpmesh._wire._connection import HANDSHAKE, dial
 from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench_flood import FloodedApp, Flooder
 from otpmesh.rdma import _tcp
@@ -254,3 +255,34 @@ def test_large_values_on_one_host_open_no_tcp_port() -> None:
         assert app.status["tcp"] == []  # 2 MiB went both ways; nothing listens for it
     finally:
         app.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_of_dials_from_one_host_over_tcp_all_get_in() -> None:
+    # Every process of one host shares that host's share of a TCP listener's unproven slots: a
+    # burst past it (an agent's workers dialing back together, actors' first calls) evicts some
+    # of its own mid-proof. A dialer that was evicted dials again, so all of them get in.
+    async def body() -> None:
+        secret = b"cluster secret for the burst test"
+        server = Node("burst", secret=secret, tcp_secret=secret)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            addr = await server.listen_tcp("127.0.0.1")
+            dialed: list[Any] = []
+
+            async def one() -> None:
+                sock, _mac = await dial(addr, secret)
+                dialed.append(sock)
+
+            async def burst() -> None:  # as other processes would: not in the listener's loop
+                async with trio.open_nursery() as dialers:
+                    for _ in range(4 * PER_PEER):
+                        dialers.start_soon(one)
+
+            await trio.to_thread.run_sync(trio.run, burst)
+            assert len(dialed) == 4 * PER_PEER
+            for sock in dialed:
+                sock.close()
+            nursery.cancel_scope.cancel()
+
+    run_trio(body, timeout=50)

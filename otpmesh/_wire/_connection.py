@@ -22,6 +22,7 @@ import array
 import logging
 import math
 import os
+import random
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,10 @@ _HIGH_WATER = 16 << 20
 #: tensor channel owner sends them, one per pin answered; a peer that sends more than a reader
 #: takes cannot fill this process's descriptor table: the oldest are closed.
 MAX_PASSED_FDS = 16
+#: How often ``dial`` tries when the listener closes the connection before the proof is done,
+#: and its first pause between tries (doubled each time, with jitter).
+DIAL_ATTEMPTS = 5
+DIAL_PAUSE = 0.02
 _FD_SPACE = socket.CMSG_SPACE(MAX_PASSED_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
 
@@ -129,12 +134,17 @@ async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) ->
             await trio.lowlevel.wait_writable(sock)
 
 
+class PeerClosed(ProtocolError):
+    """Raised by ``dial`` and ``accept`` when the peer closed the connection before the proof
+    was done (a listener evicting an unproven connection does that: ``dial`` tries again)."""
+
+
 async def _receive_exactly(sock: socket.socket, n: int) -> bytes:
     data = bytearray()
     while len(data) < n:
         chunk = await recv_some(sock, n - len(data))
         if not chunk:
-            raise ProtocolError(f"connection closed during handshake after {len(data)} bytes")
+            raise PeerClosed(f"connection closed during handshake after {len(data)} bytes")
         data += chunk
     return bytes(data)
 
@@ -195,6 +205,20 @@ async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac
     """
     if secret is None:
         raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
+    for attempt in range(DIAL_ATTEMPTS):
+        try:
+            return await _dial_once(addr, secret)
+        except (PeerClosed, ConnectionResetError, BrokenPipeError):
+            # Evicted while proving itself (a listener's unproven slots are shared per host
+            # and per process: a burst of this host's own dials, or a flood), or a wrong secret:
+            # the listener closes both the same way. Dial again, a little later each time.
+            if attempt == DIAL_ATTEMPTS - 1:
+                raise
+            await trio.sleep(DIAL_PAUSE * 2**attempt * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+async def _dial_once(addr: str, secret: bytes) -> tuple[socket.socket, FrameMac | None]:
     tcp = tcp_address(addr)
     if tcp is None:
         sock = detach(await trio.open_unix_socket(addr))
@@ -238,7 +262,7 @@ async def authenticate(
             try:
                 got = await _receive_exactly(sock, _secret.PROOF_SIZE)
             except ProtocolError:
-                raise ProtocolError("the peer refused this node's secret") from None
+                raise PeerClosed("the peer refused this node's secret") from None
             if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
                 raise ProtocolError("the peer does not know this app's secret")
             return _framemac.session_keys(secret, nonce_a, nonce_d)
