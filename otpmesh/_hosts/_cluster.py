@@ -88,6 +88,10 @@ class Cluster:
         # (its launcher gave it the first; each registration hands it the next). None: the
         # launcher gives agents no token (Static): any holder of the cluster secret may register.
         self.tokens: dict[int, bytes] | None = None
+        # By rank: the token its agent presented last. It stays good until the agent presents
+        # the next one: the cast carrying that one may be lost with the connection it was sent
+        # on, and the agent must still be able to register again.
+        self._presented: dict[int, bytes] = {}
 
     # ------------------------------------------------------------ membership
 
@@ -107,6 +111,9 @@ class Cluster:
         host_id = str(hello.get("host_id", ""))
         rank: int = hello["rank"] if type(hello.get("rank")) is int else -1
         if self.tokens is not None:  # the token was this rank's: the host is that rank
+            given = hello["token"]
+            if token_matches(given, self.tokens[rank]):  # the next one: the last is spent now
+                self._presented[rank] = given
             next_token = self.tokens[rank] = new_registration_token()
             self._rt.node.sys_cast(conn, "agent_token", {"token": next_token})
         elif rank < 0 or self._rank_taken(rank):
@@ -145,7 +152,11 @@ class Cluster:
             return (
                 f"its rank is not one this cluster's launcher started (0..{len(self.tokens) - 1})"
             )
-        if not token_matches(hello.get("token"), self.tokens[rank]):
+        given = hello.get("token")
+        if not (
+            token_matches(given, self.tokens[rank])
+            or token_matches(given, self._presented.get(rank))
+        ):
             return (
                 "its registration token is missing or wrong (agents get theirs from the launcher)"
             )
