@@ -24,8 +24,8 @@ import trio.testing
 
 import otpmesh
 from otpmesh import Mesh, Supervisor
+from otpmesh._node._node import PROVEN_PER_PROCESS, Node
 from otpmesh._runtime._controller_runtime import runtime
-from otpmesh._node._node import Node
 from otpmesh._wire._connection import HANDSHAKE, dial
 from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench_flood import FloodedApp, Flooder
@@ -284,5 +284,46 @@ def test_a_burst_of_dials_from_one_host_over_tcp_all_get_in() -> None:
             for sock in dialed:
                 sock.close()
             nursery.cancel_scope.cancel()
+
+    run_trio(body, timeout=50)
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_of_the_secret_holds_a_bounded_number_of_connections() -> None:
+    # Knowing the secret (a compromised actor, a child it forked) is no licence to fill the
+    # controller's descriptor table: past the bound its new connections are closed, its
+    # workers' actors still answer, and its slots come back when it closes what it held.
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            echo = await procs.spawn("e", Echo)
+            rt = await runtime()
+            held: list[socket.socket] = []
+            for _ in range(PROVEN_PER_PROCESS + 8):
+                sock, _mac = await dial(rt.node.addr, rt.node.secret)
+                held.append(sock)
+            me = f"pid {os.getpid()}"
+            with trio.fail_after(30):
+                while rt.node.proven.get(me, 0) < PROVEN_PER_PROCESS:
+                    await trio.sleep(0.01)
+            closed: set[int] = set()
+            with trio.fail_after(30):  # the ones past the bound are closed after their proof
+                while len(closed) < 8:
+                    for i, sock in enumerate(held):
+                        sock.setblocking(False)
+                        try:
+                            if sock.recv(1) == b"":
+                                closed.add(i)
+                        except BlockingIOError:
+                            pass
+                    await trio.sleep(0.01)
+            await trio.sleep(0.2)  # and no more than those
+            assert len(closed) == 8 and rt.node.proven[me] == PROVEN_PER_PROCESS
+            assert await echo[0].echo("still here") == "still here"
+            for sock in held:
+                sock.close()
+            with trio.fail_after(30):
+                while me in rt.node.proven:
+                    await trio.sleep(0.01)
+            assert rt.node.proven_strangers == 0
 
     run_trio(body, timeout=50)

@@ -36,8 +36,10 @@ def test_forged_hellos_are_refused_and_logged_once_at_warning(
                     assert await trio.to_thread.run_sync(sock.recv, 1) == b""  # refused
                     sock.close()
             assert await echo[0].echo("still here") == "still here"
-        about = [r for r in caplog.records if "worker HELLO" in r.getMessage()]
+        every = [r for r in caplog.records if "worker HELLO" in r.getMessage()]
+        about = [r for r in every if r.levelno > logging.DEBUG]
         assert len(about) == 1, [r.getMessage() for r in about]
+        assert len(every) == 20  # the others at DEBUG, one each
         assert about[0].levelno == logging.WARNING
         assert "no worker process of this controller" in about[0].getMessage()
         assert "p999" in about[0].getMessage()
@@ -62,8 +64,10 @@ def test_broken_frames_from_a_peer_are_logged_once_at_warning(
                     assert await trio.to_thread.run_sync(sock.recv, 1) == b""  # closed
                     sock.close()
             assert await echo[0].echo("still here") == "still here"
-        closed = [r for r in caplog.records if "closed it" in r.getMessage()]
+        every = [r for r in caplog.records if "closed it" in r.getMessage()]
+        closed = [r for r in every if r.levelno > logging.DEBUG]
         assert len(closed) == 1, [r.getMessage() for r in closed]
+        assert len(every) == 20  # the others at DEBUG, one each
         assert closed[0].levelno == logging.WARNING
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == []

@@ -61,6 +61,11 @@ PROOF_TIMEOUT = 10.0
 #: socket and over TCP (room for a slow link). The app's own processes get PROOF_TIMEOUT.
 FIRST_BYTES_TIMEOUT = 1.0
 FIRST_BYTES_TIMEOUT_TCP = 3.0
+#: Connections on the Unix socket one process may hold once it proved itself (a worker needs
+#: two: calls and its tensor channel's side connection), and those all processes that are not
+#: the app's own may hold together (only a holder of the secret gets that far).
+PROVEN_PER_PROCESS = 32
+PROVEN_STRANGERS = 64
 #: Connections from peers that proved nothing yet, per listener (_wire/_unproven.py): a newcomer
 #: past the bound evicts the oldest of the peer holding the most.
 MAX_UNPROVEN = PER_LISTENER
@@ -111,6 +116,10 @@ class Node(Outgoing):
         self.is_app_process = is_app_process
         #: Incoming connections still proving themselves, per listener (Unix, TCP).
         self.unproven = {False: Unproven(), True: Unproven()}
+        #: Proven connections on the Unix socket, per peer process ("pid N"), and how many of
+        #: them are held by processes that are not the app's own.
+        self.proven: dict[str, int] = {}
+        self.proven_strangers = 0
         #: The accept loops, per listener: their ``episodes`` count descriptor shortages.
         self.acceptors: dict[bool, Acceptor] = {}
         self._listener = bind(role, listen)
@@ -225,16 +234,50 @@ class Node(Outgoing):
             self.refusals.refused(peer, why)
             sock.close()
             return
-        await self.run_connection(
-            Connection(
-                sock,
-                peer="(incoming)",
-                decode=decode_frame,
-                on_message=self.dispatch,
-                mac=mac,
-                peer_pid=pid,
+        full = None if tcp else self._proven_refusal(key, own)
+        if full is not None:  # a holder of the secret opening connections without end
+            self.refusals.refused(peer, full)
+            sock.close()
+            return
+        try:
+            await self.run_connection(
+                Connection(
+                    sock,
+                    peer="(incoming)",
+                    decode=decode_frame,
+                    on_message=self.dispatch,
+                    mac=mac,
+                    peer_pid=pid,
+                )
             )
-        )
+        finally:
+            if not tcp:
+                self._proven_closed(key, own)
+
+    def _proven_refusal(self, key: str, own: bool) -> str | None:
+        """Why a Unix peer that proved itself may not hold one more connection (None: it may,
+        and now does). Knowing the secret is not a licence to fill this process's descriptor
+        table: a compromised actor, or a child it forked, holds a bounded number."""
+        held = self.proven.get(key, 0)
+        if held >= PROVEN_PER_PROCESS:
+            return f"it holds {held} connections already (at most {PROVEN_PER_PROCESS})"
+        strangers = self.proven_strangers
+        if not own and strangers >= PROVEN_STRANGERS:
+            return (
+                f"processes that are not this app's own hold {strangers} connections already "
+                f"(at most {PROVEN_STRANGERS})"
+            )
+        self.proven[key] = held + 1
+        if not own:
+            self.proven_strangers = strangers + 1
+        return None
+
+    def _proven_closed(self, key: str, own: bool) -> None:
+        left = self.proven.pop(key, 1) - 1
+        if left:
+            self.proven[key] = left
+        if not own:
+            self.proven_strangers -= 1
 
     def _peer_of(self, sock: socket.socket, tcp: bool) -> tuple[str, str, bool, int | None]:
         """Who dialed: its name for the log, its key among the unproven (a host over TCP; a

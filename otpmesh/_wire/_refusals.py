@@ -27,7 +27,8 @@ def describe_peer(sock: socket.socket, tcp: bool) -> str:
 
 class RefusalLog:
     """Logs a refused peer with its reason: the first time at WARNING, later ones folded into
-    one line per peer per SUMMARY_EVERY seconds. ``counts`` has every refusal, by peer."""
+    one line per peer per SUMMARY_EVERY seconds (and each at DEBUG). ``counts`` has every
+    refusal, by peer."""
 
     def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
@@ -56,6 +57,7 @@ class RefusalLog:
             )
         else:
             self._seen[key] = (last[0], last[1] + 1)
+            self._log.debug("refused %s: %s", peer, why)  # each one, for who asks for DEBUG
 
     def _remember(self, key: str, entry: tuple[float, int]) -> None:
         self._seen.pop(key, None)
