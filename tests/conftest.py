@@ -6,6 +6,8 @@ Worker processes are real (fork server, Unix sockets, signals); nothing here moc
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import subprocess
 import sys
 import time
@@ -89,3 +91,20 @@ def no_leftover_fork_servers() -> Any:
             return
         time.sleep(0.1)
     pytest.fail(f"fork servers outlived their trio runs: {_our_forkservers()}")
+
+
+#: The second Unix user the security tests act as (made with useradd the first time).
+ATTACKER_USER = "otpmesh-attacker"
+
+
+def other_user() -> str:
+    """A second Unix user's name, made if need be; skips the test where that cannot be done."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to create a second Unix user (useradd) and run as it")
+    try:
+        pwd.getpwnam(ATTACKER_USER)
+    except KeyError:
+        if shutil.which("useradd") is None:
+            pytest.skip("useradd is not installed")
+        subprocess.run(["useradd", "--no-create-home", ATTACKER_USER], check=True)
+    return ATTACKER_USER

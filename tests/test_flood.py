@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import resource
-import shutil
 import signal
 import socket
-import subprocess
 import time
 from typing import Any
 
@@ -31,23 +28,8 @@ from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench_flood import FloodedApp, Flooder
 from otpmesh.rdma import _tcp
 from tests.actors import Echo, Member
-from tests.conftest import run_trio
+from tests.conftest import other_user, run_trio
 from tests.rdma.test_tcp_backend import _read, _served
-
-ATTACKER_USER = "otpmesh-attacker"
-
-
-def _other_user() -> str:
-    if os.getuid() != 0:
-        pytest.skip("needs root to create a second Unix user (useradd) and run as it")
-    try:
-        pwd.getpwnam(ATTACKER_USER)
-    except KeyError:
-        if shutil.which("useradd") is None:
-            pytest.skip("useradd is not installed")
-        subprocess.run(["useradd", "--no-create-home", ATTACKER_USER], check=True)
-    return ATTACKER_USER
-
 
 # ---------------------------------------------------------------- the bound itself
 
@@ -223,7 +205,7 @@ async def _pid_when_up(mesh: Any, rank: int) -> int | None:
 
 
 def test_another_users_flood_of_every_port_leaves_the_app_answering_and_restarting() -> None:
-    user = _other_user()
+    user = other_user()
     app = FloodedApp(nofile=256)  # a lowered descriptor limit: exhaustion comes fast
     try:
         baseline = app.ask("ping 20")

@@ -19,57 +19,50 @@ from tests.actors import Echo
 from tests.conftest import run_trio
 
 
-@pytest.mark.timeout(60)
-def test_forged_hellos_are_refused_and_logged_once_at_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _sent_20_times(frame: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Send `frame` to a running app's controller on 20 authenticated connections, each of
+    which must be closed on it; then the app must still answer."""
+
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=1) as procs:
             echo = await procs.spawn("e", Echo)
             rt = await runtime()
-            hello = msgpack.packb([HELLO, {"proc": "p999", "addr": "nowhere", "pid": 1}])
             with caplog.at_level(logging.DEBUG, logger="otpmesh"):
                 for _ in range(20):
                     sock, _ = await dial(rt.node.addr, rt.node.secret)
-                    sock.sendall(frame_header(len(hello)) + hello)
+                    sock.sendall(frame_header(len(frame)) + frame)
                     sock.settimeout(30)
-                    assert await trio.to_thread.run_sync(sock.recv, 1) == b""  # refused
+                    assert await trio.to_thread.run_sync(sock.recv, 1) == b""  # closed
                     sock.close()
             assert await echo[0].echo("still here") == "still here"
-        every = [r for r in caplog.records if "worker HELLO" in r.getMessage()]
-        about = [r for r in every if r.levelno > logging.DEBUG]
-        assert len(about) == 1, [r.getMessage() for r in about]
-        assert len(every) == 20  # the others at DEBUG, one each
-        assert about[0].levelno == logging.WARNING
-        assert "no worker process of this controller" in about[0].getMessage()
-        assert "p999" in about[0].getMessage()
 
     run_trio(body, timeout=50)
+
+
+def _logged_once(caplog: pytest.LogCaptureFixture, about: str) -> str:
+    """The one line above DEBUG that mentions `about` (20 in all, the others at DEBUG)."""
+    every = [r for r in caplog.records if about in r.getMessage()]
+    shown = [r for r in every if r.levelno > logging.DEBUG]
+    assert len(shown) == 1, [r.getMessage() for r in shown]
+    assert shown[0].levelno == logging.WARNING
+    assert len(every) == 20
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    return shown[0].getMessage()
+
+
+@pytest.mark.timeout(60)
+def test_forged_hellos_are_refused_and_logged_once_at_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hello = msgpack.packb([HELLO, {"proc": "p999", "addr": "nowhere", "pid": 1}])
+    _sent_20_times(hello, caplog)
+    line = _logged_once(caplog, "worker HELLO")
+    assert "no worker process of this controller" in line and "p999" in line
 
 
 @pytest.mark.timeout(60)
 def test_broken_frames_from_a_peer_are_logged_once_at_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def body() -> None:
-        async with await otpmesh.proc_mesh(procs=1) as procs:
-            echo = await procs.spawn("e", Echo)
-            rt = await runtime()
-            junk = b"\xc1" * 8  # 0xc1 is never valid msgpack
-            with caplog.at_level(logging.DEBUG, logger="otpmesh"):
-                for _ in range(20):
-                    sock, _ = await dial(rt.node.addr, rt.node.secret)
-                    sock.sendall(frame_header(len(junk)) + junk)
-                    sock.settimeout(30)
-                    assert await trio.to_thread.run_sync(sock.recv, 1) == b""  # closed
-                    sock.close()
-            assert await echo[0].echo("still here") == "still here"
-        every = [r for r in caplog.records if "closed it" in r.getMessage()]
-        closed = [r for r in every if r.levelno > logging.DEBUG]
-        assert len(closed) == 1, [r.getMessage() for r in closed]
-        assert len(every) == 20  # the others at DEBUG, one each
-        assert closed[0].levelno == logging.WARNING
-        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-        assert errors == []
-
-    run_trio(body, timeout=50)
+    _sent_20_times(b"\xc1" * 8, caplog)  # 0xc1 is never valid msgpack
+    assert "malformed frame" in _logged_once(caplog, "closed it")

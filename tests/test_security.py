@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,9 +20,7 @@ from otpmesh._wire import _secret
 from otpmesh._wire._connection import HANDSHAKE
 from otpmesh._wire._refusals import SUMMARY_EVERY, RefusalLog
 from tests.actors import Echo, Intruder
-from tests.conftest import run_trio
-
-ATTACKER_USER = "otpmesh-attacker"
+from tests.conftest import other_user, run_trio
 
 # What an attacker with plain Python sends: the handshake, then a call and a shutdown, as if
 # the socket accepted any peer. Prints every byte it got back, as hex, then how it ended.
@@ -82,18 +78,6 @@ def _attack(addr: str, frame: bytes, user: str | None = None) -> tuple[bytes, st
     return bytes.fromhex(got.strip("-")), how
 
 
-def _other_user() -> str:
-    if os.getuid() != 0:
-        pytest.skip("needs root to create a second Unix user (useradd) and run as it")
-    try:
-        pwd.getpwnam(ATTACKER_USER)
-    except KeyError:
-        if shutil.which("useradd") is None:
-            pytest.skip("useradd is not installed")
-        subprocess.run(["useradd", "--no-create-home", ATTACKER_USER], check=True)
-    return ATTACKER_USER
-
-
 def _spawn_request(cls: str) -> dict[str, object]:
     """A spawn_actor request for one actor `planted/0` of class `cls` (an import path)."""
     return {
@@ -113,7 +97,7 @@ def _spawn_request(cls: str) -> dict[str, object]:
 def test_a_peer_that_cannot_prove_itself_gets_nothing_and_the_app_keeps_answering(
     who: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    user = _other_user() if who == "another Unix user" else None
+    user = other_user() if who == "another Unix user" else None
 
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=1) as procs:

@@ -13,13 +13,12 @@ import torch
 import trio
 
 from otpmesh._core._dumpable import dumpable, make_undumpable
-from otpmesh._node._node import Node, set_current_node
-from otpmesh._wire._secret import new_app_secret
+from otpmesh._node._node import set_current_node
 from otpmesh.rdma import RDMABuffer
 from otpmesh.rdma._backend import Region
-from otpmesh.rdma._channel import Channel
 from otpmesh.rdma._registry import registry
 from tests.conftest import run_trio
+from tests.rdma.nodes import owner_and_reader
 
 
 def _copy_request(buf: RDMABuffer, **payload: Any) -> dict[str, Any]:
@@ -43,13 +42,7 @@ def test_a_non_dumpable_owner_copies_for_its_readers_and_only_within_a_pin(
     assert not dumpable()
 
     async def body() -> None:
-        secret = new_app_secret()
-        owner = Node("owner", secret=secret, channel=Channel)
-        reader = Node("reader", secret=secret, channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(owner.serve)
-            await nursery.start(reader.serve)
-            set_current_node(owner)
+        async with owner_and_reader() as (owner, reader):
             weights = torch.arange(1 << 20, dtype=torch.int32)  # 4 MiB: copied in threads
             buf = RDMABuffer(weights)
             (reg,) = registry(owner).buffers.values()
@@ -92,7 +85,6 @@ def test_a_non_dumpable_owner_copies_for_its_readers_and_only_within_a_pin(
             await reader.sys_call(conn, "rdma", frozen_pin, "buffer")
             with pytest.raises(Exception, match="read-only"):
                 await reader.sys_call(conn, "rdma", _copy_request(frozen, write=True), "b")
-            nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=60)
 
@@ -107,13 +99,7 @@ def test_a_push_copy_holds_its_buffer_until_it_ends_whatever_the_reader_and_owne
     make_undumpable()
 
     async def body() -> None:
-        secret = new_app_secret()
-        owner = Node("owner", secret=secret, channel=Channel)
-        reader = Node("reader", secret=secret, channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(owner.serve)
-            await nursery.start(reader.serve)
-            set_current_node(owner)
+        async with owner_and_reader() as (owner, reader):
             buf = RDMABuffer(torch.arange(16, dtype=torch.uint8))
             owned = registry(owner)
             backend = owned.usable["shm"]
@@ -136,16 +122,14 @@ def test_a_push_copy_holds_its_buffer_until_it_ends_whatever_the_reader_and_owne
             async def copy() -> None:
                 await reader.sys_call(conn, "rdma", _copy_request(buf, address=address), "b")
 
-            nursery.start_soon(copy)
-            await started.wait()
-            await reader.sys_call(conn, "rdma", {"op": "unpin", **handle}, "buffer")
-            owned.drop(buf._handle.buffer)
-            assert buf._handle.buffer in owned.buffers  # held by the copy in flight
-            release.set()
-            with trio.fail_after(30):
-                while buf._handle.buffer in owned.buffers:
-                    await trio.sleep(0.01)
+            async with trio.open_nursery() as copying:
+                copying.start_soon(copy)
+                await started.wait()
+                await reader.sys_call(conn, "rdma", {"op": "unpin", **handle}, "buffer")
+                owned.drop(buf._handle.buffer)
+                assert buf._handle.buffer in owned.buffers  # held by the copy in flight
+                release.set()
+            assert buf._handle.buffer not in owned.buffers  # and let go once it ended
             assert landing.raw == bytes(range(16))
-            nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=60)

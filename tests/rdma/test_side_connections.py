@@ -14,6 +14,7 @@ from otpmesh._wire._secret import new_app_secret
 from otpmesh.rdma import RDMABuffer
 from otpmesh.rdma._channel import Channel
 from tests.conftest import run_trio
+from tests.rdma.nodes import owner_and_reader
 
 
 def _sockets() -> int:
@@ -32,13 +33,7 @@ def test_concurrent_first_transfers_to_one_owner_share_one_side_connection(
     monkeypatch.setenv("OTPMESH_RDMA_BACKENDS", "shm")  # no tcp listener to count
 
     async def body() -> None:
-        secret = new_app_secret()
-        owner = Node("owner", secret=secret, channel=Channel)
-        reader = Node("reader", secret=secret, channel=Channel)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(owner.serve)
-            await nursery.start(reader.serve)
-            set_current_node(owner)
+        async with owner_and_reader() as (_, reader):
             weights = torch.arange(1 << 16, dtype=torch.float32)
             buf = RDMABuffer(weights)
             set_current_node(reader)
@@ -49,7 +44,6 @@ def test_concurrent_first_transfers_to_one_owner_share_one_side_connection(
                     readers.start_soon(buf.read_into, dst)
             assert all(torch.equal(dst, weights) for dst in got)
             assert _sockets() - before == 2  # one connection: the reader's end and the owner's
-            nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=60)
 
