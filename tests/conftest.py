@@ -108,3 +108,22 @@ def other_user() -> str:
             pytest.skip("useradd is not installed")
         subprocess.run(["useradd", "--no-create-home", ATTACKER_USER], check=True)
     return ATTACKER_USER
+
+
+def vm_kib(field: str) -> int:
+    """A field of this process's /proc/self/status in KiB ("VmHWM": its peak RSS)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM, Linux >= 4.0); False where it cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True

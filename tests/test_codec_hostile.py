@@ -39,7 +39,7 @@ from otpmesh._wire._codec import MAX_NESTING, MAX_TENSOR_DIMS, pack, unpack
 from otpmesh._wire._connection import HANDSHAKE, MAX_FRAME_SIZE
 from otpmesh._wire._frames import decode_message
 from tests.actors import Echo
-from tests.conftest import run_trio
+from tests.conftest import reset_peak_rss, run_trio, vm_kib
 
 # Reads records (kind: 1 byte, length: u32, payload) from stdin and answers each with one line:
 # "ok", or "refused <error type>" for a clean ProtocolError/EncodeError, or "capped <error>"
@@ -492,23 +492,6 @@ def test_every_torch_dtype_decodes_or_is_refused_cleanly(decoder: DecoderProcess
 # ---------------------------------------------------------------- sizes, over real processes
 
 
-def _vm_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (Linux >= 4.0)
-    except OSError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(120)
 def test_too_deep_arguments_fail_in_the_caller_and_the_actor_lives() -> None:
     async def body() -> None:
@@ -528,11 +511,11 @@ def test_too_big_bytes_without_a_tensor_channel_fail_fast_and_are_never_copied()
     more than a frame's worth is refused before anything is copied."""
     big = b"\x00" * (2 << 30)  # 2 GiB, twice the frame limit
     for args, kwargs in [((big,), {}), ((), {"x": memoryview(big)}), (([big],), {})]:
-        _reset_peak_rss()
-        before = _vm_kib("VmHWM")
+        reset_peak_rss()
+        before = vm_kib("VmHWM")
         with pytest.raises(otpmesh.EncodeError) as info:
             pack(["echo", list(args), kwargs])
-        assert (_vm_kib("VmHWM") - before) * 1024 < 256 << 20  # never copied
+        assert (vm_kib("VmHWM") - before) * 1024 < 256 << 20  # never copied
         for words in (str(MAX_FRAME_SIZE), "torch tensor", "otpmesh.rdma.RDMABuffer"):
             assert words in str(info.value)
 

@@ -11,7 +11,7 @@ import pytest
 
 import otpmesh
 from otpmesh._node._node import current_node
-from tests.conftest import run_trio
+from tests.conftest import reset_peak_rss, run_trio, vm_kib
 
 MIB = 1 << 20
 
@@ -20,22 +20,6 @@ class Digest(otpmesh.Actor):
     @otpmesh.endpoint
     def digest(self, value: bytes) -> tuple[str, int]:
         return type(value).__name__, int.from_bytes(hashlib.sha256(value).digest()[:8], "big")
-
-
-def _vm_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (Linux >= 4.0)
-    except OSError:
-        pytest.skip("cannot reset the peak RSS here (/proc/self/clear_refs)")
 
 
 @pytest.mark.timeout(120)
@@ -64,10 +48,11 @@ def test_a_large_bytes_argument_is_sent_without_a_copy() -> None:
                 return stats.pooled, stats.reused, stats.mapped
 
             files_before = files()
-            _reset_peak_rss()
-            before = _vm_kib("VmHWM")
+            if not reset_peak_rss():
+                pytest.skip("cannot reset the peak RSS here (/proc/self/clear_refs)")
+            before = vm_kib("VmHWM")
             assert await actor.digest(big) == ("bytes", want)
-            assert (_vm_kib("VmHWM") - before) * 1024 < 64 * MIB
+            assert (vm_kib("VmHWM") - before) * 1024 < 64 * MIB
             assert files() == files_before
 
     run_trio(body, timeout=100)
