@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import trio
 
-from otpmesh.rdma._backend import Peer, Region
+from otpmesh.rdma._backend import Caller, Peer, Region
 from otpmesh.rdma._ibverbs import (
     IbverbsBackend,
     IbverbsPeerLost,
@@ -76,7 +76,9 @@ def _owner_main(conn: Connection) -> None:
                 reply = backend.register(bid, region, writable=True)
             elif cmd == "serve":
                 op, payload = args
-                reply = trio.run(backend.serve, op, payload)
+                # A connect does not look at who asks (a node's registry fills this in).
+                caller = Caller(pid=None, region=Region(0, 0), writable=True, pinned=False)
+                reply = trio.run(backend.serve, op, payload, caller)
             elif cmd == "unregister":
                 backend.unregister(args[0])
                 reply = None
