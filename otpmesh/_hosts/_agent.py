@@ -46,7 +46,6 @@ from .._wire import _codec
 from .._wire._connection import Connection, dial
 from .._wire._frames import HELLO, decode_frame
 from .._wire._secret import SecretError, load_secret
-from .._wire._unproven import parent_pid
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 
 log = logging.getLogger("otpmesh.agent")
@@ -118,8 +117,7 @@ class Agent:
 
     def _is_worker(self, pid: int) -> bool:
         """Whether `pid` is one of this host's workers (a child of this agent's fork server)."""
-        server = self.forkserver.pid
-        return pid in self._by_pid or (server is not None and parent_pid(pid) == server)
+        return pid in self._by_pid or self.forkserver.forked(pid)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:

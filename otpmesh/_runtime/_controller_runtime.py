@@ -28,7 +28,6 @@ from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
-from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
@@ -161,8 +160,7 @@ class Runtime:
         """Whether `pid` is one of this app's workers on this host: a child of its fork server
         (known before the fork server's report of it arrives, so a worker dialing back at once
         is never a stranger)."""
-        server = self.forkserver.pid
-        return pid in self._by_pid or (server is not None and parent_pid(pid) == server)
+        return pid in self._by_pid or self.forkserver.forked(pid)
 
     # ------------------------------------------------------------ life cycle
 

@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 import trio
 
+from .._wire._unproven import parent_pid
 from . import _liveness
 from ._watchdog import MAX_REPORT, REPORT, stacks_request
 
@@ -49,6 +50,11 @@ class ForkServer:
         self.gone = False
         #: The fork server's pid once it runs (its children are the workers).
         self.pid: int | None = None
+
+    def forked(self, pid: int) -> bool:
+        """Whether `pid` is a child of this fork server (the kernel's word, read from /proc):
+        one of its workers, known before the server's report of it arrives."""
+        return self.pid is not None and parent_pid(pid) == self.pid
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

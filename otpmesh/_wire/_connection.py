@@ -366,6 +366,11 @@ class Connection:
             self._out.append(memoryview(data)[sent:])
             self._out_bytes += len(data) - sent
 
+    @property
+    def passes_fds(self) -> bool:
+        """Whether descriptors can travel on this connection (a Unix socket: the same host)."""
+        return self._unix
+
     def pass_fd(self, fd: int) -> tuple[int, int]:
         """Send (a duplicate of) descriptor `fd` to the peer with the next bytes written on this
         connection, so it arrives no later than the next frame sent; return the key the peer

@@ -393,7 +393,7 @@ class Registry:
             if p.get("write", False) is not False:
                 self.check_write(buffer_id, reg)
             if p.get("memfd") is True and reg.snapshot is not None and conn is not None:
-                if peer_pid(conn.sock) is not None:  # a Unix socket: this host, fds pass
+                if conn.passes_fds:  # a Unix socket: this host
                     conn.pass_fd(reg.snapshot.fd)  # arrives no later than this answer
             reg.pins[key] = reg.pins.get(key, 0) + 1
             self.lease(reg, key)  # a reader of this host may map its snapshot

@@ -41,6 +41,7 @@ from .._wire._accepting import Acceptor
 from .._wire._refusals import RefusalLog
 from .._wire._unproven import Unproven
 from ._backend import Caller, Peer, Region
+from ._handle import tokens_match
 
 log = logging.getLogger("otpmesh.rdma")
 
@@ -167,7 +168,7 @@ def _ask(sock: socket.socket, request: _Request) -> str | None:
 
 def _refusal(req: _Request, found: tuple[Region, str, bool] | None) -> str | None:
     """Why the owner refuses `req` for the buffer it `found` under that id, or None."""
-    if found is None or not secrets.compare_digest(found[1].encode(), req.token.encode()):
+    if found is None or not tokens_match(req.token, found[1]):
         return "buffer not registered (dropped?)"
     region, _, writable = found
     if req.op != "read" and not writable:
