@@ -13,6 +13,12 @@ from ._reasons import NORMAL
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ENDPOINT_ATTR = "__otpmesh_endpoint__"
+_LOOP_ATTR = "__otpmesh_loop__"
+
+#: The event loops an actor's async code may run on (``class A(Actor, loop="asyncio")``).
+TRIO = "trio"
+ASYNCIO = "asyncio"
+LOOPS = (TRIO, ASYNCIO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +37,22 @@ class Actor:
     The constructor runs in the actor's own process. An actor handles one message at a time.
     An exception escaping an endpoint crashes the actor ("let it crash") unless the endpoint
     was declared with ``@endpoint(let_it_crash=False)``.
+
+    Its async code (``on_start``, ``on_stop``, ``async def`` endpoints) runs on trio, the
+    runtime's own loop, unless the class asks for asyncio: ``class Engine(Actor,
+    loop="asyncio")`` runs it as asyncio tasks, so it can await asyncio libraries.
     """
+
+    def __init_subclass__(cls, *, loop: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if loop is None:
+            return
+        if loop not in LOOPS:
+            raise ValueError(
+                f"class {cls.__qualname__}(Actor, loop={loop!r}): loop must be one of "
+                f"{', '.join(map(repr, LOOPS))}"
+            )
+        setattr(cls, _LOOP_ATTR, loop)
 
     async def on_start(self) -> None:
         """Called in the actor's process after the constructor, before any message. Raise to fail
@@ -64,6 +85,12 @@ class Actor:
         return found
 
 
+def runs_on(cls: type[Actor]) -> str:
+    """Which event loop runs the async code of actor class `cls`: 'trio' or 'asyncio'."""
+    loop: str = getattr(cls, _LOOP_ATTR, TRIO)
+    return loop
+
+
 @overload
 def endpoint(fn: F, /) -> F: ...
 
@@ -83,7 +110,8 @@ def endpoint(
 ) -> F | Callable[[F], F]:
     """Mark an actor method as an endpoint callable from anywhere.
 
-    ``async def`` endpoints run in the actor's task; plain ``def`` endpoints run inline.
+    ``async def`` endpoints run in the actor's task (an asyncio task for an actor declared with
+    ``loop="asyncio"``); plain ``def`` endpoints run inline.
     With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
     ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
     ``otpmesh.progress()``, the actor exits as hung.

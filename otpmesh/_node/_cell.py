@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._core._actor import ActorContext, EndpointInfo, set_context
+from .._core._actor import ASYNCIO, ActorContext, EndpointInfo, runs_on, set_context
 from .._core._exits import ActorCrash, describe
 from .._core._reasons import KILLED
 from . import _chain
+from ._aioloop import asyncio_thread
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -36,7 +37,7 @@ class Serving:
     """The endpoint an actor is running now, read by the worker's watchdog thread
     (_runtime/_watchdog.py): since when it last made progress, and how long it may go without."""
 
-    __slots__ = ("deadline", "hung", "is_async", "method", "progress_at")
+    __slots__ = ("aio_task", "deadline", "hung", "is_async", "method", "progress_at")
 
     def __init__(self, method: str, is_async: bool, deadline: float | None) -> None:
         self.method = method
@@ -44,6 +45,7 @@ class Serving:
         self.deadline = deadline
         self.progress_at = time.monotonic()
         self.hung = False  # the watchdog found it past its deadline (and acts once)
+        self.aio_task: Any = None  # an asyncio actor's: the asyncio task running the endpoint
 
 
 def chaos_wedge(seconds: float | None) -> None:
@@ -100,6 +102,9 @@ class ActorCell:
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
         self._pyctx = contextvars.copy_context()
         self._pyctx.run(set_context, ctx, self.request_stop, self.progress)
+        # An asyncio actor's async code runs in the process's asyncio thread (_aioloop.py).
+        self._aio = asyncio_thread() if runs_on(type(instance)) == ASYNCIO else None
+        self._token = trio.lowlevel.current_trio_token()
 
     @property
     def alive(self) -> bool:
@@ -193,7 +198,7 @@ class ActorCell:
 
     async def _call_on_stop(self) -> None:
         try:
-            await self.instance.on_stop(self.exit_reason)
+            await self._run_async(self.instance.on_stop(self.exit_reason))
         except Exception as exc:
             log.error("%s: on_stop raised:\n%s", self.ctx.path, ActorCrash.of(exc).traceback)
 
@@ -315,7 +320,7 @@ class ActorCell:
                 with trio.CancelScope() as scope:
                     self._call_scope = scope
                     try:
-                        result = await result
+                        result = await (result if self._aio is None else self._run_async(result))
                     finally:
                         self._call_scope = None
                 if scope.cancelled_caught:
@@ -328,11 +333,33 @@ class ActorCell:
             self.node.reply_ok(reply, result)
         return True
 
+    async def _run_async(self, coro: Any) -> Any:
+        """Await an async method's coroutine on this actor's loop: here in trio, or as an
+        asyncio task (in this actor's context, its stop request made thread-safe)."""
+        if self._aio is None:
+            return await coro
+        context = contextvars.copy_context()
+        context.run(set_context, self.ctx, self._stop_soon, self.progress)
+        return await self._aio.run(coro, context, self._aio_started)
+
+    def _aio_started(self, task: Any) -> None:
+        serving = self.serving
+        if serving is not None:
+            serving.aio_task = task  # read for its stack (_runtime/_stacks.py)
+
+    def _stop_soon(self, reason: object) -> None:
+        """Actor.stop() from the asyncio thread: the request runs in trio's."""
+        self._token.run_sync_soon(self.request_stop, reason)
+
     def _failed(
         self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
-        crash = ActorCrash.of(exc, skip_frames=1, endpoint=method)  # the user's frames only
+        if self._aio is None and _needs_asyncio(exc):
+            exc.add_note(ASYNCIO_HINT)
+        # The user's frames only (an asyncio actor's pass through _run_async and the loop's).
+        skip = 1 if self._aio is None or not info.is_async else 3
+        crash = ActorCrash.of(exc, skip_frames=skip, endpoint=method)
         # Log and announce the exit before replying: the caller must not see the error before
         # the supervisor can know of the crash.
         if info.let_it_crash:
@@ -343,3 +370,14 @@ class ActorCell:
             log.error("%s: %s raised (actor lives on):\n%s", self.ctx.path, method, crash.traceback)
         self.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
         return not info.let_it_crash
+
+
+#: Added to the crash of a trio actor whose endpoint used asyncio.
+ASYNCIO_HINT = (
+    "otpmesh: this actor's endpoints run on trio; to await asyncio code in them, declare the "
+    'class with loop="asyncio": class MyActor(otpmesh.Actor, loop="asyncio")'
+)
+
+
+def _needs_asyncio(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "no running event loop" in str(exc)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.util
 import os
@@ -12,10 +13,11 @@ from typing import Any
 
 import trio
 
-from .._core._actor import Actor, ActorContext, set_context
+from .._core._actor import ASYNCIO, Actor, ActorContext, runs_on, set_context
 from .._core._errors import SpawnError
 from .._core._exits import Ignore
 from .._core._reasons import NOPROC
+from ._aioloop import asyncio_thread
 from ._cell import ActorCell
 from ._node import Node
 
@@ -89,7 +91,10 @@ class ActorHost:
         set_context(ctx)  # this task only: the constructor and on_start see the actor's context
         try:
             instance = cls(*p["args"], **p["kwargs"])
-            await instance.on_start()
+            if runs_on(cls) == ASYNCIO:  # on the loop its endpoints will run on
+                await asyncio_thread().run(instance.on_start(), contextvars.copy_context())
+            else:
+                await instance.on_start()
         except Ignore:
             return IGNORED
         cell = ActorCell(

@@ -17,6 +17,7 @@ from .._core._errors import ActorDiedError, CallTimeoutError, MeshError, Protoco
 from .._core._shape import Coords, Shape, all_coords, select
 from .._core._valuemesh import ValueMesh as ValueMesh
 from .._wire import _codec, _payloads
+from ._aioloop import bridge
 from ._calls import CallGroup
 from ._node import Node, current_node
 from ._slot import Slot as Slot
@@ -198,11 +199,17 @@ class Endpoint:
 
     async def call(self, *args: Any, **kwargs: Any) -> ValueMesh[Any]:
         """Call every actor; return their values by coordinates. Raises the first error by rank."""
+        aio = bridge()  # called from an asyncio actor: the call itself runs in trio
+        if aio is not None:
+            return await aio.to_trio(self.call, *args, **kwargs)
         outcomes = await self._outcomes(self._owner._slots, args, kwargs)
         return ValueMesh(self._owner._shape, [_value(o) for o in outcomes])
 
     async def call_one(self, *args: Any, **kwargs: Any) -> Any:
         """Call the one actor of a single-actor mesh or ref and return its value."""
+        aio = bridge()
+        if aio is not None:
+            return await aio.to_trio(self.call_one, *args, **kwargs)
         slots = self._owner._slots
         if len(slots) != 1:
             raise MeshError(
@@ -213,6 +220,9 @@ class Endpoint:
 
     async def choose(self, *args: Any, **kwargs: Any) -> Any:
         """Call exactly one actor, the one with the fewest calls in flight from this process."""
+        aio = bridge()
+        if aio is not None:
+            return await aio.to_trio(self.choose, *args, **kwargs)
         node = _node()
         slots = self._owner._slots
         live = [s for s in slots if s.up and s.dead_reason() is None] or slots
@@ -223,6 +233,11 @@ class Endpoint:
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[Coords, Any]]:
         """Call every actor; yield (coordinates, value) as replies arrive. Errors raise in turn."""
+        if bridge() is not None:
+            raise MeshError(
+                f"{self._name}.stream() is not available in an asyncio actor's code: use "
+                f"await {self._name}.call(...) (one ValueMesh) or call each actor in its own task"
+            )
         slots = self._owner._slots
         coords = all_coords(self._owner._shape)
         send, receive = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
@@ -243,6 +258,9 @@ class Endpoint:
 
     async def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting for results (FIFO with later calls from here)."""
+        aio = bridge()
+        if aio is not None:
+            return await aio.to_trio(self.broadcast, *args, **kwargs)
         node = _node()
         await node.cast(self._owner._slots, self._name, args, kwargs)
 

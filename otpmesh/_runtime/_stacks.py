@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any
 
+from .._node._aioloop import THREAD_NAME as ASYNCIO_THREAD
+
 # Frames of the cell (and trio's, below an await) are the machinery around an endpoint.
 _CELL_FILE = os.path.join("otpmesh", "_node", "_cell.py")
 #: Most frames shown per stack (the innermost ones).
@@ -90,8 +92,11 @@ def actor_stack(cell: Any) -> str:
     if serving is None:
         return "idle"
     if serving.is_async:
-        task = cell.task
-        frames = endpoint_frames_async(task.coro if task is not None else None)
+        # An asyncio actor's endpoint is its asyncio task (_node/_aioloop.py); a trio one's
+        # is the cell's task.
+        aio, task = serving.aio_task, cell.task
+        coro = aio.get_coro() if aio is not None else task.coro if task is not None else None
+        frames = endpoint_frames_async(coro)
         kind = "async endpoint"
     else:
         main = sys._current_frames().get(threading.main_thread().ident or 0)
@@ -107,12 +112,19 @@ def thread_stacks(skip: Iterable[int] = ()) -> str:
     names = {t.ident: t.name for t in threading.enumerate()}
     out: list[str] = []
     for ident, frame in sys._current_frames().items():
-        if ident in skipped:
-            continue
+        if ident in skipped or (names.get(ident) == ASYNCIO_THREAD and _waiting(frame)):
+            continue  # an asyncio loop waiting for work: its actors' stacks say the rest
         frames = _outward(frame)[:MAX_FRAMES]
         out.append(f"thread {names.get(ident, ident)}:")
         out.extend(format_frames(frames))
     return "\n".join(out)
+
+
+def _waiting(frame: FrameType) -> bool:
+    """Whether a loop's thread is in its selector's wait."""
+    return frame.f_code.co_name in ("select", "poll") and frame.f_code.co_filename.endswith(
+        "selectors.py"
+    )
 
 
 def snapshot(cells: Mapping[str, Any], skip_threads: Iterable[int] = ()) -> dict[str, Any]:
