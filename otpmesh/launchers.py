@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 import trio
 
+from ._runtime._run import stops_on_sigterm
+
 log = logging.getLogger("otpmesh.launchers")
 
 
@@ -220,8 +222,9 @@ class Slurm:
     When the job ends (``scancel``, the time limit, preemption), Slurm sends SIGTERM to every
     process of the job, then SIGKILL after its grace (``KillWait``, or the partition's
     ``GraceTime``). For that grace the agents and their workers ignore SIGTERM, and this
-    program takes it as Ctrl-C: the tree stops in order, each actor's ``on_stop`` runs, and
-    only then are the agents told to exit. Submit with ``--no-kill`` (``sbatch -k``) so that a
+    program stops in order (``otpmesh.run`` does so on SIGTERM, exit status 143; in a program
+    of its own it is taken as Ctrl-C): the tree stops, each actor's ``on_stop`` runs, and only
+    then are the agents told to exit. Submit with ``--no-kill`` (``sbatch -k``) so that a
     node that fails ends only its host, not the job.
     """
 
@@ -286,6 +289,8 @@ class _Sigterm:
     def install(cls) -> _Sigterm | None:
         if threading.current_thread() is not threading.main_thread():
             return None  # signals reach only the main thread's handlers
+        if stops_on_sigterm():
+            return None  # otpmesh.run's own orderly stop is already the handler
 
         def as_interrupt(signum: int, frame: FrameType | None) -> None:
             handler = signal.getsignal(signal.SIGINT)

@@ -43,15 +43,17 @@ def run_program(path: Path, source: str) -> subprocess.CompletedProcess[str]:
 
 
 INTERRUPTED = "otpmesh: interrupted, all actors stopped"
+TERMINATED = "otpmesh: terminated (SIGTERM), all actors stopped"
 SLOW_STOP = "otpmesh: stopping: waiting for "
 
 
-def stop_notices(err: str) -> list[str]:
-    """Check that a program stopped by Ctrl-C ended its stderr with the one closing line, and
-    return what it said before it: nothing, or (a stop slower than a second, which load alone
-    can make) notices of what it was waiting for, no traceback."""
+def stop_notices(err: str, closing: str = INTERRUPTED) -> list[str]:
+    """Check that a program stopped by Ctrl-C (or SIGTERM: `closing` = TERMINATED) ended its
+    stderr with the one closing line, and return what it said before it: nothing, or (a stop
+    slower than a second, which load alone can make) notices of what it was waiting for, no
+    traceback."""
     *notices, last = err.strip().splitlines() or [""]
-    assert last == INTERRUPTED, err
+    assert last == closing, err
     assert all(notice.startswith(SLOW_STOP) for notice in notices), err
     return notices
 

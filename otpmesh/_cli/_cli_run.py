@@ -43,8 +43,9 @@ output of the actors below it. When stdout is not a terminal (or with --plain)
 it prints the tree, then one line per event as it happens, then the tree again
 when stopped.
 
-Ctrl-C stops the tree (exit status 130); a root supervisor that gives up ends
-the run with status 1 and says why; a TREE that cannot be loaded, status 2.
+Ctrl-C stops the tree (exit status 130), and so does SIGTERM (143); a root
+supervisor that gives up ends the run with status 1 and says why; a TREE that
+cannot be loaded, status 2.
 """
 
 EXAMPLES = """\

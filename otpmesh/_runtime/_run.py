@@ -25,6 +25,10 @@ SLOW_STOP = (
 )
 #: How many actors a slow stop names before it says "and N more".
 NAMED = 8
+#: Exit statuses of a program stopped by Ctrl-C and by SIGTERM (128 + the signal, as a shell
+#: reports a process killed by it), after the orderly stop.
+INTERRUPTED_STATUS = 130
+TERMINATED_STATUS = 143
 
 # What a stop under way waits for, per trio run: each running tree adds its own while it runs
 # (otpmesh.start, through ``stop_watched``).
@@ -77,11 +81,25 @@ def _only_interrupts(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt | trio.Cancelled)
 
 
+class _Signals:
+    """Which stop signal `run` received, if any (Ctrl-C and SIGTERM stop alike)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+
+def stops_on_sigterm() -> bool:
+    """Whether SIGTERM is taken as an orderly stop now (inside ``otpmesh.run``)."""
+    return getattr(signal.getsignal(signal.SIGTERM), "otpmesh_orderly_stop", False) is True
+
+
 def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run `main(*args)` under trio. Workers never outlive it; Ctrl-C stops everything with one
     short message and exit status 130 (and, when the stop takes more than a second, a word on
-    stderr meanwhile); a supervision tree that gives up exits with status 1 and a message naming
-    the supervisor and the last exit reasons."""
+    stderr meanwhile); SIGTERM (``kill``, Kubernetes, Slurm) stops it the same way, each
+    actor's ``on_stop`` running within its shutdown, and exits with status 143; a supervision
+    tree that gives up exits with status 1 and a message naming the supervisor and the last
+    exit reasons."""
     if IN_WORKER:
         from .._core._errors import SpawnError
 
@@ -92,8 +110,9 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         )
     from .._core._errors import SupervisorError
 
+    signals = _Signals()
     try:
-        return trio.run(_noting_slow_stops, main, args)
+        return trio.run(_noting_slow_stops, main, args, signals)
     except BaseException as exc:
         gave_up = _gave_up(exc, SupervisorError)
         if gave_up is not None:
@@ -103,8 +122,11 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         if isinstance(exc, KeyboardInterrupt) or (
             isinstance(exc, BaseExceptionGroup) and _only_interrupts(exc)
         ):
+            if signals.received == signal.SIGTERM:
+                print("otpmesh: terminated (SIGTERM), all actors stopped", file=sys.stderr)
+                raise SystemExit(TERMINATED_STATUS) from None
             print("otpmesh: interrupted, all actors stopped", file=sys.stderr)
-            raise SystemExit(130) from None
+            raise SystemExit(INTERRUPTED_STATUS) from None
         raise
 
 
@@ -118,9 +140,12 @@ def _gave_up(exc: BaseException, error: type[BaseException]) -> BaseException | 
     return exc if isinstance(exc, error) else None
 
 
-async def _noting_slow_stops(main: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
-    """`main(*args)` in the main task, as before (Ctrl-C still raises KeyboardInterrupt there);
-    beside it, a system task that hears of Ctrl-C and speaks up when the stop is slow."""
+async def _noting_slow_stops(
+    main: Callable[..., Awaitable[T]], args: tuple[Any, ...], signals: _Signals
+) -> T:
+    """`main(*args)` in the main task, as before (Ctrl-C still raises KeyboardInterrupt there,
+    and so does SIGTERM); beside it, a system task that hears of either and speaks up when the
+    stop is slow."""
     interrupted = trio.Event()
     token = trio.lowlevel.current_trio_token()
     trio_handler = signal.getsignal(signal.SIGINT)
@@ -128,16 +153,23 @@ async def _noting_slow_stops(main: Callable[..., Awaitable[T]], args: tuple[Any,
         return await main(*args)  # trio delivers no KeyboardInterrupt here: nothing to note
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if signals.received is None:
+            signals.received = signum
         token.run_sync_soon(interrupted.set)  # signal-safe; then trio's own handling
-        trio_handler(signum, frame)
+        trio_handler(signal.SIGINT, frame)
 
+    # SIGTERM is the stop a scheduler or `kill` asks for: the same orderly stop as Ctrl-C.
+    on_sigint.otpmesh_orderly_stop = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, on_sigint)
+    previous_sigterm = signal.signal(signal.SIGTERM, on_sigint)
     try:
         # A system task: cancelled once main is done, and never a nursery around main (which
         # would wrap what main raises in an ExceptionGroup).
         trio.lowlevel.spawn_system_task(_notice_slow_stop, interrupted, name="otpmesh-stopping")
         return await main(*args)
     finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigint:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         if signal.getsignal(signal.SIGINT) is on_sigint:
             signal.signal(
                 signal.SIGINT, trio_handler
