@@ -25,7 +25,7 @@ from .._runtime._controller_runtime import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
-from ._inspect import Stacks, collect, serve_signal
+from ._inspect import Stacks, collect, serve_signal, under
 from ._pgroup import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
@@ -93,11 +93,15 @@ class App:
         }
 
     async def stacks(self, path: str = "") -> Stacks:
-        """What every running actor under `path` (default: all) is doing now: 'idle', or the
-        endpoint it serves and its frames, innermost first, with the other threads of each
-        process; ``str()`` groups actors with identical stacks. Processes are asked at once and
-        have 1 s to answer (a stopped one, or one in C code holding the GIL, says it did not)."""
-        return await collect(await runtime(), path)
+        """What every running actor of this app under `path` (default: all) is doing now:
+        'idle', or the endpoint it serves and its frames, innermost first, with the other
+        threads of each process; ``str()`` groups actors with identical stacks. Processes are
+        asked at once and have 1 s to answer (a stopped one, or one in C code holding the GIL,
+        says it did not)."""
+        root = self._tree.tree.id
+        if path and not under(path, root):
+            raise ValueError(f"{path!r} is not in this app (its paths are under {root!r})")
+        return await collect(await runtime(), path or root)
 
     async def start_child(self, sup_path: str, spec: Worker | Supervisor | Mesh) -> Outcome:
         """OTP's start_child: add `spec` to the supervisor at `sup_path` and start it."""
@@ -140,6 +144,8 @@ async def start(
     ``placement="procs"`` runs every actor in a worker process of its own; ``"local"`` runs them
     all in this process with identical supervision, for fast deterministic tests. If the root
     supervisor gives up, the block is cancelled and ``SupervisorError`` says where and why.
+    Trees started in one controller are independent, each with a root id of its own: a start
+    whose root id is already running raises ``SupervisorError`` naming it.
     ``heartbeat_timeout`` (seconds; default ``OTPMESH_HEARTBEAT_TIMEOUT``, else 2.0): how long
     a worker process of this app may be silent before the kernel is asked what it is doing; a
     stopped one is then hung, a running one gets ten times as long (docs/supervision.md).
@@ -150,6 +156,13 @@ async def start(
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     beat_timeout = _heartbeat_timeout(heartbeat_timeout)
     rt = await runtime()
+    if isinstance(rt.exit_listeners.get(tree.id), TreeContext):
+        # Its paths would be the running tree's: refused, as OTP's {already_started, Pid}.
+        raise SupervisorError(
+            f"otpmesh.start: a tree whose root is {tree.id!r} is already running in this "
+            f"controller; give this one another root id, e.g. Supervisor({tree.id + '2'!r}, ...)",
+            ("already_started", tree.id),
+        )
     ctx = TreeContext(tree, EventLog(events_file), rt.exit_listeners)
     ctx.runtime_node = rt.node
     try:

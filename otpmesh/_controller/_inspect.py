@@ -83,22 +83,23 @@ class Stacks:
     def under(self, path: str) -> Stacks:
         """Only the actors at or below `path`."""
         return Stacks(
-            {p: s for p, s in self.actors.items() if _under(p, path)},
-            {o: t for o, t in self.threads.items() if any(_under(p, path) for p in o.split(", "))},
+            {p: s for p, s in self.actors.items() if under(p, path)},
+            {o: t for o, t in self.threads.items() if any(under(p, path) for p in o.split(", "))},
         )
 
 
-def _under(path: str, prefix: str) -> bool:
+def under(path: str, prefix: str) -> bool:
+    """Whether `path` is `prefix` or below it (every path is under the empty prefix)."""
     return not prefix or path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
 async def collect(rt: Runtime, path: str = "", timeout: float = ANSWER_TIMEOUT) -> Stacks:
     """Ask every process hosting an actor under `path`, all at once."""
     result = Stacks()
-    procs = [p for p in list(rt.procs.values()) if any(_under(a, path) for a in p.actors)]
+    procs = [p for p in list(rt.procs.values()) if any(under(a, path) for a in p.actors)]
 
     async def ask(proc: Proc) -> None:
-        hosted = sorted(a for a in proc.actors if _under(a, path))
+        hosted = sorted(a for a in proc.actors if under(a, path))
         answer = await rt.request_stacks(proc, timeout)
         if isinstance(answer, str):
             for actor in hosted:
@@ -115,7 +116,7 @@ async def collect(rt: Runtime, path: str = "", timeout: float = ANSWER_TIMEOUT) 
         for proc in procs:
             nursery.start_soon(ask, proc)
     for actor, cell in list(rt.node.actors.items()):
-        if _under(actor, path):
+        if under(actor, path):
             result.actors[actor] = _stacks.actor_stack(cell)
     return result
 
