@@ -29,8 +29,14 @@ T = TypeVar("T")
 #: The name of the asyncio thread (its stack is left out of a process's while it waits idle).
 THREAD_NAME = "otpmesh-asyncio"
 
-# The asyncio thread of this process's trio run, if it has one; set in that thread only.
-_local = threading.local()
+
+class _Local(threading.local):
+    # The asyncio thread the current thread is, set in that thread only. A class default:
+    # read on every call an actor makes, it must cost no failed lookup.
+    thread: AsyncioThread | None = None
+
+
+_local = _Local()
 _THREAD: trio.lowlevel.RunVar[AsyncioThread] = trio.lowlevel.RunVar("otpmesh_asyncio")
 
 
@@ -49,8 +55,7 @@ def asyncio_thread() -> AsyncioThread:
 def bridge() -> AsyncioThread | None:
     """The asyncio thread the calling code runs in, or None outside one (trio, or a thread of
     the user's own)."""
-    thread: AsyncioThread | None = getattr(_local, "thread", None)
-    return thread
+    return _local.thread
 
 
 class AsyncioThread:
