@@ -2,9 +2,12 @@
 
 The convention (docs/contributing.md says the same for doc writers):
 
-- The ```python blocks of one file form one script, run top to bottom like a notebook: a later
-  block may use what an earlier one defined. The script is the Markdown file with every line
-  outside a ```python block blanked, so a traceback's line numbers are the doc's line numbers.
+- The ```python blocks of one file form one script, run top to bottom like a notebook. The
+  script is the Markdown file with every line outside a ```python block blanked, so a
+  traceback's line numbers are the doc's line numbers.
+- Each block stands on its own, as a reader copies it: every name it uses is defined in it
+  (ruff's undefined-name check on the block alone), unless its fence says it continues the one
+  before it, ```python continued: then it is checked together with the blocks it continues.
 - It runs as a real program: ``python <script>`` in a subprocess, cwd = the repository root,
   the root on PYTHONPATH (``from supervisors.rl_pipeline import tree`` works), under a timeout.
   Worker processes are real, and so are the SIGKILLs.
@@ -80,11 +83,18 @@ def doc_id(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+#: The fence of a block that continues the one before it (its names may come from there).
+CONTINUED = "continued"
+
+
 @dataclass(frozen=True)
 class DocProgram:
     script: str  # the doc with every non-script line blanked
     pytest_files: dict[str, str]  # name -> contents
     problems: list[str]
+    # Each block as a reader copies it (with the blocks it continues), the doc's other lines
+    # blanked: (line of its fence, source).
+    snippets: list[tuple[int, str]]
 
 
 def assemble(path: Path) -> DocProgram:
@@ -94,6 +104,8 @@ def assemble(path: Path) -> DocProgram:
     script = [""] * n_lines
     pytest_files: dict[str, str] = {}
     problems: list[str] = []
+    snippets: list[tuple[int, str]] = []
+    chain: list[str] = []
     for block in fenced_blocks(text):
         where = f"{doc_id(path)}:{block.first_line - 1}"
         if block.info in ("py", "python3") or block.info.startswith(("py ", "python3 ")):
@@ -105,16 +117,58 @@ def assemble(path: Path) -> DocProgram:
         if named:
             pytest_files[named[1]] = block.code
             continue
+        if CONTINUED not in block.info.split()[1:]:
+            chain = [""] * n_lines
         for offset, line in enumerate(block.lines):
             script[block.first_line - 1 + offset] = line
+            chain[block.first_line - 1 + offset] = line
+        snippets.append((block.first_line - 1, "\n".join(chain)))
     source = "\n".join(script)
     try:
         tree = ast.parse(source, filename=doc_id(path))
     except SyntaxError as err:
         problems.append(f"{doc_id(path)}:{err.lineno}: {err.msg}")
-        return DocProgram(source, pytest_files, problems)
+        return DocProgram(source, pytest_files, problems, snippets)
     problems += _unrun_mains(path, tree) + _redefined_classes(path, tree)
-    return DocProgram(source, pytest_files, problems)
+    return DocProgram(source, pytest_files, problems, snippets)
+
+
+RUFF_UNDEFINED_NAMES = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache"]
+RUFF_UNDEFINED_NAMES += ["--select", "F821", "--output-format", "concise"]
+
+
+def undefined_names(programs: dict[str, DocProgram], tmp: Path) -> list[str]:
+    """The names each snippet uses and never defines (ruff's F821, one run for every doc), as
+    'doc:line-of-its-fence: name, name'."""
+    files: dict[str, tuple[str, int]] = {}
+    for doc, program in programs.items():
+        for fence, source in program.snippets:
+            name = f"{doc.replace('/', '__').replace('.', '_')}__{fence}.py"
+            (tmp / name).write_text(source)
+            files[name] = (doc, fence)
+    if not files:
+        return []
+    done = subprocess.run(
+        [*RUFF_UNDEFINED_NAMES, str(tmp)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    # A name is blamed on the block whose line uses it (a continued block's chain repeats it).
+    found: dict[tuple[str, int], set[str]] = {}
+    fences = {doc: sorted(f for d, f in files.values() if d == doc) for doc, _ in files.values()}
+    for line in done.stdout.splitlines():
+        match = re.match(r"(?:.*/)?([^/:]+\.py):(\d+):\d+: F821 Undefined name `(.*)`", line)
+        if match and match[1] in files:
+            doc = files[match[1]][0]
+            fence = max(f for f in fences[doc] if f < int(match[2]))
+            found.setdefault((doc, fence), set()).add(match[3])
+    if done.returncode not in (0, 1) or (done.returncode == 1 and not found):
+        pytest.fail(f"ruff failed:\n{done.stdout}\n{done.stderr}")
+    return [
+        f"{doc}:{fence}: {', '.join(sorted(names))}"
+        for (doc, fence), names in sorted(found.items())
+    ]
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -216,6 +270,16 @@ def test_doc_snippets_run(path: Path, tmp_path: Path) -> None:
         )
 
 
+def test_each_snippet_stands_on_its_own_or_says_it_continues(tmp_path: Path) -> None:
+    programs = {doc_id(path): assemble(path) for path in DOC_FILES}
+    found = undefined_names(programs, tmp_path)
+    assert not found, (
+        "these blocks (doc:line of the fence) use names they never define, so one copied alone "
+        "fails with a NameError: import or define them in the block, or, if it continues the "
+        f"block before it, open it with ```python {CONTINUED}\n" + "\n".join(found)
+    )
+
+
 # ---- the harness itself ------------------------------------------------------------------------
 
 
@@ -262,3 +326,13 @@ def test_pytest_files_are_set_apart(tmp_path: Path) -> None:
 if __name__ == "__main__":
     # python tests/test_docs.py docs/tutorial.md > script.py: the script the test runs, to debug.
     print(assemble(Path(sys.argv[1])).script)
+
+
+def test_a_block_that_uses_an_earlier_blocks_names_must_say_it_continues(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        f"```python\nimport otpmesh\n```\n\n```python {CONTINUED}\nprint(otpmesh)\n```\n\n"
+        "```python\nprint(otpmesh)\n```\n"
+    )
+    found = undefined_names({"doc.md": assemble(doc)}, tmp_path)
+    assert found == ["doc.md:9: otpmesh"]
