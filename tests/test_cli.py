@@ -394,3 +394,13 @@ def test_event_filters_take_a_path_and_everything_below_it() -> None:
     assert not _timeline.matches(event, [], ["child_exited"])
     with pytest.raises(UsageError, match="unknown event kind 'started'; the kinds are: "):
         _timeline.check_kinds(["child_started", "started"])
+
+
+def test_cli_md_lists_every_chaos_fault_run_accepts() -> None:
+    from otpmesh.chaos import FAULTS
+
+    rows = (ROOT / "docs" / "cli.md").read_text().splitlines()
+    row = next(line for line in rows if line.startswith("| `--chaos-faults"))
+    listed = re.search(r"any of `([^`]*)`", row)
+    assert listed is not None, row
+    assert listed[1].split(", ") == list(FAULTS)

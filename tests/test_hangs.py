@@ -162,6 +162,15 @@ def test_stacks_group_identical_actors() -> None:
                 text = out.stdout.decode()
                 assert "1 actor: s/w" in text and "await_forever" in text
                 assert "s/m/0" not in text
+                wrong = await trio.run_process(
+                    [sys.executable, "-m", "otpmesh", "stacks", str(os.getpid()), "--path", "nope"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+                assert wrong.returncode == 2, wrong
+                assert "--path 'nope': no actor of app" in wrong.stderr.decode()
+                assert "(its actors: s/m/0, s/m/1, s/m/2, s/w)" in wrong.stderr.decode()
                 nursery.cancel_scope.cancel()
 
     run_trio(body, timeout=90)

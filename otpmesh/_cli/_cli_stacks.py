@@ -92,6 +92,18 @@ def _squatted() -> str:
     )
 
 
+#: How many of an app's actors a wrong --path names.
+NAMED = 8
+
+
+def _no_such_actors(pid: int, every: Stacks) -> str:
+    if not every.actors:
+        return f"app {pid} has no running actors"
+    paths = sorted(every.actors)
+    more = f" and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
+    return f"no actor of app {pid} is at or below it (its actors: {', '.join(paths[:NAMED])}{more})"
+
+
 def _apps_hint() -> str:
     apps = running_apps()
     return f" (running apps: {', '.join(map(str, apps))})" if apps else " (none is running)"
@@ -104,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         if len(apps) != 1:
             raise UsageError(f"say which app: PID{_apps_hint()}")
         pid = apps[0]
-    stacks = ask(pid).under(args.path)
+    every = ask(pid)
+    stacks = every.under(args.path)
+    if args.path and not stacks.actors:
+        raise UsageError(f"--path {args.path!r}: {_no_such_actors(pid, every)}")
     if args.json:
         print(json.dumps(stacks.to_json(), indent=2))
         return 0
