@@ -317,7 +317,7 @@ class TreeContext:
             for e in self.events
             if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED) and e.path == blamed
         ]
-        last = "; ".join(f"{e.child_path} {describe(e.reason)}" for e in exits[-3:])
+        last = "; ".join(_repeats([f"{e.child_path} {describe(e.reason)}" for e in exits])[-3:])
         if reached:
             where = reached[-1]
             sup = self.spec(where.path)
@@ -330,3 +330,14 @@ class TreeContext:
     def worker_paths(self) -> list[str]:
         """Every actor path of the tree (workers, and mesh members), in a fixed order."""
         return [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
+
+
+def _repeats(texts: list[str]) -> list[str]:
+    """`texts` with each run of identical ones said once: 'x, 3 times'."""
+    runs: list[list[Any]] = []
+    for text in texts:
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    return [text if n == 1 else f"{text}, {n} times" for text, n in runs]
