@@ -14,11 +14,12 @@ from tests.aio_actors import Rollout, TrioActor
 from tests.conftest import run_trio
 
 
-def test_an_asyncio_actor_awaits_an_engine_and_an_http_client() -> None:
+@pytest.mark.parametrize("placement", ["procs", "local"])
+def test_an_asyncio_actor_awaits_an_engine_and_an_http_client(placement: str) -> None:
     tree = Supervisor("s", children=[Worker("a", Rollout), Worker("b", Rollout)])
 
     async def body() -> None:
-        async with otpmesh.start(tree) as app:
+        async with otpmesh.start(tree, placement=placement) as app:  # type: ignore[arg-type]
             a, b = app.actor("s/a"), app.actor("s/b")
             assert await a.loop_and_path() == ["_UnixSelectorEventLoop", "s/a"]
             assert await a.generate("hello") == "HELLO"

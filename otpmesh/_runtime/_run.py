@@ -152,25 +152,25 @@ async def _noting_slow_stops(
     if threading.current_thread() is not threading.main_thread() or not callable(trio_handler):
         return await main(*args)  # trio delivers no KeyboardInterrupt here: nothing to note
 
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
+    def on_stop_signal(signum: int, frame: FrameType | None) -> None:
         if signals.received is None:
             signals.received = signum
         token.run_sync_soon(interrupted.set)  # signal-safe; then trio's own handling
         trio_handler(signal.SIGINT, frame)
 
     # SIGTERM is the stop a scheduler or `kill` asks for: the same orderly stop as Ctrl-C.
-    on_sigint.otpmesh_orderly_stop = True  # type: ignore[attr-defined]
-    signal.signal(signal.SIGINT, on_sigint)
-    previous_sigterm = signal.signal(signal.SIGTERM, on_sigint)
+    on_stop_signal.otpmesh_orderly_stop = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, on_stop_signal)
+    previous_sigterm = signal.signal(signal.SIGTERM, on_stop_signal)
     try:
         # A system task: cancelled once main is done, and never a nursery around main (which
         # would wrap what main raises in an ExceptionGroup).
         trio.lowlevel.spawn_system_task(_notice_slow_stop, interrupted, name="otpmesh-stopping")
         return await main(*args)
     finally:
-        if signal.getsignal(signal.SIGTERM) is on_sigint:
+        if signal.getsignal(signal.SIGTERM) is on_stop_signal:
             signal.signal(signal.SIGTERM, previous_sigterm)
-        if signal.getsignal(signal.SIGINT) is on_sigint:
+        if signal.getsignal(signal.SIGINT) is on_stop_signal:
             signal.signal(
                 signal.SIGINT, trio_handler
             )  # trio restores its default only from its own
