@@ -17,7 +17,7 @@ import trio
 from .._core._actor import Actor, class_path
 from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
-from .._core._reasons import KILLED, SHUTDOWN
+from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost
 from .._node._mesh import Slot
@@ -150,12 +150,18 @@ class ProcsPlacement:
                 path,
             )
         except ActorError as exc:
-            raise StartError(ActorCrash(exc.type_name, exc.message, exc.traceback)) from exc
+            reason: object = ActorCrash(exc.type_name, exc.message, exc.traceback)
+            self._rt.exited_hooks(path, incarnation, reason)  # what it made in on_start goes
+            raise StartError(reason) from exc
         except ActorDiedError as exc:
-            raise StartError(ProcessExit(proc.pid, proc.exit_reason or exc.reason)) from exc
+            reason = ProcessExit(proc.pid, proc.exit_reason or exc.reason)
+            self._rt.exited_hooks(path, incarnation, reason)
+            raise StartError(reason) from exc
         if result == STARTED:
             proc.hosted(path, incarnation)
             slot.mark_up(proc.addr, proc)
+        else:
+            self._rt.exited_hooks(path, incarnation, NORMAL)  # ignored: it owns nothing
         return str(result)
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
@@ -216,8 +222,14 @@ class LocalPlacement:
 
     def __init__(self, rt: Runtime, listener: ExitListener, nursery: trio.Nursery) -> None:
         self._node = rt.node
+        self._rt = rt
+
         # Actor tasks run in the application's nursery: their fate is the app's, not the node's.
-        self._host = ActorHost(rt.node, listener.actor_exited, listener.actor_exiting, nursery)
+        def exited(path: str, incarnation: int, reason: object) -> None:
+            listener.actor_exited(path, incarnation, reason)
+            rt.exited_hooks(path, incarnation, reason)
+
+        self._host = ActorHost(rt.node, exited, listener.actor_exiting, nursery)
 
     async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
         return None
@@ -237,9 +249,13 @@ class LocalPlacement:
         try:
             result = await self._host.spawn(payload)
         except Exception as exc:
-            raise StartError(ActorCrash.of(exc)) from exc
+            reason = ActorCrash.of(exc)
+            self._rt.exited_hooks(slot.actor_id, incarnation, reason)
+            raise StartError(reason) from exc
         if result == STARTED:
             slot.mark_up(self._node.addr, None)
+        else:
+            self._rt.exited_hooks(slot.actor_id, incarnation, NORMAL)
         return result
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:

@@ -45,16 +45,23 @@ class TreeContext:
     placement. Users see the ``App`` façade over it."""
 
     def __init__(
-        self, tree: Supervisor | Mesh, events: EventLog, exit_listeners: dict[str, Any]
+        self,
+        tree: Supervisor | Mesh,
+        events: EventLog,
+        exit_listeners: dict[str, Any],
+        prefix: str = "",
     ) -> None:
         self.tree = tree
         self.events = events
+        self.owns_events = True  # False: an owner's tree's log, closed by that tree
+        #: Trees that actors of this one own (_subtree.py): found by path as if they were ours.
+        self.subtrees: list[TreeContext] = []
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
         #: learns (at start, or from start_child) is ours.
         self.exit_listeners = exit_listeners
-        self._learn(tree, "")
+        self._learn(tree, prefix)
         self._slots: dict[str, Slot] = {}
         self._watchers: dict[str, SupervisorDriver] = {}
         self._drivers: dict[str, SupervisorDriver] = {}
@@ -76,11 +83,21 @@ class TreeContext:
 
     def spec(self, path: str) -> Supervisor | Worker | Mesh:
         """The spec at `path`; KeyError naming the paths there are."""
-        spec = self.specs.get(path)
-        if spec is None:
+        holder = self.holder(path)
+        if holder is None:
             known = ", ".join(sorted(self.specs))
             raise KeyError(f"no child at {path!r} in this tree (paths: {known})")
-        return spec
+        return holder.specs[path]
+
+    def holder(self, path: str) -> TreeContext | None:
+        """This tree, or the tree one of its actors owns (at any depth), that has `path`."""
+        if path in self.specs:
+            return self
+        for sub in self.subtrees:
+            found = sub.holder(path)
+            if found is not None:
+                return found
+        return None
 
     def _learn(self, spec: Supervisor | Worker | Mesh, parent: str) -> None:
         learned = []
@@ -268,6 +285,10 @@ class TreeContext:
             if driver.path == sup_path and not driver.exited.is_set():
                 return driver
             stack.extend(driver.children.values())
+        for sub in self.subtrees:  # the trees its actors own
+            found = sub._find_driver(sup_path)
+            if found is not None:
+                return found
         return None
 
     async def _request(self, driver: SupervisorDriver, make: Any, path: str) -> Outcome:
@@ -329,4 +350,5 @@ class TreeContext:
 
     def worker_paths(self) -> list[str]:
         """Every actor path of the tree (workers, and mesh members), in a fixed order."""
-        return [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
+        own = [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
+        return own + [p for sub in self.subtrees for p in sub.worker_paths()]

@@ -89,6 +89,8 @@ EXT_CHANNEL_TENSOR = 9
 EXT_ARRAY = 10
 EXT_CHANNEL_BUFFER = 11
 EXT_HUNG = 12
+EXT_PROC_MESH = 13
+EXT_MESH_FAILURE = 14
 
 _U16 = struct.Struct(">H")
 
@@ -180,6 +182,8 @@ _UPPER_EXTS: Mapping[int, str] = MappingProxyType(
         EXT_ACTOR_REF: "otpmesh._node._mesh:ActorRef",
         EXT_ACTOR_MESH: "otpmesh._node._mesh:ActorMesh",
         EXT_RDMA_BUFFER: "otpmesh.rdma._buffer:RDMABuffer",
+        EXT_PROC_MESH: "otpmesh._controller._procref:ProcMeshRef",
+        EXT_MESH_FAILURE: "otpmesh._node._failure:MeshFailure",
     }
 )
 
