@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import ActorCrash, LogKind, Mesh, Supervisor, Worker
+from otpmesh import ActorCrash, LogKind, Supervisor, Worker
 from otpmesh._runtime._controller_runtime import runtime
 from tests.conftest import alive, run_program, run_trio
 from tests.owned_actors import Finder, Replica, Service, Spawner
