@@ -20,6 +20,8 @@ EXPECTED = {
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
     "SupervisorError",
+    # actors that own meshes
+    "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
     # hosts past this one
     "Cluster", "cluster",
     # meshes that are process groups

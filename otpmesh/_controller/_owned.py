@@ -126,7 +126,7 @@ class Service:
         shape = p.get("shape")
         if shape != {}:  # a slice that dropped every dimension is one process, shaped {}
             shape = check_shape(shape if isinstance(shape, dict) else {"": shape})
-        sliced: ProcMesh = mesh.subset(ranks, shape)
+        sliced: ProcMesh = mesh._subset(ranks, shape)
         return sliced
 
     async def procs_start(self, conn: Connection | None, p: dict[str, Any]) -> ProcMesh:
@@ -159,9 +159,9 @@ class Service:
     async def mesh_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
         path = p.get("path")
         for mesh in list(self.owners.meshes.values()):
-            name = mesh.mesh_named(path)
+            name = mesh._mesh_named(path)
             if name is not None:
-                await mesh.stop_mesh(name)
+                await mesh._stop_mesh(name)
                 return
         if self._tree_with(path) is not None:
             raise MeshError(
@@ -216,7 +216,7 @@ class Service:
                 return ActorMesh(path, endpoint_names(spec.actor), dict(spec.shape), slots, None)
             return ActorRef(path, endpoint_names(spec.actor), holder.slot(path))
         for mesh in list(self.owners.meshes.values()):
-            found: ActorRef | ActorMesh | None = mesh.find(path)
+            found: ActorRef | ActorMesh | None = mesh._find(path)
             if found is not None:
                 return found
         raise KeyError(f"no actor or mesh at {path!r} in this app")

@@ -78,7 +78,7 @@ class ProcMesh:
         shape, ranks = select(self._shape, **selection)
         return ProcMesh(self._rt, shape, [self._procs[r] for r in ranks], self.owner)
 
-    def subset(self, ranks: list[int], shape: Shape) -> ProcMesh:
+    def _subset(self, ranks: list[int], shape: Shape) -> ProcMesh:
         """The slice of these processes at `ranks`, shaped `shape` (a handle's slice: made once
         per distinct slice, then reused)."""
         if len(ranks) != len(all_coords(shape)):
@@ -91,7 +91,7 @@ class ProcMesh:
             )
         return view
 
-    def find(self, path: str) -> ActorMesh | ActorRef | None:
+    def _find(self, path: str) -> ActorMesh | ActorRef | None:
         """This proc mesh's actor mesh at `path`, or one actor of it, if it has it."""
         for mesh in self._meshes.values():
             if mesh.name == path:
@@ -222,7 +222,7 @@ class ProcMesh:
             raise MeshError(f"{name!r} was not spawned as a supervised mesh on this proc mesh")
         return tree.app
 
-    async def stop_mesh(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
+    async def _stop_mesh(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
         """Stop the actors of the mesh `name` (their ``on_stop`` runs); the processes stay."""
         tree = self._apps.pop(name, None)
         mesh = self._meshes.pop(name, None)
@@ -233,7 +233,7 @@ class ProcMesh:
         else:
             raise MeshError(f"this proc mesh has no actor mesh named {name!r}")
 
-    def mesh_named(self, path: str) -> str | None:
+    def _mesh_named(self, path: str) -> str | None:
         """The name of this proc mesh's actor mesh whose path is `path`, if it has one."""
         return next((n for n, m in self._meshes.items() if m.name == path), None)
 
