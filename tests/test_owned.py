@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import ActorCrash, LogKind, Supervisor, Worker
+from otpmesh import ActorCrash, LogKind, Mesh, Supervisor, Worker, chaos
 from otpmesh._runtime._controller_runtime import runtime
 from tests.conftest import alive, run_program, run_trio
 from tests.owned_actors import Finder, Replica, Service, Spawner
@@ -258,3 +258,68 @@ def test_no_orphans_when_the_app_stops() -> None:
 
     pids = run_trio(body)
     assert _gone(pids)
+
+
+def test_three_levels_under_a_seeded_fault_plan_answer_or_fail_as_documented() -> None:
+    """The controller's tree holds a Mesh of 4 services; each owns a ONE_FOR_ONE mesh of 4
+    replicas (a subtree started in on_start). 30 seeded faults (crash, SIGKILL, wedge) at
+    services and replicas, then the services' supervisor killed: every call is answered or
+    fails with a documented error, and no process of a stopped owner survives."""
+    documented = (otpmesh.ActorDiedError, otpmesh.ActorError, otpmesh.CallTimeoutError)
+
+    async def body() -> None:
+        services = Mesh(
+            "service",
+            Service,
+            shape={"procs": 4},
+            args=(4, 1000, 1.0),  # 4 replicas each, intensity 1000, progress deadline 1 s
+            intensity=1000,
+            period=60.0,
+            progress_deadline=5.0,
+        )
+        tree = Supervisor("rl", intensity=100, period=60.0, children=[services])
+        seen: set[int] = set()
+        failures: list[str] = []
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("rl/service").with_timeout(15.0)
+
+            async def observe() -> set[int]:
+                now: set[int] = set()
+                for rank in range(4):
+                    try:
+                        now.add(await mesh[rank].pid())
+                        now.update(answer[1] for answer in await mesh[rank].fan())
+                    except documented as exc:
+                        failures.append(type(exc).__name__)
+                seen.update(now)
+                return now
+
+            await observe()
+            plan = chaos.FaultPlan.seeded(
+                app,
+                seed=23,
+                steps=31,
+                count=30,
+                faults={"crash": 1.0, "kill": 1.0, "wedge": 0.3},
+            )
+            levels = {fault.path.count("/") for fault in plan.faults}
+            assert levels == {2, 4}, plan  # services and replicas
+            top = chaos.PlannedFault(31, "kill", "rl/service")  # the services' supervisor
+            plan = chaos.FaultPlan([*plan.faults, top])
+            hits = 0
+            for step in range(32):
+                hits += sum(fault.hit for fault in await plan.inject(app, step))
+                await observe()
+            assert hits >= 28, plan  # a fault misses only an actor its owner is restarting
+            await app.settled()
+            current: set[int] = set()
+            for _ in range(3):  # calls sent while a restart was under way may fail: ask again
+                current = await observe()
+                if len(current) == 4 + 16:
+                    break
+            assert len(current) == 4 + 16
+            stale = seen - current
+            await _until(lambda: _async(_gone(sorted(stale))))
+            assert len(app.events.of_kind(LogKind.FAULT_INJECTED)) >= 31
+
+    run_trio(body, timeout=170)

@@ -176,6 +176,7 @@ async def run_tree(
     log = events if events is not None else EventLog(events_file)
     ctx = TreeContext(tree, log, rt.exit_listeners, prefix or "")
     ctx.owns_events = events is None
+    ctx.owners_quiet = owners(rt).quiet
     ctx.runtime_node = rt.node
     try:
         with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for

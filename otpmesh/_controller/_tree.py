@@ -5,6 +5,7 @@ users' façade over it (_app.py)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -56,6 +57,8 @@ class TreeContext:
         self.owns_events = True  # False: an owner's tree's log, closed by that tree
         #: Trees that actors of this one own (_subtree.py): found by path as if they were ours.
         self.subtrees: list[TreeContext] = []
+        #: Waits until what exited owners owned is stopped (set by the app: _owners.py).
+        self.owners_quiet: Callable[[], Awaitable[None]] | None = None
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
@@ -212,10 +215,22 @@ class TreeContext:
             self._idle.set()
 
     async def settled(self) -> None:
-        """Wait until no supervisor has work pending (exits handled, restarts done)."""
-        while self._work:
-            await self._idle.wait()
-        await trio.lowlevel.checkpoint()
+        """Wait until no supervisor has work pending (exits handled, restarts done), in this
+        tree and in the trees its actors own, and what exited owners owned is stopped."""
+        while True:
+            while self._work:
+                await self._idle.wait()
+            for sub in list(self.subtrees):
+                await sub.settled()
+            if self.owners_quiet is not None:
+                await self.owners_quiet()
+            await trio.lowlevel.checkpoint()
+            if not self._work and all(sub.idle for sub in self.subtrees):
+                return
+
+    @property
+    def idle(self) -> bool:
+        return not self._work and all(sub.idle for sub in self.subtrees)
 
     # ---------------------------------------------------------------- dynamic children
 
