@@ -135,9 +135,11 @@ class Finder(Actor):
     @endpoint
     async def ask(self, path: str) -> list[Any]:
         ref = await otpmesh.lookup(path)
-        return list((await ref.who()).values()) if isinstance(ref, otpmesh.ActorMesh) else [
-            await ref.who()
-        ]
+        return (
+            list((await ref.who()).values())
+            if isinstance(ref, otpmesh.ActorMesh)
+            else [await ref.who()]
+        )
 
     @endpoint
     async def registry(self) -> list[Any]:

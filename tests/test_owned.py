@@ -15,6 +15,7 @@ import trio
 
 import otpmesh
 from otpmesh import ActorCrash, LogKind, Mesh, Supervisor, Worker, chaos
+from otpmesh._cli._treeview import TreeView
 from otpmesh._runtime._controller_runtime import runtime
 from tests.conftest import alive, run_program, run_trio
 from tests.owned_actors import Finder, Replica, Service, Spawner
@@ -323,3 +324,20 @@ def test_three_levels_under_a_seeded_fault_plan_answer_or_fail_as_documented() -
             assert len(app.events.of_kind(LogKind.FAULT_INJECTED)) >= 31
 
     run_trio(body, timeout=170)
+
+
+def test_an_owned_subtree_is_seen_in_the_stacks_and_the_live_view_under_its_owner() -> None:
+    async def body() -> None:
+        tree = Supervisor("top", children=[Worker("svc", Service, args=(2,))])
+        async with otpmesh.start(tree) as app:
+            stacks = await app.stacks("top/svc/replicas")
+            assert sorted(stacks.actors) == ["top/svc/replicas/0", "top/svc/replicas/1"]
+            view = TreeView(tree)
+            for entry in app.events:
+                view.feed(entry)
+            assert view["top/svc"].children == ["top/svc/replicas"]
+            replicas = view["top/svc/replicas"]
+            assert replicas.children == ["top/svc/replicas/0", "top/svc/replicas/1"]
+            assert {view[p].state for p in replicas.children} == {"running"}
+
+    run_trio(body)

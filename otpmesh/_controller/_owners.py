@@ -44,7 +44,15 @@ class Owners:
         self._stops = 0  # owners' possessions being stopped now
         self._quiet = trio.Event()
         self._quiet.set()
+        self._releasing: dict[str, trio.Event] = {}  # owner path -> its possessions stopped
         rt.exit_hooks.append(self._owner_exited)
+
+    async def released(self, owner: str) -> None:
+        """Wait until what the last incarnation of `owner` owned is stopped: a restarted owner
+        starts after it, so two subtrees with one path never run at once."""
+        releasing = self._releasing.get(owner)
+        if releasing is not None:
+            await releasing.wait()
 
     async def quiet(self) -> None:
         """Wait until what exited owners owned is stopped (a tree waits before it is done)."""
@@ -76,15 +84,20 @@ class Owners:
         if things and self.rt.nursery is not None:
             self._stops += 1
             self._quiet = trio.Event()
+            self._releasing[path] = trio.Event()
             self.rt.nursery.start_soon(self._stop_all, path, things)
 
     async def _stop_all(self, owner: str, things: list[Owned]) -> None:
+        released = self._releasing[owner]
         try:
             with trio.CancelScope(shield=True):
                 async with trio.open_nursery() as nursery:
                     for thing in reversed(things):  # newest first, as supervisors stop children
                         nursery.start_soon(_stop_quietly, owner, thing)
         finally:
+            released.set()
+            if self._releasing.get(owner) is released:
+                del self._releasing[owner]
             self._stops -= 1
             if not self._stops:
                 self._quiet.set()

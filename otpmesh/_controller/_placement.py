@@ -22,6 +22,7 @@ from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
+from ._owners import owners
 from ._slotenv import slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
@@ -142,6 +143,7 @@ class ProcsPlacement:
         if proc.conn is None:
             raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
         proc.named(path)
+        await owners(self._rt).released(path)  # its last incarnation's possessions are gone
         try:
             result = await self._rt.node.sys_call(
                 proc.conn,
@@ -246,6 +248,7 @@ class LocalPlacement:
         payload = _payload(slot.actor_id, incarnation, actor, args, kwargs, info)
         if isinstance(actor, type) and issubclass(actor, Actor):
             payload["cls"] = actor
+        await owners(self._rt).released(slot.actor_id)
         try:
             result = await self._host.spawn(payload)
         except Exception as exc:
