@@ -208,6 +208,7 @@ async def run_tree(
     finally:
         for path in ctx.specs:
             rt.exit_listeners.pop(path, None)
+        ctx.ended.set()
     if ctx.root.init_failure is not None:
         reason = ctx.root.init_failure
         raise SupervisorError(f"supervisor {tree.id} failed to start: {describe(reason)}", reason)

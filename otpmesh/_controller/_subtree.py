@@ -76,15 +76,13 @@ async def start_owned(
                 await tree._stopping.wait()
         except Exception as exc:
             tree.error = exc
+            _forget(parent, tree)
             if tree.app is not None and not tree._stopping.is_set():
                 log.error("%s gave up: %s", label, exc)
                 if owner is not None:
-                    await crash_owner(rt, owner, ActorCrash.of(exc))
+                    await _escalate(rt, parent, owner, exc)
         finally:
-            if parent is not None and tree.app is not None:
-                sub = context(tree.app)
-                if sub in parent.subtrees:
-                    parent.subtrees.remove(sub)
+            _forget(parent, tree)
             owners(rt).discard(owner, tree)
             ready.set()
             tree.done.set()
@@ -95,6 +93,25 @@ async def start_owned(
         raise SpawnError(f"starting {label} failed: {tree.error}") from tree.error
     owners(rt).add(owner, tree)
     return tree
+
+
+def _forget(parent: TreeContext | None, tree: OwnedTree) -> None:
+    """The owner's tree no longer finds `tree` by path (it ended, or is escalating)."""
+    if parent is not None and tree.app is not None and context(tree.app) in parent.subtrees:
+        parent.subtrees.remove(context(tree.app))
+
+
+async def _escalate(rt: Runtime, parent: TreeContext | None, owner: str, exc: Exception) -> None:
+    """Crash `owner` with the subtree's error. Its tree counts this as work until the owner has
+    announced its exit (which comes before the crash's reply), so ``settled()`` waits for the
+    owner's restart too."""
+    if parent is not None:
+        parent.work_started()
+    try:
+        await crash_owner(rt, owner, ActorCrash.of(exc))
+    finally:
+        if parent is not None:
+            parent.work_done()
 
 
 def _tree_of(rt: Runtime, path: str | None) -> TreeContext | None:

@@ -59,6 +59,7 @@ class TreeContext:
         self.subtrees: list[TreeContext] = []
         #: Waits until what exited owners owned is stopped (set by the app: _owners.py).
         self.owners_quiet: Callable[[], Awaitable[None]] | None = None
+        self.ended = trio.Event()  # the app's block is over and the tree is stopped
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
@@ -222,6 +223,8 @@ class TreeContext:
                 await self._idle.wait()
             for sub in list(self.subtrees):
                 await sub.settled()
+                if sub.gave_up:
+                    await sub.ended.wait()  # then its owner's crash is this tree's work
             if self.owners_quiet is not None:
                 await self.owners_quiet()
             await trio.lowlevel.checkpoint()
@@ -230,7 +233,12 @@ class TreeContext:
 
     @property
     def idle(self) -> bool:
-        return not self._work and all(sub.idle for sub in self.subtrees)
+        return not self._work and all(sub.idle and not sub.gave_up for sub in self.subtrees)
+
+    @property
+    def gave_up(self) -> bool:
+        """Its root stopped by itself, with a failure (not asked to): it is ending."""
+        return self.root_failure is not None
 
     # ---------------------------------------------------------------- dynamic children
 

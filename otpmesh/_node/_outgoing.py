@@ -60,6 +60,7 @@ class Outgoing:
     faults: LinkFaults
     nursery: trio.Nursery | None
     parent: Connection | None
+    sys_handlers: dict[str, Any]
     _conns: dict[str, Connection]
     channel: TensorChannel | None
 
@@ -237,10 +238,14 @@ class Outgoing:
     async def resolve(self, slot: Any) -> None:
         """Ask the controller where a supervised actor lives now (a ref that came in a message
         and found its old address dead); waits while the actor restarts."""
-        if self.parent is None:
+        local = self.sys_handlers.get("resolve_actor") if self.parent is None else None
+        if self.parent is not None:
+            found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
+        elif local is not None:  # the controller itself, holding a ref that came in a message
+            found = await local(None, slot.actor_id)
+        else:
             slot.mark_gone("its supervisor cannot be asked (no controller connection)")
             return
-        found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
         if found.get("gone") is not None:
             slot.mark_gone(found["gone"])
         else:
