@@ -22,7 +22,7 @@ from .._node._mesh import ActorRef, Slot
 from .._runtime._controller_runtime import Runtime
 from ._app import App, PlacementName, context, run_tree
 from ._owners import STOP_TIMEOUT, owners
-from ._placement import ProcsPlacement
+from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
 
 log = logging.getLogger("otpmesh.subtree")
@@ -59,6 +59,8 @@ async def start_owned(
     label = f"{owner}/{spec.id}" if owner else spec.id
     tree = OwnedTree(label, owner)
     parent = _tree_of(rt, owner)
+    if placement == "procs" and parent is not None and isinstance(parent.placement, LocalPlacement):
+        placement = "local"  # an in-process tree's owned trees run in-process too
     ready = trio.Event()
 
     async def run() -> None:

@@ -65,7 +65,8 @@ class Actor:
 
 
 #: The owner hook (Monarch's name): what an actor that spawned a mesh is told when one of its
-#: actors fails; served like an endpoint, called only by the controller (docs/owned-meshes.md).
+#: actors fails; served like an endpoint, called by the controller
+#: (docs/guides/owned-meshes.md).
 SUPERVISE_HOOK = "__supervise__"
 
 
@@ -146,7 +147,7 @@ class ActorContext:
         """Start the supervision tree `spec` (a Supervisor or Mesh) owned by this actor, with
         OTP's rules inside it; return its ``Subtree`` (refs by path, under this actor's path).
         When it gives up, this actor crashes with its SupervisorError; when this actor exits,
-        it is stopped. docs/owned-meshes.md."""
+        it is stopped. docs/guides/owned-meshes.md."""
         if _start_hook is None:
             raise RuntimeError("otpmesh's controller layer is not loaded (import otpmesh)")
         return await _start_hook(self.path, spec)
