@@ -142,6 +142,12 @@ class Finder(Actor):
         )
 
     @endpoint
+    async def stop_found(self, path: str) -> None:
+        found = await otpmesh.lookup(path)
+        assert isinstance(found, otpmesh.ActorMesh)
+        await found.stop()
+
+    @endpoint
     async def registry(self) -> list[Any]:
         ref = await otpmesh.singleton("registry", Replica, "single")
         return await ref.who()

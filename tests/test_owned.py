@@ -350,3 +350,18 @@ def test_the_owned_benchmark_runs_and_reports_each_figure_beside_its_baseline() 
     assert result["mesh_4_to_first_reply_ms"]["owned_vs_controller"] > 0
     assert result["sigkill_to_next_reply_ms"]["level_3_vs_top"] > 0
     assert result["lookup_from_an_actor_us"]["lookup_vs_call"] > 0
+
+
+def test_another_actor_cannot_stop_a_mesh_it_neither_owns_nor_spawned() -> None:
+    async def body() -> None:
+        tree = Supervisor("top", children=[Worker("svc", Spawner), Worker("f", Finder)])
+        async with otpmesh.start(tree) as app:
+            with pytest.raises(otpmesh.ActorError, match="may be stopped only by its owner"):
+                await app.actor("top/f").stop_found("top/svc/kids")
+            kids = await app.actor("top/svc").kids()
+            assert len((await kids.who()).values()) == 2  # still running
+            procs = await app.actor("top/svc").procs_handle()
+            assert len(procs._id) > 16  # a handle is a capability: its id cannot be guessed
+            await kids.stop()  # the controller may
+
+    run_trio(body)

@@ -6,6 +6,7 @@ starts; the same handlers serve the controller's own calls.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import trio
@@ -20,7 +21,7 @@ from .._runtime import _controller_runtime
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
 from ._app import context, endpoint_names
-from ._owners import STOP_TIMEOUT, check_owner, owners
+from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
 from ._procmesh import ProcMesh, start_procs
 from ._specwire import spec_from_wire, spec_to_wire
 from ._subtree import OwnedTree, start_owned
@@ -35,8 +36,9 @@ class Subtree:
     by path (the owner's path, then the spec's ids: ``service/2/replicas``), valid across
     restarts, and ``stop()``."""
 
-    def __init__(self, root: str, refs: dict[str, ActorRef | ActorMesh]) -> None:
+    def __init__(self, root: str, key: str, refs: dict[str, ActorRef | ActorMesh]) -> None:
         self.root = root
+        self._key = key  # what stop() shows the controller: only its holder may stop it
         self._refs = refs
 
     @property
@@ -58,7 +60,7 @@ class Subtree:
 
     async def stop(self) -> None:
         """Stop it now, in OTP order (it is stopped with its owner anyway)."""
-        await ask_controller("subtree_stop", {"root": self.root})
+        await ask_controller("subtree_stop", {"key": self._key})
 
     def __repr__(self) -> str:
         return f"Subtree({self.root!r})"
@@ -68,7 +70,7 @@ async def _start_subtree(owner: str, spec: Any) -> Subtree:
     if not isinstance(spec, Supervisor | Mesh):
         raise TypeError(f"context().start needs a Supervisor or Mesh spec, not {spec!r}")
     answer = await ask_controller("subtree_start", {"owner": owner, "spec": spec_to_wire(spec)})
-    return Subtree(answer["root"], answer["refs"])
+    return Subtree(answer["root"], answer["key"], answer["refs"])
 
 
 set_start_hook(_start_subtree)
@@ -139,6 +141,7 @@ class Service:
             raise MeshError("spawn names its actor class by import path")
         args, kwargs = list(p.get("args", [])), dict(p.get("kwargs", {}))
         supervision = p.get("supervision")
+        mesh._spawners[p["name"]] = proc_of(self.rt, conn)
         if supervision is None:
             return await mesh.spawn(p["name"], p["cls"], *args, **kwargs)
         strategy, restart, intensity, period = supervision
@@ -161,6 +164,12 @@ class Service:
         for mesh in list(self.owners.meshes.values()):
             name = mesh._mesh_named(path)
             if name is not None:
+                asker = proc_of(self.rt, conn)
+                if asker is not None and not mesh._may_stop(name, asker):
+                    raise MeshError(
+                        f"{path} may be stopped only by its owner's process or the one that "
+                        "spawned it"
+                    )
                 await mesh._stop_mesh(name)
                 return
         if self._tree_with(path) is not None:
@@ -175,7 +184,8 @@ class Service:
         if not isinstance(spec, Supervisor | Mesh):
             raise MeshError("an owned subtree's root is a Supervisor or a Mesh")
         tree = await start_owned(self.rt, spec, owner)
-        self.subtrees[tree.label] = tree
+        key = secrets.token_hex(16)
+        self.subtrees[key] = tree
         assert tree.app is not None
         refs: dict[str, ActorRef | ActorMesh] = {}
         for path, node in walk(spec, owner or ""):
@@ -183,12 +193,12 @@ class Service:
                 refs[path] = tree.app.actor(path)
             elif isinstance(node, Mesh):
                 refs[path] = tree.app.mesh(path)
-        return {"root": tree.label, "refs": refs}
+        return {"root": tree.label, "key": key, "refs": refs}
 
     async def subtree_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
-        tree = self.subtrees.pop(p.get("root"), None)  # type: ignore[arg-type]
+        tree = self.subtrees.pop(p.get("key"), None)  # type: ignore[arg-type]
         if tree is None:
-            raise MeshError(f"no running subtree {p.get('root')!r} (already stopped?)")
+            raise MeshError("no such running subtree (already stopped?)")
         self.owners.discard(tree.owner, tree)
         await tree.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 from typing import Any, Protocol
 
 import trio
@@ -59,7 +60,9 @@ class Owners:
         await self._quiet.wait()
 
     def new_id(self) -> str:
-        return f"pm{next(self._ids)}"
+        """A proc mesh's id: its handle is a capability (whoever was given it may spawn on it
+        or stop it), so the id cannot be guessed."""
+        return f"pm{next(self._ids)}-{secrets.token_hex(8)}"
 
     def add(self, owner: str | None, thing: Owned) -> None:
         """Link `thing` to the actor at path `owner` (None: the controller's own, kept until

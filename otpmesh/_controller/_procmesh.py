@@ -48,6 +48,7 @@ class ProcMesh:
         self._meshes: dict[str, ActorMesh] = {}
         self._apps: dict[str, OwnedTree] = {}
         self._views: dict[tuple[Any, ...], ProcMesh] = {}
+        self._spawners: dict[str, Proc | None] = {}  # which process asked for each actor mesh
         self._stopping = trio.Event()
         self.owner = owner
         registry = owners(rt)
@@ -99,6 +100,12 @@ class ProcMesh:
             if path.startswith(mesh.name + "/") and path in mesh.paths:
                 return mesh[mesh.paths.index(path)]
         return None
+
+    def _may_stop(self, name: str, asker: Proc) -> bool:
+        """Whether the worker `asker` may stop the actor mesh `name`: it hosts this proc mesh's
+        owner, or it asked for the mesh."""
+        owner_there = self.owner is not None and self.owner in asker.names
+        return owner_there or self._spawners.get(name) is asker
 
     def _stopped_on_purpose(self, name: str) -> bool:
         return self.stopped or name not in self._meshes
