@@ -39,13 +39,7 @@ class Owner(BenchActor):
 
     @otpmesh.endpoint
     async def owned_mesh_to_first_reply(self, procs: int) -> float:
-        started = time.perf_counter()
-        mesh_procs = await otpmesh.proc_mesh(procs=procs)
-        mesh = await mesh_procs.spawn("m", BenchActor)
-        await mesh[0].echo(0)
-        elapsed = time.perf_counter() - started
-        await mesh_procs.stop()
-        return elapsed
+        return await mesh_to_first_reply(procs)  # in an actor: the mesh is this actor's
 
     @otpmesh.endpoint
     async def replica(self) -> otpmesh.ActorRef:
@@ -92,7 +86,8 @@ async def _sigkill_to_reply(ref: otpmesh.ActorRef, n: int) -> list[float]:
     return samples
 
 
-async def _controller_mesh_to_first_reply(procs: int) -> float:
+async def mesh_to_first_reply(procs: int) -> float:
+    """Seconds from asking for a proc mesh of `procs` to its first actor's first reply."""
     started = time.perf_counter()
     mesh_procs = await otpmesh.proc_mesh(procs=procs)
     mesh = await mesh_procs.spawn("m", BenchActor)
@@ -111,10 +106,10 @@ async def owned_benchmark(trials: int = 5, kills: int = 10, lookups: int = 200) 
     )
     async with otpmesh.start(tree) as app:
         owner, top = app.actor("b/svc"), app.actor("b/top")
-        await _controller_mesh_to_first_reply(4)  # warm: the fork server's first forks
+        await mesh_to_first_reply(4)  # warm: the fork server's first forks
         controller, owned = [], []
         for _ in range(trials):  # interleaved, so load drifts hit both alike
-            controller.append(await _controller_mesh_to_first_reply(4))
+            controller.append(await mesh_to_first_reply(4))
             owned.append(await owner.owned_mesh_to_first_reply(4))
         replica = await owner.replica()
         level3 = await _sigkill_to_reply(replica, kills)
