@@ -25,12 +25,7 @@ from .._wire import _codec, _secret
 from .._wire._accepting import Acceptor
 from .._wire._addresses import bind, bind_tcp, listen_address, tcp_address
 from .._wire._codec import PendingTensor
-from .._wire._connection import (
-    Connection,
-    accept,
-    dial,
-    peer_credentials,
-)
+from .._wire._connection import Connection
 from .._wire._frames import (
     CALL,
     CANCEL,
@@ -43,6 +38,8 @@ from .._wire._frames import (
     decode_frame,
     remote_error,
 )
+from .._wire._handshake import accept, dial
+from .._wire._peercred import peer_credentials
 from .._wire._refusals import RefusalLog
 from .._wire._unproven import PER_LISTENER, Unproven
 from ._calls import CallGroup

@@ -75,7 +75,7 @@ from ._arrays import (
 )
 from ._arrays import inline as inline_array
 from ._brief import brief
-from ._connection import MAX_FRAME_SIZE
+from ._framing import MAX_FRAME_SIZE
 
 EXT_TENSOR = 1
 EXT_ACTOR_REF = 2
