@@ -24,7 +24,6 @@ from .._core._errors import ActorDiedError, ProtocolError
 from .._wire import _codec, _secret
 from .._wire._accepting import Acceptor
 from .._wire._addresses import bind, bind_tcp, listen_address, tcp_address
-from .._wire._codec import PendingTensor
 from .._wire._connection import Connection
 from .._wire._frames import (
     CALL,
@@ -41,6 +40,7 @@ from .._wire._frames import (
 from .._wire._handshake import accept, dial
 from .._wire._peercred import peer_credentials
 from .._wire._refusals import RefusalLog
+from .._wire._tensors import PendingTensor
 from .._wire._unproven import PER_LISTENER, Unproven
 from ._calls import CallGroup
 from ._cell import ActorCell

@@ -28,6 +28,7 @@ from .._wire._frames import (
     _call_body,
     _pack_uint,
 )
+from .._wire._tensors import Offer
 from . import _chain, _fanout
 from ._calls import CallGroup
 from ._channel import TensorChannel
@@ -63,7 +64,7 @@ class Outgoing:
     _conns: dict[str, Connection]
     channel: TensorChannel | None
 
-    def offer(self, collect: list[int] | None) -> _codec.Offer | None:
+    def offer(self, collect: list[int] | None) -> Offer | None:
         """What ``pack`` offers large tensors to: this node's channel (the buffer ids go to
         `collect`, for the sender to drop), or None when it has none (they go inline)."""
         if self.channel is None:
