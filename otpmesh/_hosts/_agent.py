@@ -33,8 +33,8 @@ import trio
 
 from .._core._dumpable import make_undumpable
 from .._core._errors import ProtocolError
-from .._node._fanout import Relay
 from .._node._node import Node
+from .._node._relay import Relay
 from .._runtime._forkclient import (
     BeatReader,
     ForkServer,

@@ -42,11 +42,11 @@ from .._wire._peercred import peer_credentials
 from .._wire._refusals import RefusalLog
 from .._wire._tensors import PendingTensor
 from .._wire._unproven import PER_LISTENER, Unproven
-from ._calls import CallGroup
+from ._calls import CallGroup, ReplyTo
 from ._cell import ActorCell
 from ._channel import TensorChannel
 from ._faults import LinkFaults
-from ._outgoing import Outgoing, ReplyTo
+from ._outgoing import Outgoing
 
 log = logging.getLogger("otpmesh.node")
 
