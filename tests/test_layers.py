@@ -8,8 +8,9 @@ Layers, lowest first (docs/architecture.md):
 bench_hosts, testing; the command line sits above them.)
 
 A module may import its own layer and the layers below it, never above. The core imports
-neither trio nor sockets (nor msgpack): it is pure. Imports under ``if TYPE_CHECKING:`` are
-for the type checker only and do not count. Function-level (lazy) imports count.
+neither trio nor sockets (nor msgpack): it is pure. Every import counts: function-level (lazy)
+ones, and those under ``if TYPE_CHECKING:`` too (a cycle the type checker needs is still a
+cycle in the design).
 """
 
 from __future__ import annotations
@@ -38,17 +39,11 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path) -> list[tuple[int, str]]:
-    """(line, imported module or name) for every import in `path`, outside TYPE_CHECKING."""
+    """(line, imported module or name) for every import in `path`, TYPE_CHECKING ones included."""
     tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(sub) for sub in ast.walk(node))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
