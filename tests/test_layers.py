@@ -167,10 +167,14 @@ def test_there_is_no_import_cycle() -> None:
 
 def test_the_checks_catch_what_they_claim_to(tmp_path: Path) -> None:
     """The layer rule, run on a made-up module of the core that imports trio and the
-    controller, names both offending imports."""
+    controller, and the hosts for the type checker only, names all three offending imports."""
     fake = tmp_path / "fake.py"
-    fake.write_text("import trio\nfrom .._controller._app import App\n")
+    fake.write_text(
+        "import trio\nfrom .._controller._app import App\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from .._hosts._agent import Agent\n"
+    )
     found = _imports("otpmesh._core.fake", fake)
     assert (1, "trio") in found
     assert (2, "otpmesh._controller._app.App") in found
+    assert (5, "otpmesh._hosts._agent.Agent") in found
     assert _rank(_layer("otpmesh._controller._app") or "public") > _rank("_core")
