@@ -38,24 +38,24 @@ def _value_mesh_from(data: Any) -> ValueMesh[Any]:
     return ValueMesh(_payloads.mesh_shape(shape, len(values), "value mesh"), values)
 
 
-ACTOR_CRASH = CoreValue(
+def _fields(kind: type, name: str, types: Any, to_data: Callable[[Any], Any]) -> CoreValue:
+    """A value that travels as a fixed list of fields of these `types`, built by `kind(*fields)`."""
+    return CoreValue(
+        kind,
+        to_data,
+        lambda d: kind(*_payloads.fields(d, name, types)),
+        partial(_payloads.fields_problem, types=types),
+    )
+
+
+ACTOR_CRASH = _fields(
     ActorCrash,
+    "actor crash",
+    _CRASH_FIELDS,
     lambda c: [c.type_name, c.message, c.traceback, c.endpoint],
-    lambda d: ActorCrash(*_payloads.fields(d, "actor crash", _CRASH_FIELDS)),
-    partial(_payloads.fields_problem, types=_CRASH_FIELDS),
 )
-PROCESS_EXIT = CoreValue(
-    ProcessExit,
-    lambda p: [p.pid, p.how],
-    lambda d: ProcessExit(*_payloads.fields(d, "process exit", _EXIT_FIELDS)),
-    partial(_payloads.fields_problem, types=_EXIT_FIELDS),
-)
-HUNG = CoreValue(
-    Hung,
-    lambda h: [h.endpoint, h.seconds, h.how, h.stacks],
-    lambda d: Hung(*_payloads.fields(d, "hung", _HUNG_FIELDS)),
-    partial(_payloads.fields_problem, types=_HUNG_FIELDS),
-)
+PROCESS_EXIT = _fields(ProcessExit, "process exit", _EXIT_FIELDS, lambda p: [p.pid, p.how])
+HUNG = _fields(Hung, "hung", _HUNG_FIELDS, lambda h: [h.endpoint, h.seconds, h.how, h.stacks])
 VALUE_MESH = CoreValue(
     ValueMesh,
     lambda vm: [list(vm.shape.items()), vm.values()],
