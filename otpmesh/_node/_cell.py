@@ -17,8 +17,7 @@ from .._core._reasons import KILLED
 from . import _chain
 
 if TYPE_CHECKING:
-    from ._node import Node
-    from ._outgoing import ReplyTo
+    from ._calls import Replier, ReplyTo
 
 log = logging.getLogger("otpmesh.actor")
 
@@ -59,7 +58,7 @@ class ActorCell:
 
     def __init__(
         self,
-        node: Node,
+        node: Replier,
         ctx: ActorContext,
         incarnation: int,
         instance: Any,

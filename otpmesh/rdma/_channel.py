@@ -36,9 +36,9 @@ from .._core._errors import ProtocolError
 from .._core._valuemesh import ValueMesh
 from .._node._node import Node
 from .._wire._arrays import VIEW_FORMATS, array_dtype, array_numel
-from .._wire._codec import PendingTensor
 from .._wire._connection import Connection
 from .._wire._frames import ERR, OK, remote_error
+from .._wire._tensors import PendingTensor
 from ._backend import Region
 from ._buffer import RDMABuffer
 from ._error import RDMAError
