@@ -22,6 +22,7 @@ from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
+from .._runtime._liveness import proc_state
 from ._owners import owners
 from ._slotenv import slot_env, visible_gpus
 
@@ -171,6 +172,12 @@ class ProcsPlacement:
         if proc is None or proc.conn is None or not proc.alive:
             return ProcessExit(proc.pid if proc else 0, (proc and proc.exit_reason) or "is gone")
         seconds, brutal = _timeout(shutdown)
+        if proc.host is None and proc_state(proc.pid) in ("T", "t"):
+            # Stopped (SIGSTOP, a debugger): it cannot run on_stop or answer; waiting for it
+            # would only wait out the shutdown timeout. Killed at once, as a brutal kill is.
+            self._rt.kill(proc)
+            await proc.exited.wait()
+            return KILLED
         request = {
             "id": slot.actor_id,
             "incarnation": incarnation,
