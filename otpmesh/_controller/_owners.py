@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._core._actor import current_path
 from .._core._errors import MeshError
 from .._runtime._controller_runtime import Proc, Runtime
 from .._wire._connection import Connection
@@ -140,7 +141,9 @@ def check_owner(rt: Runtime, conn: Connection | None, owner: object) -> str | No
         raise MeshError(f"an owner is an actor path, not {owner!r}")
     proc = proc_of(rt, conn)
     if proc is None:
-        if owner not in rt.node.actors:
+        # An actor placed in the controller (placement="local") asks from its own task, and
+        # is not listed as running until its on_start, where it may start a subtree, is done.
+        if owner not in rt.node.actors and current_path() != owner:
             raise MeshError(f"{owner} is not an actor of the controller process")
     elif owner not in proc.names:
         raise MeshError(f"{owner} is not an actor of the process that asked")

@@ -15,15 +15,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._simulate import Advance as Advance
-from ._simulate import Call as Call
-from ._simulate import Crash as Crash
 from ._simulate import Simulation as Simulation
-from ._simulate import StartOutcome as StartOutcome
-from ._simulate import Step as Step
-from ._simulate import StopSupervisor as StopSupervisor
-from ._simulate import TraceEntry as TraceEntry
 from ._simulate import simulate as simulate
+from ._steps import Advance as Advance
+from ._steps import Call as Call
+from ._steps import Crash as Crash
+from ._steps import StartOutcome as StartOutcome
+from ._steps import Step as Step
+from ._steps import StopSupervisor as StopSupervisor
+from ._steps import TraceEntry as TraceEntry
 
 if TYPE_CHECKING:
     from ._machine import FAULTS as FAULTS

@@ -34,7 +34,7 @@ from .._core._spec import (
     Worker,
     walk,
 )
-from ._simulate import Advance, Call, Crash, Step, StopSupervisor
+from ._steps import Advance, Call, Crash, Step, StopSupervisor
 
 OTP_STRATEGIES: tuple[Strategy, ...] = (ONE_FOR_ONE, ONE_FOR_ALL, REST_FOR_ONE)
 #: Exit reasons a fault may carry: normal ones, and abnormal ones.
