@@ -296,6 +296,8 @@ class SupervisionMachine(RuleBasedStateMachine):
             outcome.append(f"{type(exc).__name__}: {exc}")
 
     async def _call(self, path: str) -> object:
+        if self._runner.holder(path) is None:  # an owned path whose owner runs no subtree now
+            raise ActorDiedError(path, "no running subtree has it", delivered=False)
         endpoint = self.app.actor(path).endpoint(self.call_endpoint)
         return await endpoint.with_timeout(self.call_timeout)()
 
