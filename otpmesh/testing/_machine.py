@@ -239,8 +239,8 @@ class SupervisionMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------- trio side
 
     async def _inject(self, path: str, fault: str, expect_exit: bool) -> str:
-        if self._runner.gone():
-            return f"{fault} {path}: skipped, the app has ended"
+        if self._runner.gone() or self._runner.holder(path) is None:
+            return f"{fault} {path}: skipped, the app (or the subtree that had it) has ended"
         self._mark_time()
         with trio.fail_after(self.settle_timeout):
             incarnation = self._runner.incarnation(path)
