@@ -15,12 +15,12 @@ from .._core._actor import set_start_hook
 from .._core._errors import MeshError
 from .._core._shape import check_shape
 from .._core._spec import Mesh, Restart, Strategy, Supervisor, Worker, walk
-from .._node._ask import ask_controller
+from .._node._ask import ask_controller, in_controller
 from .._node._mesh import ActorMesh, ActorRef
 from .._runtime import _controller_runtime
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
-from ._app import context, endpoint_names
+from ._app import PlacementName, context, endpoint_names
 from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
 from ._procmesh import ProcMesh, start_procs
 from ._specwire import spec_from_wire, spec_to_wire
@@ -69,7 +69,10 @@ class Subtree:
 async def _start_subtree(owner: str, spec: Any) -> Subtree:
     if not isinstance(spec, Supervisor | Mesh):
         raise TypeError(f"context().start needs a Supervisor or Mesh spec, not {spec!r}")
-    answer = await ask_controller("subtree_start", {"owner": owner, "spec": spec_to_wire(spec)})
+    # In the controller (placement="local") the spec is not sent: its classes are used as they
+    # are, which also serves classes no import path reaches (a test's, a notebook's).
+    sent = spec if in_controller() else spec_to_wire(spec)
+    answer = await ask_controller("subtree_start", {"owner": owner, "spec": sent})
     return Subtree(answer["root"], answer["key"], answer["refs"])
 
 
@@ -180,10 +183,14 @@ class Service:
 
     async def subtree_start(self, conn: Connection | None, p: dict[str, Any]) -> dict[str, Any]:
         owner = check_owner(self.rt, conn, p.get("owner"))
-        spec = spec_from_wire(p["spec"])
+        local = conn is None and isinstance(p["spec"], Supervisor | Mesh)
+        spec = p["spec"] if local else spec_from_wire(p["spec"])
         if not isinstance(spec, Supervisor | Mesh):
             raise MeshError("an owned subtree's root is a Supervisor or a Mesh")
-        tree = await start_owned(self.rt, spec, owner)
+        # An owner in the controller process (a placement="local" app) keeps its subtree
+        # in-process too: one process, and a MockClock drives every level.
+        placement: PlacementName = "local" if conn is None and owner is not None else "procs"
+        tree = await start_owned(self.rt, spec, owner, placement)
         key = secrets.token_hex(16)
         self.subtrees[key] = tree
         assert tree.app is not None

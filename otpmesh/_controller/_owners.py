@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._core._actor import current_path
 from .._core._errors import MeshError
 from .._runtime._controller_runtime import Proc, Runtime
 from .._wire._connection import Connection
@@ -142,7 +143,11 @@ def check_owner(rt: Runtime, conn: Connection | None, owner: object) -> str | No
     if not isinstance(owner, str) or not owner:
         raise MeshError(f"an owner is an actor path, not {owner!r}")
     proc = proc_of(rt, conn)
-    # The controller's own actors (placement="local") ask in-process: nothing to check.
-    if proc is not None and owner not in proc.names:
+    if proc is None:
+        # An actor placed in the controller (placement="local") asks from its own task, and
+        # is not listed as running until its on_start, where it may start a subtree, is done.
+        if owner not in rt.node.actors and current_path() != owner:
+            raise MeshError(f"{owner} is not an actor of the controller process")
+    elif owner not in proc.names:
         raise MeshError(f"{owner} is not an actor of the process that asked")
     return owner

@@ -11,7 +11,8 @@ from typing import Any
 import trio
 
 from .._core._errors import ChildError, SupervisorError
-from .._core._exits import ActorCrash, describe
+from .._core._exits import ActorCrash
+from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._core._supervisor import ChildInfo
@@ -339,37 +340,17 @@ class TreeContext:
         """The root stopped by itself: gave up (a failure), or auto-shutdown (a normal end)."""
         if self.stopping:
             return
-        gave_up = any(
-            e.path == self.root.path
-            and e.kind in (LogKind.RESTART_INTENSITY_REACHED, LogKind.ESCALATED)
-            for e in self.events
-        )
-        if gave_up or not is_normal_exit(reason):
+        run = root_run(self.events, self.root.path, self.specs.__contains__)
+        if gave_up(run, self.root.path) or not is_normal_exit(reason):
             self.root_failure = reason
         if self.body_scope is not None:
             self.body_scope.cancel()
 
     def failure(self) -> SupervisorError:
-        """The error that says why the root gave up: which supervisor, and the last exits."""
-        reached = self.events.of_kind(LogKind.RESTART_INTENSITY_REACHED)
-        # The last supervisor to reach its intensity is the one whose giving up stopped the
-        # root (a nested one that gave up first was a restart of its parent's, which then
-        # reached its own); its children's exits are what caused it.
-        blamed = reached[-1].path if reached else self.root.path
-        exits = [
-            e
-            for e in self.events
-            if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED) and e.path == blamed
-        ]
-        last = "; ".join(f"{e.child_path} {describe(e.reason)}" for e in exits[-3:])
-        if reached:
-            where = reached[-1]
-            sup = self.spec(where.path)
-            limit = f"{getattr(sup, 'intensity', '?')} restarts in {getattr(sup, 'period', '?')} s"
-            head = f"supervisor {where.path} reached its restart intensity ({limit})"
-        else:
-            head = f"supervisor {self.root.path} exited: {describe(self.root_failure)}"
-        return SupervisorError(head + (f"; last exits: {last}" if last else ""), self.root_failure)
+        """The error that says why the root gave up: which supervisor, and the last exits (of
+        this tree's supervisors only: an owned subtree shares the log, _giveup.py)."""
+        run = root_run(self.events, self.root.path, self.specs.__contains__)
+        return give_up_error(run, self.root.path, self.root_failure, self.spec)
 
     def worker_paths(self) -> list[str]:
         """Every actor path of the tree (workers, and mesh members), in a fixed order."""
