@@ -131,6 +131,11 @@ def encode_tensor(original: Any, how: Packing) -> bytes | Channelled:
     if t.layout is not sys.modules["torch"].strided:
         raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
     t = t.detach()
+    if t.device.type == "meta":
+        raise EncodeError(
+            f"cannot send a meta tensor (shape {list(t.shape)}, {t.dtype}): it has no data; "
+            "materialize it first (torch.empty_like(t, device='cpu')), or send its shape and dtype"
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
