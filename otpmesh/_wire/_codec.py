@@ -58,6 +58,7 @@ from ._brief import brief
 from ._corevalues import CoreValue
 from ._framing import MAX_FRAME_SIZE
 from ._tensors import (
+    AUTOGRAD_FLAGS,
     CHANNEL_THRESHOLD,
     PLAIN,
     Blob,
@@ -65,12 +66,14 @@ from ._tensors import (
     Offer,
     Packing,
     PendingTensor,
+    autograd_flag,
     decode_tensor,
     encode_array,
     encode_blob,
     encode_tensor,
     lift,
     pending_buffer,
+    with_autograd,
 )
 
 EXT_TENSOR = 1
@@ -87,6 +90,7 @@ EXT_CHANNEL_BUFFER = 11
 EXT_HUNG = 12
 EXT_PROC_MESH = 13
 EXT_MESH_FAILURE = 14
+EXT_AUTOGRAD = 15
 
 #: How many extension values may nest inside one another (see the module docstring). Each level
 #: is one more msgpack call on the C stack, so the limit is what keeps the stack bounded. Measured
@@ -166,6 +170,9 @@ def _default(level: int, how: Packing, obj: Any) -> Any:
                 )
         return msgpack.ExtType(code, _pack(data, level + 1, how))
     if kind is PendingTensor:  # relayed as it came: its reader fetches it from its owner
+        if obj.form is None and obj.autograd is not None:
+            channelled = _channelled(EXT_CHANNEL_TENSOR, obj.handle, level + 1)
+            return _autograd(obj.autograd, channelled, level)
         if obj.form is None:
             return _channelled(EXT_CHANNEL_TENSOR, obj.handle, level)
         return _channelled(EXT_CHANNEL_BUFFER, [obj.form, obj.handle], level)
@@ -180,10 +187,14 @@ def _default(level: int, how: Packing, obj: Any) -> Any:
     if torch is not None and isinstance(obj, torch.Tensor):
         if level >= MAX_NESTING:
             raise _too_deep()
+        flag = autograd_flag(obj)
+        inner = level if flag is None else level + 1
         tensor = encode_tensor(obj, how)
         if isinstance(tensor, Channelled):
-            return _channelled(EXT_CHANNEL_TENSOR, tensor.data, level)
-        return msgpack.ExtType(EXT_TENSOR, tensor)
+            value = _channelled(EXT_CHANNEL_TENSOR, tensor.data, inner)
+        else:
+            value = msgpack.ExtType(EXT_TENSOR, tensor)
+        return value if flag is None else _autograd(flag, value, level)
     numpy = sys.modules.get("numpy")  # never imported here: only a sender that has it has arrays
     if numpy is not None and isinstance(obj, numpy.ndarray):
         if level >= MAX_NESTING:
@@ -204,6 +215,13 @@ def _default(level: int, how: Packing, obj: Any) -> Any:
         "messages carry msgpack data, tuples, torch tensors, numpy arrays and actor refs (never "
         "pickle)"
     )
+
+
+def _autograd(flag: str, tensor: msgpack.ExtType, level: int) -> msgpack.ExtType:
+    """A tensor's extension value wrapped with its autograd flag (AUTOGRAD_FLAGS)."""
+    if level + 1 >= MAX_NESTING:
+        raise _too_deep()
+    return msgpack.ExtType(EXT_AUTOGRAD, _pack([flag, tensor], level + 1, PLAIN))
 
 
 def _channelled(code: int, data: Any, level: int) -> msgpack.ExtType:
@@ -233,6 +251,20 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
         placeholder = PendingTensor(handle)
         pending.append(placeholder)
         return placeholder
+    if code == EXT_AUTOGRAD:
+        wrapped = _unpack(data, level + 1, pending)
+        if type(wrapped) is not list or len(wrapped) != 2:
+            raise ProtocolError(f"malformed autograd tensor payload: {brief(wrapped)}")
+        flag, tensor = wrapped
+        if type(flag) is not str or flag not in AUTOGRAD_FLAGS:
+            raise ProtocolError(f"unknown autograd flag {brief(flag)}")
+        if isinstance(tensor, PendingTensor) and tensor.form is None:
+            tensor.autograd = flag  # applied by the channel once it has read the values
+            return tensor
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(tensor, torch.Tensor):
+            raise ProtocolError(f"an autograd flag around a {type(tensor).__name__}, not a tensor")
+        return with_autograd(tensor, flag)
     if code == EXT_ARRAY:
         return decode_array(data)
     if code == EXT_CHANNEL_BUFFER:

@@ -56,11 +56,36 @@ class PendingTensor:
     form of a channel buffer, see _codec.py's docstring). Packed again (a host agent relaying a
     reply), it travels as it came."""
 
-    __slots__ = ("form", "handle")
+    __slots__ = ("autograd", "form", "handle")
 
     def __init__(self, handle: Any, form: Any = None) -> None:
         self.handle = handle
         self.form = form
+        self.autograd: str | None = None  # a tensor's autograd flag, applied once it is read
+
+
+#: What a tensor's autograd state travels as (EXT_AUTOGRAD around the tensor): it requires grad,
+#: it is an ``nn.Parameter`` (that does, or does not). The values travel, never the history.
+AUTOGRAD_FLAGS = ("grad", "param", "param-frozen")
+
+
+def autograd_flag(t: Any) -> str | None:
+    """How `t` must arrive besides its values: None for a plain tensor (the usual case)."""
+    if isinstance(t, sys.modules["torch"].nn.Parameter):
+        return "param" if t.requires_grad else "param-frozen"
+    return "grad" if t.requires_grad else None
+
+
+def with_autograd(t: Any, flag: str | None) -> Any:
+    """The received tensor `t` as its sender had it: requiring grad, or an ``nn.Parameter``
+    (`flag` None: as it is)."""
+    import torch
+
+    if flag is None:
+        return t
+    if flag == "grad":
+        return t.requires_grad_(True)
+    return torch.nn.Parameter(t, requires_grad=flag == "param")
 
 
 class Channelled(NamedTuple):
