@@ -280,8 +280,9 @@ class Forger(otpmesh.Actor):
         before the connection closed: 'nothing', or how many bytes came first."""
         from otpmesh._node._node import current_node
         from otpmesh._wire import _codec
-        from otpmesh._wire._connection import dial, frame_header, recv_some, send_all
         from otpmesh._wire._frames import HELLO
+        from otpmesh._wire._framing import frame_header
+        from otpmesh._wire._handshake import dial, recv_some, send_all
 
         node = current_node()
         assert node is not None

@@ -20,6 +20,8 @@ EXPECTED = {
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
     "SupervisorError",
+    # actors that own meshes
+    "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
     # hosts past this one
     "Cluster", "cluster",
     # meshes that are process groups
@@ -28,7 +30,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "testing", "chaos", "rdma",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "testing",
+    "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 

@@ -18,8 +18,7 @@ from . import _chain
 from ._aioloop import asyncio_thread
 
 if TYPE_CHECKING:
-    from ._node import Node
-    from ._outgoing import ReplyTo
+    from ._calls import Replier, ReplyTo
 
 log = logging.getLogger("otpmesh.actor")
 
@@ -61,7 +60,7 @@ class ActorCell:
 
     def __init__(
         self,
-        node: Node,
+        node: Replier,
         ctx: ActorContext,
         incarnation: int,
         instance: Any,

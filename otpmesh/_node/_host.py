@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from .._core._actor import ASYNCIO, Actor, ActorContext, runs_on, set_context
+from .._core._actor import ASYNCIO, MAIN_ALIAS, Actor, ActorContext, runs_on, served, set_context
 from .._core._errors import SpawnError
 from .._core._exits import Ignore
 from .._core._reasons import NOPROC
@@ -21,7 +21,6 @@ from ._aioloop import asyncio_thread
 from ._cell import ActorCell
 from ._node import Node
 
-_MAIN_ALIAS = "__otpmesh_main__"
 STARTED = "started"
 IGNORED = "ignored"
 
@@ -33,15 +32,15 @@ def import_class(path: str, main_path: str | None) -> type[Actor]:
     """Import an actor class by 'module:QualName' (the controller's __main__ by file path)."""
     module_name, _, qualname = path.partition(":")
     if module_name == "__main__":
-        module = sys.modules.get(_MAIN_ALIAS)
+        module = sys.modules.get(MAIN_ALIAS)
         if module is None:
             if not main_path:
                 raise SpawnError(f"{path}: the controller's __main__ has no file to import from")
-            spec = importlib.util.spec_from_file_location(_MAIN_ALIAS, main_path)
+            spec = importlib.util.spec_from_file_location(MAIN_ALIAS, main_path)
             if spec is None or spec.loader is None:
                 raise SpawnError(f"cannot import the controller's main file {main_path}")
             module = importlib.util.module_from_spec(spec)
-            sys.modules[_MAIN_ALIAS] = module
+            sys.modules[MAIN_ALIAS] = module
             spec.loader.exec_module(module)
     else:
         module = importlib.import_module(module_name)
@@ -102,7 +101,7 @@ class ActorHost:
             ctx,
             p.get("incarnation", 1),
             instance,
-            cls.endpoints(),
+            served(cls),
             self._exited,
             self._exiting,
             progress_deadline=p.get("progress_deadline"),

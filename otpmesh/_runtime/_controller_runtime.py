@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -127,6 +128,11 @@ class Proc:
         return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
 
 
+#: What the layers above serve from the controller's node (registered when they are imported):
+#: each is called with every new runtime.
+SERVICES: list[Callable[[Runtime], None]] = []
+
+
 class Runtime:
     """Everything the controller owns for one trio run."""
 
@@ -153,8 +159,14 @@ class Runtime:
         self._next_proc = 0
         # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
         self.exit_listeners: dict[str, ExitListener] = {}
+        #: Told of every actor exit after its listener (what an actor owned is stopped with it).
+        self.exit_hooks: list[Callable[[str, int, object], None]] = []
         self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
+        #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
+        self.owners: Any = None
+        for install in SERVICES:
+            install(self)
 
     def _is_worker(self, pid: int) -> bool:
         """Whether `pid` is one of this app's workers on this host: a child of its fork server
@@ -483,6 +495,11 @@ class Runtime:
             listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
             log.warning("%s exited: %s", path, describe(reason))
+        self.exited_hooks(path, incarnation, reason)
+
+    def exited_hooks(self, path: str, incarnation: int, reason: object) -> None:
+        for hook in self.exit_hooks:
+            hook(path, incarnation, reason)
 
 
 def _hello_refusal(proc: Proc | None, payload: Any) -> str | None:

@@ -18,8 +18,9 @@ from .._core._reasons import SHUTDOWN
 from .._node._host import ActorHost
 from .._node._node import Node, set_current_node
 from .._wire import _codec
-from .._wire._connection import Connection, dial
+from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
+from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from ._watchdog import Watchdog
