@@ -168,6 +168,7 @@ async def _serve(watched: Watched) -> None:
 
 def _answering(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)  # a full backlog would block a plain connect
         try:
             probe.connect(str(path))
         except OSError:
