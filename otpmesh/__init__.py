@@ -10,6 +10,8 @@ from . import chaos as chaos
 from . import launchers as launchers
 from ._controller._app import App as App
 from ._controller._app import start as start
+from ._controller._background import BackgroundApp as BackgroundApp
+from ._controller._background import start_background as start_background
 from ._controller._events import EventLog as EventLog
 from ._controller._inspect import Stacks as Stacks
 from ._controller._owned import Subtree as Subtree
@@ -25,6 +27,7 @@ from ._core._actor import endpoint as endpoint
 from ._core._actor import progress as progress
 from ._core._errors import ActorDiedError as ActorDiedError
 from ._core._errors import ActorError as ActorError
+from ._core._errors import AppStoppedError as AppStoppedError
 from ._core._errors import CallTimeoutError as CallTimeoutError
 from ._core._errors import ChildError as ChildError
 from ._core._errors import DeadlockError as DeadlockError

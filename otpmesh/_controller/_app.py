@@ -30,6 +30,7 @@ from ._owners import owners
 from ._pgroup import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
+from ._watch import watchable
 
 PlacementName = Literal["procs", "local"]
 
@@ -194,7 +195,8 @@ async def run_tree(
     ctx.runtime_node = rt.node
     try:
         with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for
-            async with _collapse(), trio.open_nursery() as nursery:
+            # listed for otpmesh watch (and otpmesh run file.py:main) while it runs
+            async with watchable(ctx), _collapse(), trio.open_nursery() as nursery:
                 ctx.nursery = nursery
                 if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
                     ctx.placement = placement

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._reasons import FAILED_TO_START_CHILD, KILLED, is_normal_exit
+from ._reasons import FAILED_TO_START_CHILD, KILLED, Reported, is_normal_exit
 
 
 class Ignore(Exception):
@@ -91,6 +91,8 @@ def describe(reason: object) -> str:
     """A reason in words, for error messages and logs."""
     if isinstance(reason, ActorCrash | ProcessExit | Hung):
         return str(reason)
+    if isinstance(reason, Reported):
+        return reason.text
     if (
         isinstance(reason, tuple)
         and len(reason) == 2

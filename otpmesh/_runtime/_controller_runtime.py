@@ -26,6 +26,7 @@ from .._core._dumpable import make_undumpable
 from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
+from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
@@ -309,14 +310,14 @@ class Runtime:
             raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
 
     def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
-        main = sys.modules.get("__main__")
         return {
             "controller": controller,
             "proc": proc.proc_id,
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
-            "main": getattr(main, "__file__", None),
+            # Where __main__'s classes come from: its file, or its definitions (_mainmodule.py).
+            **this_main().to_cfg(),
             "heartbeat_interval": HEARTBEAT_INTERVAL,
             # Presented in its HELLO: no other holder of the secret can register as it.
             "token": proc.token,

@@ -16,6 +16,7 @@ from .._core._dumpable import isolate_worker
 from .._core._errors import EncodeError
 from .._core._reasons import SHUTDOWN
 from .._node._host import ActorHost
+from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
 from .._wire._connection import Connection
@@ -68,7 +69,7 @@ class Worker:
             {"spawn_actor", "stop_actor", "shutdown", "inject", "partition"}
         )
         self.host = ActorHost(
-            self.node, self._actor_exited, self._actor_exiting, main_path=cfg.get("main")
+            self.node, self._actor_exited, self._actor_exiting, main=MainModule.from_cfg(cfg)
         )
         self.controller: Connection | None = None
         self._done = trio.Event()
