@@ -43,7 +43,7 @@ from .._node._mesh import Slot
 from .._runtime._controller_runtime import Proc, Runtime
 from .._runtime._pgmember import EPOCH_KEY, GroupJoin
 from .._wire._addresses import tcp_address
-from ._placement import LocalPlacement, Placement, SlotInfo, StartError
+from ._placement import LocalPlacement, Placement, SlotInfo, StartError, spawn_on
 
 log = logging.getLogger("otpmesh.pgroup")
 
@@ -191,7 +191,7 @@ class ProcessGroup:
                 "args": [self.ticket(epoch, rank)],
                 "kwargs": {},
             }
-            await self._rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+            await spawn_on(self._rt, proc, payload)
         except ActorError as exc:
             self._fail(epoch, rank, ActorCrash(exc.type_name, exc.message, exc.traceback))
         except ActorDiedError as exc:

@@ -19,7 +19,7 @@ from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
-from .._node._host import STARTED, ActorHost
+from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
 from ._slotenv import slot_env, visible_gpus
@@ -83,6 +83,17 @@ def _payload(
     }
 
 
+async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
+    """Start an actor in a worker: 'started' or 'ignored'. StartError with the crash when its
+    constructor or on_start raised (the worker answers with it, the user's frames only)."""
+    if proc.conn is None:
+        raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
+    result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+    if isinstance(result, ActorCrash):
+        raise StartError(result)
+    return str(result)
+
+
 def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
     """(seconds or None for infinity, brutal?) of a shutdown spec."""
     if shutdown is Shutdown.BRUTAL_KILL:
@@ -139,16 +150,10 @@ class ProcsPlacement:
         except SpawnError as exc:
             raise StartError(ActorCrash("SpawnError", str(exc))) from exc
         proc = self._procs[path]
-        if proc.conn is None:
-            raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
         proc.named(path)
         try:
-            result = await self._rt.node.sys_call(
-                proc.conn,
-                "spawn_actor",
-                _payload(path, incarnation, actor, args, kwargs, info),
-                path,
-            )
+            payload = _payload(path, incarnation, actor, args, kwargs, info)
+            result = await spawn_on(self._rt, proc, payload)
         except ActorError as exc:
             raise StartError(ActorCrash(exc.type_name, exc.message, exc.traceback)) from exc
         except ActorDiedError as exc:
@@ -236,6 +241,8 @@ class LocalPlacement:
             payload["cls"] = actor
         try:
             result = await self._host.spawn(payload)
+        except StartFailed as exc:
+            raise StartError(exc.crash) from None
         except Exception as exc:
             raise StartError(ActorCrash.of(exc)) from exc
         if result == STARTED:

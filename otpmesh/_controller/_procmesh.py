@@ -9,8 +9,8 @@ from typing import Any
 import trio
 
 from .._core._actor import Actor, class_path
-from .._core._errors import MeshError, SpawnError
-from .._core._exits import describe
+from .._core._errors import ActorError, MeshError, SpawnError
+from .._core._exits import ActorCrash, describe
 from .._core._reasons import is_normal_exit
 from .._core._shape import Shape, all_coords, check_shape
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
@@ -19,7 +19,7 @@ from .._node._mesh import ActorMesh, Slot
 from .._runtime._controller_runtime import Proc, Runtime, runtime
 from ._app import App, start
 from ._events import EventLog
-from ._placement import ProcsPlacement
+from ._placement import ProcsPlacement, StartError, spawn_on
 from ._slotenv import slot_env, visible_gpus
 
 log = logging.getLogger("otpmesh.procmesh")
@@ -47,6 +47,12 @@ class _Unsupervised:
 
     async def resolve(self, path: str) -> dict[str, Any]:
         return {"gone": f"{path} is not supervised and its process is gone"}
+
+
+def _crash_error(path: str, reason: object) -> Exception:
+    if isinstance(reason, ActorCrash):
+        return ActorError(path, reason.type_name, reason.message, reason.traceback)
+    return SpawnError(f"{path}: {describe(reason)}")
 
 
 class ProcMesh:
@@ -107,7 +113,9 @@ class ProcMesh:
             )
             proc.named(slot.actor_id)
             try:
-                await self._rt.node.sys_call(proc.conn, "spawn_actor", body, slot.actor_id)
+                await spawn_on(self._rt, proc, body)
+            except StartError as exc:  # its constructor or on_start raised
+                errors[proc.rank] = _crash_error(slot.actor_id, exc.reason)
             except Exception as exc:
                 errors[proc.rank] = exc
             else:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._actor import ActorContext, EndpointInfo, set_context
-from .._core._exits import ActorCrash, describe
+from .._core._exits import ActorCrash, describe, ended_by
 from .._core._reasons import KILLED
-from . import _chain
+from . import _chain, _raised
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -68,6 +68,7 @@ class ActorCell:
         on_exiting: Callable[[ActorCell], None] | None = None,
         capacity: int = MAILBOX_CAPACITY,
         progress_deadline: float | None = None,
+        passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
     ) -> None:
         self.node = node
         self.ctx = ctx
@@ -76,6 +77,7 @@ class ActorCell:
         self.endpoints = endpoints
         self._on_exit = on_exit
         self._on_exiting = on_exiting
+        self._passing = passing  # what goes on through the actor's code (_raised.py)
         self.send, self._receive = trio.open_memory_channel[Message](capacity)
         self.exit_reason: object = None
         self.exited = False
@@ -194,8 +196,13 @@ class ActorCell:
     async def _call_on_stop(self) -> None:
         try:
             await self.instance.on_stop(self.exit_reason)
-        except Exception as exc:
-            log.error("%s: on_stop raised:\n%s", self.ctx.path, ActorCrash.of(exc).traceback)
+        except BaseException as exc:  # the actor ends with its reason either way
+            passing, raised = _raised.split(exc, self._passing)
+            if raised is not None:
+                crash = ActorCrash.of(raised)
+                log.error("%s: on_stop raised:\n%s", self.ctx.path, crash.traceback)
+            if passing is not None:
+                raise passing from None
 
     async def _serve_batch(self) -> bool:
         """Handle what is queued (at least one message); return False when the actor is done."""
@@ -241,10 +248,11 @@ class ActorCell:
         token = _chain.CHAIN.set((*chain, self.ctx.path))
         try:
             return await self._handle(method, args, kwargs, reply)
-        except trio.Cancelled:
-            # Killed or crashed from outside mid-message: its caller still gets an answer, which
-            # says the call was delivered (it may have had effects: never sent again for it).
-            if reply is not None:
+        except BaseException as exc:
+            # Killed or crashed from outside mid-message (a Cancelled, or a group of them from a
+            # nursery in the endpoint): its caller still gets an answer, which says the call was
+            # delivered (it may have had effects: never sent again for it).
+            if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
                 self.node.reply_error(
                     reply, "ActorDiedError", self.describe_exit(), "", kind="lost"
                 )
@@ -285,6 +293,11 @@ class ActorCell:
             if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
                 self._idle_scope.cancel()
             return True
+        except BaseException as exc:
+            self._ended(method, exc, reply)
+            if self._idle_scope is not None:
+                self._idle_scope.cancel()
+            return True
         finally:
             self.serving = None
         if reply is not None:
@@ -322,11 +335,33 @@ class ActorCell:
                     return True  # its caller gave up and said so: the actor carries on
         except Exception as exc:
             return self._failed(info, method, exc, reply)
+        except BaseException as exc:
+            return self._ended(method, exc, reply)
         finally:
             self.serving = None
         if reply is not None:
             self.node.reply_ok(reply, result)
         return True
+
+    def _ended(self, method: str, exc: BaseException, reply: ReplyTo | None) -> bool:
+        """A BaseException escaped the endpoint: what belongs to the runtime goes on; what the
+        actor's code raised ends this actor, and only it (_raised.py). Returns False."""
+        passing, raised = _raised.split(exc, self._passing)
+        if raised is not None:
+            reason = ended_by(raised, skip_frames=1, endpoint=method)
+            if isinstance(reason, ActorCrash):
+                log.error("%s crashed in %s:\n%s", self.ctx.path, method, reason.traceback)
+            else:
+                log.info("%s stopped in %s (%s)", self.ctx.path, method, describe(reason))
+            if self.exit_reason is None:
+                self._set_exit(reason)
+            if passing is None and isinstance(reason, ActorCrash):
+                self.node.reply_error(reply, reason.type_name, reason.message, reason.traceback)
+            elif passing is None:
+                self.node.reply_error(reply, "ActorDiedError", describe(reason), "", kind="lost")
+        if passing is not None:
+            raise passing  # the caller hears of it from _handle_one
+        return False
 
     def _failed(
         self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -14,10 +15,13 @@ import trio
 
 from .._core._actor import Actor, ActorContext, set_context
 from .._core._errors import SpawnError
-from .._core._exits import Ignore
+from .._core._exits import ActorCrash, Ignore
 from .._core._reasons import NOPROC
+from . import _raised
 from ._cell import ActorCell
 from ._node import Node
+
+log = logging.getLogger("otpmesh.actor")
 
 _MAIN_ALIAS = "__otpmesh_main__"
 STARTED = "started"
@@ -51,6 +55,15 @@ def import_class(path: str, main_path: str | None) -> type[Actor]:
     return obj
 
 
+class StartFailed(Exception):
+    """Raised by ``ActorHost.spawn`` when the actor's constructor or ``on_start`` raised: `crash`
+    is what it raised, with the user's frames only (the start's exit reason)."""
+
+    def __init__(self, crash: ActorCrash) -> None:
+        self.crash = crash
+        super().__init__(str(crash))
+
+
 class ActorHost:
     """The actors of one node. ``on_exit(path, incarnation, reason)`` hears every exit."""
 
@@ -61,6 +74,7 @@ class ActorHost:
         on_exiting: ExitingCallback | None = None,
         nursery: trio.Nursery | None = None,
         main_path: str | None = None,
+        passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
     ) -> None:
         self.node = node
         # The controller's main file, for classes defined in it: given at fork time by this
@@ -69,9 +83,12 @@ class ActorHost:
         self._on_exit = on_exit
         self._on_exiting = on_exiting
         self._nursery = nursery  # where actor tasks run (default: the node's)
+        self._passing = passing  # what goes on through the actors' code (_raised.py)
 
     async def spawn(self, p: dict[str, Any]) -> str:
-        """Construct and start an actor; return 'started' or 'ignored'; raise if it failed."""
+        """Construct and start an actor; return 'started' or 'ignored'. StartFailed if its
+        constructor or on_start raised (logged here, with the user's frames); other errors
+        (no such class, already running) are raised as they are."""
         cls: type[Actor] = (
             p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main_path)
         )
@@ -92,6 +109,13 @@ class ActorHost:
             await instance.on_start()
         except Ignore:
             return IGNORED
+        except BaseException as exc:
+            passing, raised = _raised.split(exc, self._passing)
+            if passing is not None:
+                raise
+            crash = ActorCrash.of(raised or exc, skip_frames=1)  # the user's frames only
+            log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
+            raise StartFailed(crash) from None
         cell = ActorCell(
             self.node,
             ctx,
@@ -101,6 +125,7 @@ class ActorHost:
             self._exited,
             self._exiting,
             progress_deadline=p.get("progress_deadline"),
+            passing=self._passing,
         )
         nursery = self._nursery or self.node.nursery
         if nursery is None:
