@@ -423,3 +423,26 @@ class Raiser(otpmesh.Actor):
     @otpmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+# ---- actors whose processes end in order -----------------------------------------------------
+
+
+def write_marker(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+
+
+class Tidy(otpmesh.Actor):
+    """Registers an atexit function and a finalizer in its worker, each writing a file."""
+
+    @otpmesh.endpoint
+    def register_exit(self, directory: str) -> int:
+        import atexit
+        import weakref
+
+        pid = os.getpid()
+        atexit.register(write_marker, f"{directory}/atexit-{pid}")
+        self.resource = Tidy()  # any object this actor owns
+        weakref.finalize(self.resource, write_marker, f"{directory}/finalizer-{pid}")
+        return pid
