@@ -15,13 +15,14 @@ from typing import Any, Protocol
 import trio
 
 from .._core._actor import Actor, class_path
-from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._core._errors import ActorDiedError, ActorError, EncodeError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
+from .._wire import _codec
 from ._slotenv import slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
@@ -88,10 +89,27 @@ async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
     constructor or on_start raised (the worker answers with it, the user's frames only)."""
     if proc.conn is None:
         raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
-    result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+    try:
+        result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+    except EncodeError as exc:
+        raise StartError(_unsendable(payload, exc)) from None
     if isinstance(result, ActorCrash):
         raise StartError(result)
     return str(result)
+
+
+def _unsendable(payload: dict[str, Any], exc: EncodeError) -> ActorCrash:
+    """The start failure of an actor whose arguments the wire refused, naming the argument.
+    (Code in them was refused when the spec was built, _core/_sendable.py: this is what only
+    the codec knows, such as tuples nested too deep.)"""
+    named = [(f"args[{i}]", v) for i, v in enumerate(payload["args"])]
+    named += [(f"kwargs[{k!r}]", v) for k, v in payload["kwargs"].items()]
+    for where, value in named:
+        try:
+            _codec.pack(value, local=True)
+        except EncodeError as found:
+            return ActorCrash("EncodeError", f"{where} cannot travel to the actor: {found}")
+    return ActorCrash("EncodeError", f"its arguments cannot travel to the actor: {exc}")
 
 
 def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
