@@ -17,6 +17,7 @@ from .._core._actor import Actor
 from .._core._errors import SupervisorError
 from .._core._exits import describe
 from .._core._reasons import SHUTDOWN
+from .._core._signature import Endpoints
 from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
@@ -121,10 +122,10 @@ def context(app: App) -> TreeContext:
     return app._tree
 
 
-def _endpoints(actor: type | str) -> frozenset[str]:
+def _endpoints(actor: type | str) -> Endpoints:
     if isinstance(actor, type) and issubclass(actor, Actor):
-        return frozenset(actor.endpoints())
-    return frozenset()  # an import path: the controller need not import it to call it
+        return Endpoints.of(actor.endpoints())
+    return Endpoints({})  # an import path: the controller need not import it to call it
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ from .._core._errors import ActorError, MeshError, SpawnError
 from .._core._exits import ActorCrash, describe
 from .._core._reasons import is_normal_exit
 from .._core._shape import Shape, all_coords, check_shape
+from .._core._signature import Endpoints
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
 from .._core._supevents import LogEntry, LogKind
 from .._node._mesh import ActorMesh, Slot
@@ -133,7 +134,7 @@ class ProcMesh:
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
                 f"rank {rank}: {first}"
             ) from first
-        mesh = ActorMesh(name, frozenset(actor.endpoints()), dict(self._shape), slots, None)
+        mesh = ActorMesh(name, Endpoints.of(actor.endpoints()), dict(self._shape), slots, None)
         self._meshes[name] = mesh
         for slot in slots:
             self._rt.exit_listeners[slot.actor_id] = _Unsupervised(self.events)
@@ -219,7 +220,9 @@ class ProcMesh:
                 self._rt.node.sys_cast(slot.proc.conn, "stop_actor", stop)
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`."""
+        """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`.
+        A process asked nicely stops its actors (``on_stop``), then runs its ``atexit``
+        functions and finalizers as a Python program does at exit (for at most 1 s)."""
         self._stopping.set()  # supervised groups stop their actors first, in OTP order
         if self._groups_running:
             with trio.move_on_after(timeout):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from ._reasons import NORMAL
+from ._signature import Params
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -17,12 +18,14 @@ _ENDPOINT_ATTR = "__otpmesh_endpoint__"
 
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
-    """What `@endpoint` recorded about a method."""
+    """What `@endpoint` recorded about a method: its parameters too (None: Python cannot
+    tell them), against which every call is checked, in the caller and in the actor."""
 
     name: str
     is_async: bool
     let_it_crash: bool
     progress_deadline: float | None = None
+    params: Params | None = None
 
 
 class Actor:
@@ -30,7 +33,9 @@ class Actor:
 
     The constructor runs in the actor's own process. An actor handles one message at a time.
     An exception escaping an endpoint crashes the actor ("let it crash") unless the endpoint
-    was declared with ``@endpoint(let_it_crash=False)``.
+    was declared with ``@endpoint(let_it_crash=False)``. Any other BaseException its code
+    raises ends this actor only, never its process: ``sys.exit()`` or ``sys.exit(0)`` stops it
+    normally, anything else is a crash (docs/supervision.md).
     """
 
     async def on_start(self) -> None:
@@ -84,6 +89,8 @@ def endpoint(
     """Mark an actor method as an endpoint callable from anywhere.
 
     ``async def`` endpoints run in the actor's task; plain ``def`` endpoints run inline.
+    Every call is checked against the method's signature: arguments that do not bind are a
+    TypeError in the caller, naming the actor and the endpoint, and the actor never sees them.
     With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
     ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
     ``otpmesh.progress()``, the actor exits as hung.
@@ -106,6 +113,7 @@ def endpoint(
             inspect.iscoroutinefunction(f),
             let_it_crash,
             None if progress_deadline is None else float(progress_deadline),
+            Params.of(f),
         )
         setattr(f, _ENDPOINT_ATTR, info)
         return f

@@ -169,8 +169,10 @@ _ACTOR_ALLOWED = "an otpmesh.Actor subclass or its import path 'pkg.module:Class
 class Worker:
     """One actor, started with ``actor(*args, **kwargs)`` and supervised as one child.
 
-    ``actor`` is the class itself or its import path ``"pkg.module:Class"``. The defaults are OTP's
-    for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
+    ``actor`` is the class itself (an ``otpmesh.Actor`` subclass) or its import path
+    ``"pkg.module:Class"``. ``args`` and ``kwargs`` travel to the actor's process, so they must be
+    data: a function, a class or an open file among them is refused here, naming it. The defaults
+    are OTP's for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
     ``progress_deadline`` (seconds, default none): how long one endpoint may run without
     progress (``otpmesh.progress()``) before the actor exits as hung (docs/supervision.md).
     """

@@ -14,7 +14,9 @@ import trio
 from .._core._actor import ActorContext, EndpointInfo, set_context
 from .._core._exits import ActorCrash, describe, ended_by
 from .._core._reasons import KILLED
+from .._core._signature import bind_error
 from . import _chain, _raised
+from ._serving import Serving
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -30,20 +32,6 @@ _CANCELLED_MEMORY = 1024
 # A mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a cast, the
 # actors waiting on it).
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None", tuple[str, ...]]
-
-
-class Serving:
-    """The endpoint an actor is running now, read by the worker's watchdog thread
-    (_runtime/_watchdog.py): since when it last made progress, and how long it may go without."""
-
-    __slots__ = ("deadline", "hung", "is_async", "method", "progress_at")
-
-    def __init__(self, method: str, is_async: bool, deadline: float | None) -> None:
-        self.method = method
-        self.is_async = is_async
-        self.deadline = deadline
-        self.progress_at = time.monotonic()
-        self.hung = False  # the watchdog found it past its deadline (and acts once)
 
 
 def chaos_wedge(seconds: float | None) -> None:
@@ -286,6 +274,8 @@ class ActorCell:
         info = self.endpoints.get(method)
         if info is None or info.is_async:
             return False
+        if self._bad_call(info, args, kwargs, reply):
+            return True
         try:
             self._begin(info)
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
@@ -321,6 +311,8 @@ class ActorCell:
                 "",
             )
             return True
+        if self._bad_call(info, args, kwargs, reply):
+            return True
         try:
             self._begin(info)
             result = getattr(self.instance, method)(*args, **kwargs)
@@ -341,6 +333,20 @@ class ActorCell:
             self.serving = None
         if reply is not None:
             self.node.reply_ok(reply, result)
+        return True
+
+    def _bad_call(
+        self, info: EndpointInfo, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """True (and answered as the caller's error, the actor untouched) if the arguments do
+        not bind to the endpoint: its caller had no signature to check them against."""
+        params = info.params
+        if params is None or (problem := params.problem(len(args), kwargs)) is None:
+            return False
+        text = bind_error(self.ctx.path, info.name, params, problem)
+        if reply is None:
+            log.warning("%s: a cast was dropped: %s", self.ctx.path, text)
+        self.node.reply_error(reply, "TypeError", text, "", kind="badcall")
         return True
 
     def _ended(self, method: str, exc: BaseException, reply: ReplyTo | None) -> bool:
