@@ -27,7 +27,7 @@ from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
 from ._inspect import Stacks, collect, serve_signal
-from ._pgroup import with_process_groups
+from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
 
