@@ -222,3 +222,17 @@ def test_bad_casts_are_logged_where_they_arrive(caplog: pytest.LogCaptureFixture
         assert "s/a: a cast was dropped: s/a: record() takes 1 positional" in caplog.text
 
     run_trio(body)
+
+
+def test_an_endpoint_overridden_without_the_decorator_is_checked_as_overridden() -> None:
+    class Base(otpmesh.Actor):
+        @otpmesh.endpoint
+        async def step(self, x: int) -> int:
+            return x
+
+    class Child(Base):
+        async def step(self, x: int, scale: int = 1) -> int:  # still the endpoint 'step'
+            return x * scale
+
+    assert str(Base.endpoints()["step"].params) == "(x)"
+    assert str(Child.endpoints()["step"].params) == "(x, scale=...)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
 from ._reasons import NORMAL
@@ -66,6 +66,8 @@ class Actor:
                 info = getattr(value, _ENDPOINT_ATTR, None)
                 if isinstance(info, EndpointInfo):
                     found[name] = info
+                elif name in found and callable(value):  # overridden without @endpoint:
+                    found[name] = replace(found[name], params=Params.of(value))  # called so
         return found
 
 
