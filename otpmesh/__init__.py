@@ -10,10 +10,16 @@ from . import chaos as chaos
 from . import launchers as launchers
 from ._controller._app import App as App
 from ._controller._app import start as start
+from ._controller._background import BackgroundApp as BackgroundApp
+from ._controller._background import start_background as start_background
 from ._controller._events import EventLog as EventLog
 from ._controller._inspect import Stacks as Stacks
+from ._controller._owned import Subtree as Subtree
+from ._controller._owned import lookup as lookup
+from ._controller._owned import singleton as singleton
 from ._controller._procmesh import ProcMesh as ProcMesh
 from ._controller._procmesh import proc_mesh as proc_mesh
+from ._controller._procref import ProcMeshRef as ProcMeshRef
 from ._core._actor import Actor as Actor
 from ._core._actor import ActorContext as ActorContext
 from ._core._actor import context as context
@@ -21,6 +27,7 @@ from ._core._actor import endpoint as endpoint
 from ._core._actor import progress as progress
 from ._core._errors import ActorDiedError as ActorDiedError
 from ._core._errors import ActorError as ActorError
+from ._core._errors import AppStoppedError as AppStoppedError
 from ._core._errors import CallTimeoutError as CallTimeoutError
 from ._core._errors import ChildError as ChildError
 from ._core._errors import DeadlockError as DeadlockError
@@ -61,6 +68,7 @@ from ._core._supevents import LogKind as LogKind
 from ._core._supevents import Outcome as Outcome
 from ._hosts._cluster import Cluster as Cluster
 from ._hosts._cluster import cluster as cluster
+from ._node._failure import MeshFailure as MeshFailure
 from ._node._mesh import ActorMesh as ActorMesh
 from ._node._mesh import ActorRef as ActorRef
 from ._node._mesh import Endpoint as Endpoint

@@ -229,7 +229,7 @@ async def measure(
     """One row per (size, backend, what is measured; see the module's docstring): GB/s, and the
     baselines for that size. `what`: the measurements to make (default: all). `progress` hears
     each measurement as it starts: (what, its number from 1, how many)."""
-    from otpmesh._wire._codec import CHANNEL_THRESHOLD
+    from otpmesh._wire._tensors import CHANNEL_THRESHOLD
 
     unknown = [w for w in what if w not in (*WHAT, "argument inline")]
     if unknown:

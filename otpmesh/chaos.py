@@ -37,6 +37,7 @@ import trio
 
 from ._controller._app import App, context
 from ._controller._placement import LocalPlacement
+from ._controller._tree import TreeContext
 from ._core._exits import ActorCrash
 from ._core._reasons import KILLED, NORMAL, SHUTDOWN
 from ._core._spec import Mesh, Supervisor
@@ -80,6 +81,11 @@ class Fault:
         return f"{self.kind} {self.path}{detail}" + ("" if self.hit else " [missed: not running]")
 
 
+def _tree(app: App, path: str) -> TreeContext:
+    """The tree that has `path`: the app's own, or one that an actor of it owns."""
+    return context(app).holder(path) or context(app)
+
+
 def _record(app: App, kind: str, path: str, detail: str = "", hit: bool = True) -> Fault:
     fault = Fault(trio.current_time(), kind, path, detail, hit)
     sup, _, child = path.rpartition("/")
@@ -90,7 +96,7 @@ def _record(app: App, kind: str, path: str, detail: str = "", hit: bool = True) 
 async def _inject(app: App, kind: str, path: str, detail: str, fault: str, reason: object) -> Fault:
     """Log the fault, then cause it: its entry comes before the exit it causes."""
     recorded = _record(app, kind, path, detail)
-    tree = context(app)
+    tree = _tree(app, path)
     if await tree.placement.inject(tree.slot(path), fault, reason):
         return recorded
     return _record(app, kind, path, detail, hit=False)
@@ -98,7 +104,7 @@ async def _inject(app: App, kind: str, path: str, detail: str, fault: str, reaso
 
 def _slot(app: App, path: str):  # type: ignore[no-untyped-def]
     app.actor(path)  # validates: a worker path of this tree
-    return context(app).slot(path)
+    return _tree(app, path).slot(path)
 
 
 async def crash(app: App, path: str, reason: str = "chaos") -> Fault:
@@ -117,7 +123,7 @@ async def stop(app: App, path: str, reason: object = NORMAL) -> Fault:
     and its parent applies its strategy (a permanent child supervisor is restarted, static
     children only). At the root it ends the app: with an abnormal reason ``otpmesh.start``
     raises ``SupervisorError``, with 'normal' or 'shutdown' the block just ends."""
-    tree = context(app)
+    tree = _tree(app, path)
     if isinstance(tree.specs.get(path), Supervisor | Mesh):
         recorded = _record(app, "stop", path, repr(reason))
         if tree.exit_supervisor(path, reason):
@@ -134,7 +140,7 @@ async def kill(app: App, path: str) -> Fault:
     it is killed at once (brutal: no orderly stop, no ``on_stop``), the supervisor exits with
     ``killed``, and its parent applies its strategy. At the root it ends the app with
     ``SupervisorError``."""
-    tree = context(app)
+    tree = _tree(app, path)
     if isinstance(tree.specs.get(path), Supervisor | Mesh):
         recorded = _record(app, "kill", path, "the supervisor and everything under it")
         if await tree.kill_supervisor(path):
@@ -158,7 +164,7 @@ async def hang(app: App, path: str) -> Fault:
     """SIGSTOP the actor's process: calls to it time out, its heartbeats stop, and the runtime
     kills and replaces it (``OTPMESH_HEARTBEAT_TIMEOUT``, 2 s by default)."""
     slot = _slot(app, path)
-    proc = context(app).placement.process(slot)
+    proc = _tree(app, path).placement.process(slot)
     if proc is None:
         return _record(app, "hang", path, "needs placement='procs'", hit=False)
     os.kill(proc.pid, signal.SIGSTOP)
@@ -195,7 +201,7 @@ async def drop(app: App, path: str, seconds: float) -> Fault:
 
 async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: float) -> Fault:
     slot = _slot(app, path)
-    tree = context(app)
+    tree = _tree(app, path)
     node = tree.runtime_node
     if kind == "partition":
         proc = tree.placement.process(slot)
@@ -213,7 +219,7 @@ async def _link_fault(app: App, path: str, kind: str, seconds: float, delay: flo
 def fail_starts(app: App, path: str, count: int = 1) -> Fault:
     """Make the next `count` starts of the actor at `path` fail (a ``ChaosStartFailure``)."""
     app.actor(path)
-    context(app).fail_next_starts(path, count)
+    _tree(app, path).fail_next_starts(path, count)
     return _record(app, "fail_start", path, f"next {count}")
 
 

@@ -31,26 +31,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from ._hosts._launcher import Launcher as Launcher
+
 log = logging.getLogger("otpmesh.launchers")
-
-
-class Launcher(Protocol):
-    """Starts agents that dial `controller`; ``hosts`` is how many registrations to wait for."""
-
-    @property
-    def hosts(self) -> int: ...
-    async def start(self, controller: str, secret: bytes) -> None: ...
-    async def stop(self) -> None: ...
-    def failure(self) -> str | None:
-        """Why an agent it started has already exited (before registering), if one has."""
-
-    def ended(self) -> dict[int, str]:
-        """The ranks whose launch has ended (the agent's process, ssh session or srun step),
-        each with why: their hosts are lost, whatever their agents still say."""
 
 
 def agent_args(

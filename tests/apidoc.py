@@ -43,7 +43,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "ActorRef", "Endpoint", "ValueMesh", "retry", "run",
     ),
     "Supervision trees": (
-        "Supervisor", "Worker", "Mesh", "start", "App", "ONE_FOR_ONE", "ONE_FOR_ALL",
+        "Supervisor", "Worker", "Mesh", "start", "App", "start_background", "BackgroundApp",
+        "ONE_FOR_ONE", "ONE_FOR_ALL",
         "ALL_FOR_ONE", "REST_FOR_ONE", "ESCALATE", "PERMANENT", "TRANSIENT", "TEMPORARY",
         "BRUTAL_KILL", "INFINITY", "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT", "Outcome",
     ),
@@ -53,6 +54,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Errors": (
         "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
         "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError", "SupervisorError",
+        "AppStoppedError",
     ),
 }  # fmt: skip
 
@@ -71,6 +73,7 @@ INTERNAL_MEMBERS = {
 # Classes users get from otpmesh and never construct: their constructor is not API.
 MADE_BY_OTPMESH = {
     "App", "ProcMesh", "ActorMesh", "ActorRef", "Endpoint", "ValueMesh", "EventLog", "Cluster",
+    "BackgroundApp",
 }  # fmt: skip
 
 

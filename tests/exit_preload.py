@@ -7,7 +7,7 @@ import atexit
 import os
 import weakref
 
-from tests.actors import write_marker
+from tests.ending_actors import write_marker
 
 _DIR = os.environ["OTPMESH_TEST_EXIT_DIR"]
 

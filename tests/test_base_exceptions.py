@@ -12,8 +12,9 @@ import trio.testing
 
 import otpmesh
 from otpmesh import LogKind, Supervisor, Worker
-from tests.actors import Echo, Raiser
+from tests.actors import Echo
 from tests.conftest import run_trio
+from tests.ending_actors import Raiser
 
 # (endpoint, kind of BaseException, the remote type the caller sees)
 CRASHES = [

@@ -63,8 +63,19 @@ def test_run_prints_the_tree_then_events_then_the_tree_when_stdout_is_a_pipe(
         "Ctrl-C stops it"
     )
     assert lines[1].startswith("rl running: 6/6 actors running, 0 actor restarts")
-    assert lines[2].split() == ["NAME", "KIND", "STATE", "INC", "RESTARTS", "LAST", "EXIT"]
-    assert lines[3].split() == ["rl", "supervisor", "rest_for_one", "3/60s", "running", "0"]
+    assert lines[2].split() == [
+        "NAME", "KIND", "STATE", "INC", "RESTARTS", "INTENSITY", "LAST", "EXIT"
+    ]  # fmt: skip
+    assert lines[3].split() == [
+        "rl",
+        "supervisor",
+        "rest_for_one",
+        "running",
+        "0",
+        "0/3",
+        "in",
+        "60s",
+    ]
     assert lines[4].split() == ["├──", "learner", "worker", "Learner", "running", "#1", "0"]
     assert lines[6].split()[:5] == ["└──", "rollouts", "mesh", "gpus=4", "one_for_one"]
     assert lines[7].split() == ["├──", "0", "worker", "Rollout", "running", "#1", "0"]
@@ -154,8 +165,9 @@ def test_a_root_that_gives_up_ends_the_run_with_status_1_and_says_why() -> None:
         "rl/learner crashed with ChaosCrash: chaos monkey"
     )
     final = done.stdout[done.stdout.index("rl gave up: 0/6 actors running") :].splitlines()
-    assert final[2].split()[:4] == ["rl", "supervisor", "rest_for_one", "3/60s"]
-    assert final[2].split()[4:6] == ["gave", "up"]
+    assert final[2].split()[:3] == ["rl", "supervisor", "rest_for_one"]
+    assert final[2].split()[3:5] == ["gave", "up"]
+    assert final[2].split()[6:9] == ["4/3", "in", "60s"]  # past its intensity: it gave up
     assert final[3].split()[:5] == ["├──", "learner", "worker", "Learner", "exited"]
 
 

@@ -96,6 +96,9 @@ def test_unsupported_values_are_refused_with_a_clear_error() -> None:
         pack({1, 2})
     with pytest.raises(otpmesh.EncodeError, match=r"sparse|to_dense"):
         pack(torch.eye(3).to_sparse())
+    # A meta tensor has no data: torch's own NotImplementedError said nothing of what to do.
+    with pytest.raises(otpmesh.EncodeError, match=r"meta tensor .* materialize it"):
+        pack(torch.empty(2, 3, device="meta"))
 
 
 def test_tensors_round_trip_through_a_worker() -> None:

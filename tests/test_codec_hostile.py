@@ -36,8 +36,9 @@ from hypothesis import strategies as st
 import otpmesh
 from otpmesh._wire import _codec
 from otpmesh._wire._codec import MAX_NESTING, MAX_TENSOR_DIMS, pack, unpack
-from otpmesh._wire._connection import HANDSHAKE, MAX_FRAME_SIZE
 from otpmesh._wire._frames import decode_message
+from otpmesh._wire._framing import MAX_FRAME_SIZE
+from otpmesh._wire._handshake import HANDSHAKE
 from tests.actors import Echo
 from tests.conftest import reset_peak_rss, run_trio, vm_kib
 
@@ -54,7 +55,7 @@ _DECODER = r"""
 import os, resource, struct, sys
 import numpy, torch
 import otpmesh._node._mesh, otpmesh.rdma._buffer
-from otpmesh._wire import _codec, _frames, _connection as _wire
+from otpmesh._wire import _codec, _frames, _framing, _handshake
 from otpmesh._core._errors import EncodeError, ProtocolError
 
 def vm_kib(field):
@@ -74,7 +75,7 @@ def out_of_memory(exc):
     return False
 
 def feed(data):
-    decoder = _wire.FrameDecoder(max_frame_size=1 << 20)
+    decoder = _framing.FrameDecoder(max_frame_size=1 << 20)
     for frame in decoder.feed(data):
         _frames.decode_message(frame)
 
@@ -86,7 +87,7 @@ DECODERS = {
     b"u": _codec.unpack,
     b"m": _frames.decode_message,
     b"f": feed,
-    b"h": _wire.check_handshake,
+    b"h": _handshake.check_handshake,
 }
 stdin = sys.stdin.buffer
 while True:
@@ -717,7 +718,8 @@ import logging, os, resource, sys
 import msgpack, torch, numpy, trio
 import otpmesh
 from otpmesh._runtime._controller_runtime import runtime
-from otpmesh._wire._connection import dial, frame_header
+from otpmesh._wire._framing import frame_header
+from otpmesh._wire._handshake import dial
 from tests.actors import Echo
 
 def vm_kib(pid, field):

@@ -104,3 +104,16 @@ def test_process_group_survives_a_sigkill_in_all_reduce_and_restores_from_its_ch
     assert f"'w': {weights}" in after
     assert "new epoch: 2, new processes: True" in out
     assert "ranks agree: True" in out
+
+
+def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
+    out = _run("rl_service.py")
+    assert "answers: ['p0->0', 'p1->1', 'p2->2', 'p3->0', 'p4->1', 'p5->2']" in out
+    assert "replica 1 is back in pid" in out
+    assert "looked up: ActorMesh('rl/service/replicas', shape={'procs': 3}) -> " in out
+    escalation = out.split("escalation")[1]
+    # The replicas' supervisor gave up, then its owner crashed with its error and came back.
+    assert escalation.index("supervisor_exited  rl/service/replicas") < escalation.index(
+        "child_exited       rl/service #1  (crashed with SupervisorError"
+    )
+    assert "child_started      rl/service #2" in escalation

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import otpmesh
-from tests.actors import Tidy
 from tests.conftest import run_trio
+from tests.ending_actors import Tidy
 
 
 def _files(directory: Path) -> set[str]:

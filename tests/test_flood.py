@@ -21,9 +21,10 @@ import trio.testing
 
 import otpmesh
 from otpmesh import Mesh, Supervisor
-from otpmesh._node._node import PROVEN_PER_PROCESS, Node
+from otpmesh._node._admission import PROVEN_PER_PROCESS
+from otpmesh._node._node import Node
 from otpmesh._runtime._controller_runtime import runtime
-from otpmesh._wire._connection import HANDSHAKE, dial
+from otpmesh._wire._handshake import HANDSHAKE, dial
 from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench_flood import FloodedApp, Flooder
 from otpmesh.rdma import _tcp

@@ -14,8 +14,8 @@ import trio
 
 import otpmesh
 from otpmesh._node._node import Node
-from otpmesh._wire._connection import FLAG_FRAME_MAC, handshake
 from otpmesh._wire._framemac import TAG_SIZE, FrameMac, session_keys
+from otpmesh._wire._handshake import FLAG_FRAME_MAC, handshake
 from tests.conftest import run_trio
 
 KEYS = session_keys(b"secret", b"a" * 32, b"d" * 32)

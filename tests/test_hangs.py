@@ -320,3 +320,22 @@ def test_otpmesh_stacks_refuses_the_stale_marker_of_an_app_whose_pid_was_reused(
     (runtime / f"otpmesh-{os.getuid()}").mkdir(parents=True, mode=0o700)
     _, out = _stacks_of_a_bystander(runtime, marker="12345")  # not when it started
     assert out.returncode == 2 and "is not a running otpmesh app" in out.stderr
+
+
+def test_a_sigstopped_actor_is_killed_at_once_when_its_tree_stops() -> None:
+    # Issue 24: stopping waited out the shutdown (and the heartbeat) for a process that cannot
+    # run at all. Here both are 60 s, beyond the 30 s guard: only an immediate kill passes.
+    tree = Supervisor("s", children=[Worker("z", Stuck, shutdown=60.0), Worker("ok", Stuck)])
+
+    async def body() -> list[object]:
+        async with otpmesh.start(tree, heartbeat_timeout=60.0) as app:
+            pid = await app.actor("s/z").incarnation_pid()
+            os.kill(pid, signal.SIGSTOP)
+            with trio.fail_after(10):  # until the kernel says it is stopped
+                while _state(pid) not in ("T", "t"):
+                    await trio.sleep(0.01)
+        return [(e.child_path, e.reason) for e in app.events.of_kind(LogKind.CHILD_TERMINATED)]
+
+    terminated = run_trio(body, timeout=30)
+    assert ("s/z", otpmesh._core._reasons.KILLED) in terminated
+    assert ("s/ok", "shutdown") in terminated  # the others still stop in order

@@ -24,8 +24,9 @@ import otpmesh
 from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, launchers
 from otpmesh._core._errors import ProtocolError
 from otpmesh._wire import _codec
-from otpmesh._wire._connection import FLAG_FRAME_MAC, HANDSHAKE, dial, frame_header
 from otpmesh._wire._frames import HELLO
+from otpmesh._wire._framing import frame_header
+from otpmesh._wire._handshake import FLAG_FRAME_MAC, HANDSHAKE, dial
 from otpmesh.testing import netns
 from tests.actors import Echo
 from tests.conftest import alive, run_trio, stop_notices

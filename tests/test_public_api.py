@@ -10,7 +10,7 @@ EXPECTED = {
     "context", "endpoint", "proc_mesh", "run", "retry", "progress",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
-    "ChildInfo", "ChildStatus", "Stacks",
+    "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp",
     "ONE_FOR_ONE", "ONE_FOR_ALL", "ALL_FOR_ONE", "REST_FOR_ONE", "ESCALATE",
     "PERMANENT", "TRANSIENT", "TEMPORARY", "BRUTAL_KILL", "INFINITY",
     "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT",
@@ -19,7 +19,9 @@ EXPECTED = {
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
-    "SupervisorError",
+    "SupervisorError", "AppStoppedError",
+    # actors that own meshes
+    "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
     # hosts past this one
     "Cluster", "cluster",
     # meshes that are process groups
@@ -28,7 +30,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "testing", "chaos", "rdma",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "testing",
+    "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 

@@ -13,8 +13,9 @@ import trio
 
 import otpmesh
 from otpmesh._runtime._controller_runtime import runtime
-from otpmesh._wire._connection import dial, frame_header
 from otpmesh._wire._frames import HELLO
+from otpmesh._wire._framing import frame_header
+from otpmesh._wire._handshake import dial
 from tests.actors import Echo
 from tests.conftest import run_trio
 

@@ -17,7 +17,7 @@ import trio
 import otpmesh
 from otpmesh._runtime._controller_runtime import runtime
 from otpmesh._wire import _secret
-from otpmesh._wire._connection import HANDSHAKE
+from otpmesh._wire._handshake import HANDSHAKE
 from otpmesh._wire._refusals import SUMMARY_EVERY, RefusalLog
 from tests.actors import Echo, Intruder
 from tests.conftest import other_user, run_trio

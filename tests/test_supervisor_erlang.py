@@ -45,7 +45,7 @@ from otpmesh.testing import (
     supervision_trees,
     tree_paths,
 )
-from otpmesh.testing._simulate import KillSupervisor
+from otpmesh.testing._steps import KillSupervisor
 
 ESCRIPT = Path(__file__).parent / "erlang" / "otp_supervisor_trace.escript"
 BATCHES = int(os.environ.get("OTPMESH_ERLANG_BATCHES", "8"))

@@ -261,7 +261,7 @@ def test_fault_schedules_aim_at_the_trees_own_paths(data: st.DataObject) -> None
 
 def test_mesh_trees_work_with_the_machine_paths() -> None:
     tree = Supervisor("s", children=[Mesh("m", Member, shape={"procs": 2}, shutdown=BRUTAL_KILL)])
-    from otpmesh.testing._machine import worker_paths
+    from otpmesh.testing._trees import worker_paths
 
     assert worker_paths(tree) == ["s/m/0", "s/m/1"]
     assert worker_paths(tree.children[0]) == ["m/0", "m/1"]  # type: ignore[arg-type]

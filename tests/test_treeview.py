@@ -24,6 +24,8 @@ from otpmesh import (
 )
 from otpmesh._cli._screen import OutputTail, fit, render, tree_table
 from otpmesh._cli._treeview import TreeView
+from otpmesh._core._outline import outline
+from otpmesh._core._reasons import Reported
 from tests.actors import Member
 
 TREE = Supervisor(
@@ -179,6 +181,29 @@ def test_a_dynamic_child_appears_under_its_supervisor() -> None:
     assert (view["rl/eval"].kind, view["rl/eval"].state) == ("child", "running")
 
 
+def test_intensity_counts_the_restarts_within_the_period_of_the_most_allowed() -> None:
+    view = _view(_started())
+    for t in (1.0, 2.0, 50.0):
+        crash = _e(LogKind.CHILD_EXITED, "rl/rollouts", "0", 1, CRASH)
+        view.feed(LogEntry(t, crash.kind, crash.path, crash.child, crash.incarnation, CRASH))
+    assert view["rl/rollouts"].intensity_used(50.0) == "3/4 in 60s"
+    assert view["rl/rollouts"].intensity_used(62.5) == "1/4 in 60s"  # two left the window
+    assert view["rl"].intensity_used(50.0) == "0/3 in 60s"
+    assert view["rl/learner"].intensity_used(50.0) == ""
+
+
+def test_a_view_built_from_an_outline_reads_reported_reasons_as_their_words() -> None:
+    view = TreeView(outline(TREE))
+    for entry in _started():
+        view.feed(entry)
+    view.feed(_e(LogKind.CHILD_EXITED, "rl", "learner", 1, Reported("crashed with X", False)))
+    assert view["rl/learner"].state == "restarting"
+    assert view.lines()[2].endswith("crashed with X")
+    view.feed(_e(LogKind.CHILD_EXITED, "rl/rollouts", "0", 1, Reported("stopped", True)))
+    assert view["rl/rollouts/0"].state == "restarting"  # permanent: restarted even so
+    assert [row[0] for row in view.table()[1:]] == [row[0] for row in _view([]).table()[1:]]
+
+
 def test_the_table_draws_the_tree_with_kinds_states_and_last_exits() -> None:
     view = _view(
         [
@@ -188,18 +213,18 @@ def test_the_table_draws_the_tree_with_kinds_states_and_last_exits() -> None:
         ]
     )
     assert view.lines() == [
-        "NAME          KIND                           STATE    INC  RESTARTS  LAST EXIT",
-        "rl            supervisor rest_for_one 3/60s  running       0",
-        "├── learner   worker Member                  running  #1   0",
-        "└── rollouts  mesh gpus=2 one_for_one 4/60s  running  #1   0",
-        "    ├── 0     worker Member                  running  #1   0",
-        "    └── 1     worker Member                  running  #2   1         "
+        "NAME          KIND                     STATE    INC  RESTARTS  INTENSITY   LAST EXIT",
+        "rl            supervisor rest_for_one  running       0         0/3 in 60s",
+        "├── learner   worker Member            running  #1   0",
+        "└── rollouts  mesh gpus=2 one_for_one  running  #1   0         1/4 in 60s",
+        "    ├── 0     worker Member            running  #1   0",
+        "    └── 1     worker Member            running  #2   1                     "
         "crashed with ValueError: bad batch",
     ]
     assert view.summary() == "rl running: 3/3 actors running, 1 actor restarts, 8 events in 0.0 s"
     view.feed(_e(LogKind.FAULT_INJECTED, "rl", "learner", None, "crash rl/learner"))
     assert view.lines()[0].split() == [
-        "NAME", "KIND", "STATE", "INC", "RESTARTS", "FAULTS", "LAST", "EXIT"
+        "NAME", "KIND", "STATE", "INC", "RESTARTS", "INTENSITY", "FAULTS", "LAST", "EXIT"
     ]  # fmt: skip
     assert view.lines()[2].split()[-1] == "1"
 
@@ -248,12 +273,12 @@ def test_the_rendered_frame_shows_the_tree_a_line_per_node_and_cuts_only_the_las
     assert lines == [
         "otpmesh run x    Ctrl-C",
         "rl running: 2/3 actors running, 0 actor restarts, 7 events in 0.0 s",
-        "NAME          KIND                           STATE       INC  RESTARTS  LAST EX…",
-        "rl            supervisor rest_for_one 3/60s  running          0",
-        "├── learner   worker Member                  running     #1   0",
-        "└── rollouts  mesh gpus=2 one_for_one 4/60s  running     #1   0",
-        "    ├── 0     worker Member                  running     #1   0",
-        "    └── 1     worker Member                  restarting  #1   0         crashed…",
+        "NAME          KIND                     STATE       INC  RESTARTS  INTENSITY   L…",
+        "rl            supervisor rest_for_one  running          0         0/3 in 60s",
+        "├── learner   worker Member            running     #1   0",
+        "└── rollouts  mesh gpus=2 one_for_one  running     #1   0         1/4 in 60s",
+        "    ├── 0     worker Member            running     #1   0",
+        "    └── 1     worker Member            restarting  #1   0                     c…",
         "",
         "recent events",
         "e",

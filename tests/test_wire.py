@@ -15,14 +15,9 @@ import otpmesh
 from otpmesh._runtime._controller_runtime import runtime
 from otpmesh._wire import _secret
 from otpmesh._wire._codec import pack
-from otpmesh._wire._connection import (
-    HANDSHAKE,
-    MAX_FRAME_SIZE,
-    FrameDecoder,
-    check_handshake,
-    frame_header,
-)
 from otpmesh._wire._frames import decode_message
+from otpmesh._wire._framing import MAX_FRAME_SIZE, FrameDecoder, frame_header
+from otpmesh._wire._handshake import HANDSHAKE, check_handshake
 from tests.actors import Echo
 from tests.conftest import run_trio
 

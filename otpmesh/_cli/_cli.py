@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from .. import __version__
 from .._core._errors import UsageError
-from . import _cli_agent, _cli_bench, _cli_events, _cli_run, _cli_stacks
+from . import _cli_agent, _cli_bench, _cli_events, _cli_run, _cli_stacks, _cli_watch
 
-COMMANDS = (_cli_run, _cli_events, _cli_stacks, _cli_bench, _cli_agent)
+COMMANDS = (_cli_run, _cli_watch, _cli_events, _cli_stacks, _cli_bench, _cli_agent)
 
 
 def parser() -> argparse.ArgumentParser:

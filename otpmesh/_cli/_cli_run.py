@@ -10,28 +10,19 @@ import argparse
 import fnmatch
 import os
 import sys
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import trio
-from rich.console import RenderableType
 
 from .._controller._app import App, PlacementName, start
-from .._controller._events import EventLog
+from .._controller._watch import watched_apps
 from .._core._errors import UsageError
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._runtime._run import run
 from ..chaos import FAULTS, ChaosMonkey
-from . import _timeline
-from ._screen import LiveScreen, fit, render, tree_table
-from ._specfile import load_tree
-from ._timeline import Event
-from ._treeview import TreeView
-
-REDRAW_EVERY = 0.1  # seconds: at most ten frames a second, however busy the log
-CLOCK_EVERY = 1.0  # seconds: redraw at least this often, so the clock moves
+from ._display import Display, LiveDisplay, PlainDisplay, Watch
+from ._specfile import Driver, load_target
 
 DESCRIPTION = """\
 Start the supervision tree TREE names (otpmesh.start) and show it live: every
@@ -155,7 +146,9 @@ class Options:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    tree = load_tree(args.target)
+    tree = load_target(args.target)
+    if not isinstance(tree, Supervisor | Mesh):
+        return _run_driver(args, tree)
     faults = tuple(f.strip() for f in args.chaos_faults.split(",") if f.strip())
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
@@ -169,7 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
         placement="local" if args.local else "procs",
         events_file=events_file,
         duration=args.duration,
-        live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb" and not args.plain,
+        live=_live(args),
         snapshots=args.snapshots,
         chaos_rate=args.chaos,
         chaos_faults=faults,
@@ -184,6 +177,69 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _heading(options: Options) -> str:
+    chaos = "" if options.chaos_rate is None else f", chaos {options.chaos_rate:g}/s"
+    return f"otpmesh run {options.target} ({options.placement}{chaos})"
+
+
+def _live(args: argparse.Namespace) -> bool:
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb" and not args.plain
+
+
+def _run_driver(args: argparse.Namespace, driver: Driver) -> int:
+    """``otpmesh run job.py:main``: run the driver as the program's main, showing the trees it
+    starts (one at a time, the first still running) as ``otpmesh run TREE`` shows its tree."""
+    options = {
+        "--local": args.local,
+        "--events": args.events,
+        "--chaos": args.chaos,
+        "--duration": args.duration,
+    }
+    given = [flag for flag, value in options.items() if value]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: for a TREE; {args.target} is a driver, which starts its own "
+            "trees (pass such options to otpmesh.start in it)"
+        )
+    run(drive, driver, args.target, _live(args), args.snapshots)
+    return 0
+
+
+async def drive(driver: Driver, target: str, live: bool, every: float | None) -> None:
+    """Run `driver` with its trees on the display until it returns."""
+    async with trio.open_nursery() as showing:
+        showing.start_soon(_show_trees, target, live, every)
+        try:
+            await driver()
+        finally:
+            showing.cancel_scope.cancel()
+
+
+async def _show_trees(target: str, live: bool, every: float | None) -> None:
+    watched = watched_apps()
+    while True:
+        while not watched.apps:
+            await watched.changed.wait()
+        ctx = watched.apps[0]
+        state = Watch(ctx.tree, f"otpmesh run {target} ({ctx.tree.id})")
+        state.log = ctx.events
+        display: Display = (
+            LiveDisplay("    Ctrl-C stops the program") if live else PlainDisplay(_say, every)
+        )
+        display.started(state)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(display.run, state)
+                display.events(state, state.catch_up())
+                async for _ in ctx.events.subscribe():
+                    display.events(state, state.catch_up())
+                nursery.cancel_scope.cancel()
+        finally:
+            display.finished(state, state.catch_up())
+        while ctx in watched.apps:
+            await watched.changed.wait()
+
+
 def _actors_matching(tree: Supervisor | Mesh, globs: tuple[str, ...]) -> list[str]:
     actors = [path for path, spec in walk(tree) if isinstance(spec, Worker)]
     return [p for p in actors if any(fnmatch.fnmatchcase(p, g) for g in globs)]
@@ -196,137 +252,9 @@ def _open_for_writing(path: str) -> IO[str]:
         raise UsageError(f"--events: cannot write {path}: {exc.strerror}") from None
 
 
-# ---------------------------------------------------------------------- following the log
-
-
-class Watch:
-    """The tree view and the recent events, kept up to date from the app's log."""
-
-    def __init__(self, tree: Supervisor | Mesh, options: Options) -> None:
-        self.tree = tree
-        self.options = options
-        self.view = TreeView(tree)
-        self.recent: deque[Event] = deque(maxlen=100)
-        self.t0: float | None = None
-        self.log: EventLog | None = None  # the running app's, once started
-        self._seen = 0
-
-    def catch_up(self) -> list[Event]:
-        """Feed the view what the log gained since the last call; return it as events."""
-        log = self.log
-        if log is None:
-            return []
-        new = [log[i] for i in range(self._seen, len(log))]
-        self._seen += len(new)
-        for entry in new:
-            self.view.feed(entry)
-        if new and self.t0 is None:
-            self.t0 = new[0].time
-        events = [Event.of(entry) for entry in new]
-        self.recent.extend(events)
-        return events
-
-    def line(self, event: Event) -> str:
-        return _timeline.line(event, self.t0 or 0.0)
-
-    def heading(self) -> str:
-        chaos = "" if self.options.chaos_rate is None else f", chaos {self.options.chaos_rate:g}/s"
-        return f"otpmesh run {self.options.target} ({self.options.placement}{chaos})"
-
-    def snapshot(self, now: float | None = None) -> list[str]:
-        return [self.view.summary(now), *self.view.lines()]
-
-
-class Display(Protocol):
-    def started(self, watch: Watch) -> None: ...
-    def events(self, watch: Watch, new: list[Event]) -> None: ...
-    async def run(self, watch: Watch) -> None: ...
-    def stopping(self, watch: Watch, why: str) -> None: ...
-    def finished(self, watch: Watch, new: list[Event]) -> None: ...
-
-
-class PlainDisplay:
-    """Lines for a pipe or a log file: the tree, events as they happen, the tree at the end."""
-
-    def __init__(self, out: Callable[[str], None], every: float | None) -> None:
-        self.out = out
-        self.every = every
-
-    def started(self, watch: Watch) -> None:
-        self.out(f"{watch.heading()}: started; Ctrl-C stops it")
-        self._tree(watch)
-
-    def _tree(self, watch: Watch, now: float | None = None) -> None:
-        for text in watch.snapshot(now):
-            self.out(text)
-
-    def events(self, watch: Watch, new: list[Event]) -> None:
-        for event in new:
-            self.out(watch.line(event))
-
-    async def run(self, watch: Watch) -> None:
-        while self.every is not None:
-            await trio.sleep(self.every)
-            self._tree(watch, trio.current_time())
-
-    def stopping(self, watch: Watch, why: str) -> None:
-        self.out(f"{watch.heading()}: stopping ({why})")
-
-    def finished(self, watch: Watch, new: list[Event]) -> None:
-        self.events(watch, new)
-        self._tree(watch)
-
-
-class LiveDisplay:
-    """The tree redrawn in place on a terminal, with the recent events and output below it. It
-    keeps redrawing while the tree shuts down, so a slow stop shows who is still running."""
-
-    def __init__(self) -> None:
-        self.screen = LiveScreen(sys.stdout)
-        self.changed = trio.Event()
-        self.hint = "    Ctrl-C stops the tree"
-
-    def started(self, watch: Watch) -> None:
-        self.screen.open()
-        self._draw(watch)
-
-    def _frame(self, watch: Watch, rows: int | None, keep: int) -> RenderableType:
-        now = trio.current_time()
-        table = watch.view.table()
-        events = [watch.line(e) for e in list(watch.recent)[-keep:]]
-        output = list(self.screen.tail.lines)[-keep:]
-        top = 2 + len(table)  # the heading, the summary, the table's header and rows
-        sections = fit(top, [("recent events", events), ("output", output)], rows)
-        hint = self.hint if rows is not None else ""
-        return render(watch.heading(), hint, watch.view.summary(now), tree_table(table), sections)
-
-    def _draw(self, watch: Watch) -> None:
-        watch.catch_up()  # also while the tree stops, when nothing else follows the log
-        rows, _ = self.screen.size()
-        self.screen.draw(self._frame(watch, rows, keep=rows))
-
-    def events(self, watch: Watch, new: list[Event]) -> None:
-        self.changed.set()
-
-    async def run(self, watch: Watch) -> None:
-        while True:
-            self._draw(watch)
-            with trio.move_on_after(CLOCK_EVERY):
-                await self.changed.wait()
-            self.changed = trio.Event()
-            await trio.sleep(REDRAW_EVERY)
-
-    def stopping(self, watch: Watch, why: str) -> None:
-        self.hint = f"    stopping ({why})"
-        self.changed.set()
-
-    def finished(self, watch: Watch, new: list[Event]) -> None:
-        self.screen.close(self._frame(watch, None, keep=10))
-
-
 async def watch(tree: Supervisor | Mesh, options: Options) -> None:
     """Start the tree, follow its log on the display until the duration ends or Ctrl-C."""
-    state = Watch(tree, options)
+    state = Watch(tree, _heading(options))
     display: Display = LiveDisplay() if options.live else PlainDisplay(_say, options.snapshots)
     if options.live:
         print(f"{state.heading()}: starting {tree.id}...", flush=True)

@@ -1,5 +1,5 @@
-"""Finding a supervision tree by name: ``supervisors/rl_pipeline.py``, ``supervisors.rl_pipeline``,
-either with ``:attr`` (default ``tree``).
+"""Finding a supervision tree (or a driver) by name: ``supervisors/rl_pipeline.py``,
+``supervisors.rl_pipeline``, either with ``:attr`` (default ``tree``).
 
 The module is imported under a real module name, with its root on ``sys.path``, because worker
 processes import the actor classes it defines by that name (they inherit ``sys.path``).
@@ -8,9 +8,12 @@ processes import the actor classes it defines by that name (they inherit ``sys.p
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from types import ModuleType
+from typing import Any
 
 from .._core._errors import UsageError
 from .._core._spec import Mesh, Supervisor
@@ -18,9 +21,23 @@ from .._core._spec import Mesh, Supervisor
 DEFAULT_ATTR = "tree"
 
 
+#: A driver: ``async def main()`` that starts its own trees (``otpmesh run job.py:main``).
+Driver = Callable[[], Awaitable[Any]]
+
+
 def load_tree(target: str) -> Supervisor | Mesh:
     """The spec `target` names. An attribute that is a function is called with no arguments
     (``supervisors/rl_pipeline.py:make_tree``)."""
+    found = load_target(target)
+    if not isinstance(found, Supervisor | Mesh):
+        raise UsageError(f"{target} is a driver (an async function), not a tree")
+    return found
+
+
+def load_target(target: str) -> Supervisor | Mesh | Driver:
+    """The spec `target` names, or the driver it names: an ``async def`` taking no arguments,
+    run as the program's main (``job.py:main``). Another function is called with no arguments
+    and must return a spec (``supervisors/rl_pipeline.py:make_tree``)."""
     where, attr = _split(target)
     module = _import_file(where) if _is_file(where) else _import_module(where)
     if not hasattr(module, attr):
@@ -31,12 +48,16 @@ def load_tree(target: str) -> Supervisor | Mesh:
         )
         raise UsageError(f"{where} has no attribute {attr!r}: {hint}")
     value = getattr(module, attr)
+    if inspect.iscoroutinefunction(value):
+        driver: Driver = value
+        return driver
     if callable(value) and not isinstance(value, Supervisor | Mesh | type):
         value = value()
     if not isinstance(value, Supervisor | Mesh):
         raise UsageError(
             f"{where}:{attr} is a {type(value).__name__}, not a tree: it must be an "
-            "otpmesh.Supervisor or otpmesh.Mesh (or a function returning one)"
+            "otpmesh.Supervisor or otpmesh.Mesh (or a function returning one), or an async "
+            "function that starts its own trees"
         )
     return value
 

@@ -7,11 +7,13 @@ it needs nothing from the running application but ``app.events``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .._core._exits import describe
+from .._core._outline import OutlineRow, outline
 from .._core._reasons import is_normal_exit
-from .._core._spec import Mesh, Restart, Supervisor, Worker, walk
+from .._core._spec import Mesh, Restart, Supervisor
 from .._core._supevents import LogEntry, LogKind
 
 # What a node can be doing. A restart is expected after an exit when the child's restart type
@@ -43,6 +45,9 @@ class NodeView:
     last_exit: object = None  # the last exit that was not its supervisor stopping it
     children: list[str] = field(default_factory=list)
     pending_restart: bool = False  # supervisors: an exit is being handled by restarting
+    intensity: int | None = None  # supervisors and meshes: at most this many restarts ...
+    period: float | None = None  # ... within this many seconds
+    restart_times: list[float] = field(default_factory=list)  # supervisors: when they restarted
 
     @property
     def name(self) -> str:
@@ -52,30 +57,31 @@ class NodeView:
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
 
-
-def _detail(spec: Supervisor | Worker | Mesh) -> str:
-    if isinstance(spec, Worker):
-        actor = spec.actor
-        return actor.__name__ if isinstance(actor, type) else actor.rpartition(":")[2]
-    limit = f"{spec.strategy} {spec.intensity}/{spec.period:g}s"
-    if isinstance(spec, Mesh):
-        shape = ",".join(f"{k}={v}" for k, v in spec.shape.items())
-        return f"{shape} {limit}"
-    return limit
+    def intensity_used(self, now: float) -> str:
+        """``used/limit in PERIODs``: the restarts of the last ``period`` seconds against
+        ``intensity`` (OTP gives up past the limit); empty for a worker."""
+        if self.intensity is None or self.period is None:
+            return ""
+        used = sum(now - t < self.period for t in self.restart_times)
+        return f"{used}/{self.intensity} in {self.period:g}s"
 
 
 class TreeView:
     """Feed it log entries in order (``feed``); read it as rows (``table``), as text lines
     (``lines``) or by path."""
 
-    def __init__(self, tree: Supervisor | Mesh) -> None:
-        self.root = tree.id
+    def __init__(self, tree: Supervisor | Mesh | Sequence[OutlineRow]) -> None:
+        rows = outline(tree) if isinstance(tree, Supervisor | Mesh) else list(tree)
+        if not rows:
+            raise ValueError("a tree view needs at least its root")
+        self.root = rows[0][0]
         self.nodes: dict[str, NodeView] = {}
         self.started_at: float | None = None
         self.now: float | None = None
         self.events = 0
-        for path, spec in walk(tree):
-            self._add(path, type(spec).__name__.lower(), _detail(spec), str(spec.restart))
+        for path, kind, detail, restart, intensity, period in rows:
+            node = self._add(path, kind, detail, restart)
+            node.intensity, node.period = intensity, period
 
     def _add(self, path: str, kind: str, detail: str = "", restart: str = "") -> NodeView:
         node = self.nodes[path] = NodeView(path, kind, detail, restart or Restart.PERMANENT)
@@ -118,6 +124,8 @@ class TreeView:
             node.last_exit = entry.reason
             node.state = RESTARTING if _restarts(node, entry.reason) else EXITED
             sup.pending_restart = node.state == RESTARTING
+            if sup.pending_restart:
+                sup.restart_times.append(entry.time)  # what OTP's intensity counts
         elif kind is LogKind.CHILD_TERMINATED:
             # Stopped by its supervisor: for a sibling's restart (one_for_all, rest_for_one), or
             # for good. Only an abnormal reason ('killed') is worth showing as its last exit.
@@ -165,15 +173,18 @@ class TreeView:
         root = self.nodes[self.root]
         return f"{self.root} {root.state}: " + ", ".join(parts)
 
-    def table(self) -> list[tuple[str, ...]]:
+    def table(self, now: float | None = None) -> list[tuple[str, ...]]:
         """The tree as rows of cells, a header first, then parents before children, children in
-        start order; the NAME cell draws the tree. FAULTS is left out until there are some."""
+        start order; the NAME cell draws the tree. INTENSITY is a supervisor's restarts within
+        its period at `now` (default: the last entry) of the most it allows. FAULTS is left out
+        until there are some."""
         rows: list[tuple[str, ...]] = [
-            ("NAME", "KIND", "STATE", "INC", "RESTARTS", "FAULTS", "LAST EXIT")
+            ("NAME", "KIND", "STATE", "INC", "RESTARTS", "INTENSITY", "FAULTS", "LAST EXIT")
         ]
-        self._rows(self.root, "", "", rows)
+        at = self.now if now is None else now
+        self._rows(self.root, "", "", rows, 0.0 if at is None else at)
         if not self.faults():
-            rows = [r[:5] + r[6:] for r in rows]
+            rows = [r[:6] + r[7:] for r in rows]
         return rows
 
     def lines(self) -> list[str]:
@@ -186,13 +197,18 @@ class TreeView:
             lines.append(f"{cells}  {row[-1]}" if row[-1] else cells.rstrip())
         return lines
 
-    def _rows(self, path: str, lead: str, child_lead: str, rows: list[tuple[str, ...]]) -> None:
+    def _rows(
+        self, path: str, lead: str, child_lead: str, rows: list[tuple[str, ...]], now: float
+    ) -> None:
         node = self.nodes[path]
         inc = "" if node.incarnation is None else f"#{node.incarnation}"
         last = "" if node.last_exit is None else describe(node.last_exit)
         kind = f"{node.kind} {node.detail}".strip()
         faults = str(node.faults) if node.faults else ""
-        rows.append((lead + node.name, kind, node.state, inc, str(node.restarts), faults, last))
+        used = node.intensity_used(now)
+        rows.append(
+            (lead + node.name, kind, node.state, inc, str(node.restarts), used, faults, last)
+        )
         for i, child in enumerate(node.children):
             last_child = i == len(node.children) - 1
             self._rows(
@@ -200,6 +216,7 @@ class TreeView:
                 child_lead + ("└── " if last_child else "├── "),
                 child_lead + ("    " if last_child else "│   "),
                 rows,
+                now,
             )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import IO, Literal
 
 import trio
@@ -27,9 +27,11 @@ from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog
 from ._inspect import Stacks, collect, serve_signal
+from ._owners import owners
 from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
+from ._watch import watchable
 
 PlacementName = Literal["procs", "local"]
 
@@ -60,15 +62,20 @@ class App:
                 if isinstance(spec, Mesh)
                 else f"{path} is a {kind}, not an actor"
             )
-        return ActorRef(path, _endpoints(spec.actor), self._tree.slot(path))
+        return ActorRef(path, endpoints_of(spec.actor), self._holder(path).slot(path))
 
     def mesh(self, path: str) -> ActorMesh:
         """The actor mesh of the Mesh spec at `path`, shaped as declared; valid across restarts."""
         spec = self._tree.spec(path)
         if not isinstance(spec, Mesh):
             raise ValueError(f"{path} is a {type(spec).__name__}, not a Mesh: use app.actor()")
-        slots = [self._tree.slot(f"{path}/{rank}") for rank in range(spec.size)]
-        return ActorMesh(path, _endpoints(spec.actor), dict(spec.shape), slots, None)
+        holder = self._holder(path)
+        slots = [holder.slot(f"{path}/{rank}") for rank in range(spec.size)]
+        return ActorMesh(path, endpoints_of(spec.actor), dict(spec.shape), slots, None)
+
+    def _holder(self, path: str) -> TreeContext:
+        """This app's tree, or the tree one of its actors owns, that has `path`."""
+        return self._tree.holder(path) or self._tree
 
     async def settled(self) -> None:
         """Wait until no supervisor has work pending (exits handled, restarts done)."""
@@ -122,20 +129,20 @@ def context(app: App) -> TreeContext:
     return app._tree
 
 
-def _endpoints(actor: type | str) -> Endpoints:
+def endpoints_of(actor: type | str) -> Endpoints:
+    """What callers of `actor`'s refs check their calls against (nothing, for an import path)."""
     if isinstance(actor, type) and issubclass(actor, Actor):
         return Endpoints.of(actor.endpoints())
     return Endpoints({})  # an import path: the controller need not import it to call it
 
 
-@asynccontextmanager
-async def start(
+def start(
     tree: Supervisor | Mesh,
     *,
     placement: PlacementName | ProcsPlacement = "procs",
     events_file: IO[str] | None = None,
     heartbeat_timeout: float | None = None,
-) -> AsyncIterator[App]:
+) -> AbstractAsyncContextManager[App]:
     """Start a supervision tree; stop it (children in reverse start order) when the block ends.
 
     ``placement="procs"`` runs every actor in a worker process of its own; ``"local"`` runs them
@@ -144,18 +151,40 @@ async def start(
     ``heartbeat_timeout`` (seconds; default ``OTPMESH_HEARTBEAT_TIMEOUT``, else 2.0): how long
     a worker process of this app may be silent before the kernel is asked what it is doing; a
     stopped one is then hung, a running one gets ten times as long (docs/supervision.md).
+    Inside an actor, ``otpmesh.context().start(spec)`` starts a tree that the actor owns.
     """
+    return run_tree(
+        tree, placement=placement, events_file=events_file, heartbeat_timeout=heartbeat_timeout
+    )
+
+
+@asynccontextmanager
+async def run_tree(
+    tree: Supervisor | Mesh,
+    *,
+    placement: PlacementName | ProcsPlacement = "procs",
+    events_file: IO[str] | None = None,
+    heartbeat_timeout: float | None = None,
+    prefix: str | None = None,
+    events: EventLog | None = None,
+) -> AsyncIterator[App]:
+    """``start``, and for a tree an actor owns (_subtree.py): its paths under `prefix` (the
+    owner's path), its entries in `events` (the owner's tree's log)."""
     if not isinstance(tree, Supervisor | Mesh):
         raise TypeError(f"otpmesh.start needs a Supervisor or Mesh spec, not {tree!r}")
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     beat_timeout = _heartbeat_timeout(heartbeat_timeout)
     rt = await runtime()
-    ctx = TreeContext(tree, EventLog(events_file), rt.exit_listeners)
+    log = events if events is not None else EventLog(events_file)
+    ctx = TreeContext(tree, log, rt.exit_listeners, prefix or "")
+    ctx.owns_events = events is None
+    ctx.owners_quiet = owners(rt).quiet
     ctx.runtime_node = rt.node
     try:
         with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for
-            async with _collapse(), trio.open_nursery() as nursery:
+            # listed for otpmesh watch (and otpmesh run file.py:main) while it runs
+            async with watchable(ctx), _collapse(), trio.open_nursery() as nursery:
                 ctx.nursery = nursery
                 if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
                     ctx.placement = placement
@@ -164,7 +193,8 @@ async def start(
                 else:
                     ctx.placement = LocalPlacement(rt, ctx, nursery)
                 ctx.placement = with_process_groups(tree, ctx.placement, rt, ctx, nursery)
-                ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), tree.id, None)
+                root_path = f"{prefix}/{tree.id}" if prefix else tree.id
+                ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), root_path, None)
                 nursery.start_soon(ctx.root.run)
                 nursery.start_soon(serve_signal, rt)  # otpmesh stacks PID
                 await ctx.root.started.wait()
@@ -176,10 +206,13 @@ async def start(
                 finally:
                     with trio.CancelScope(shield=True):
                         await _stop_tree(ctx)
+                        if prefix is None:  # a top tree: what its actors owned is stopped too
+                            await owners(rt).quiet()
                     nursery.cancel_scope.cancel()
     finally:
         for path in ctx.specs:
             rt.exit_listeners.pop(path, None)
+        ctx.ended.set()
     if ctx.root.init_failure is not None:
         reason = ctx.root.init_failure
         raise SupervisorError(f"supervisor {tree.id} failed to start: {describe(reason)}", reason)
@@ -226,4 +259,5 @@ async def _stop_tree(ctx: TreeContext) -> None:
         ctx.root.post(Stop(SHUTDOWN))
         await ctx.root.exited.wait()
     await ctx.placement.close()
-    ctx.events.close()
+    if ctx.owns_events:
+        ctx.events.close()

@@ -38,7 +38,7 @@ from .._core._supevents import (
 from ._placement import SlotInfo, StartError
 
 if TYPE_CHECKING:
-    from ._tree import TreeContext
+    from ._drivercontext import DriverContext
 
 
 class SupervisorDriver:
@@ -46,7 +46,7 @@ class SupervisorDriver:
 
     def __init__(
         self,
-        app: TreeContext,
+        app: DriverContext,
         spec: Supervisor,
         path: str,
         parent: SupervisorDriver | None,

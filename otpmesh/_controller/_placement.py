@@ -17,12 +17,14 @@ import trio
 from .._core._actor import Actor, class_path
 from .._core._errors import ActorDiedError, ActorError, EncodeError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
-from .._core._reasons import KILLED, SHUTDOWN
+from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
+from .._runtime._liveness import proc_state
 from .._wire import _codec
+from ._owners import owners
 from ._slotenv import slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
@@ -169,16 +171,23 @@ class ProcsPlacement:
             raise StartError(ActorCrash("SpawnError", str(exc))) from exc
         proc = self._procs[path]
         proc.named(path)
+        await owners(self._rt).released(path)  # its last incarnation's possessions are gone
         try:
             payload = _payload(path, incarnation, actor, args, kwargs, info)
             result = await spawn_on(self._rt, proc, payload)
         except ActorError as exc:
-            raise StartError(ActorCrash(exc.type_name, exc.message, exc.traceback)) from exc
+            reason: object = ActorCrash(exc.type_name, exc.message, exc.traceback)
+            self._rt.exited_hooks(path, incarnation, reason)  # what it made in on_start goes
+            raise StartError(reason) from exc
         except ActorDiedError as exc:
-            raise StartError(ProcessExit(proc.pid, proc.exit_reason or exc.reason)) from exc
+            reason = ProcessExit(proc.pid, proc.exit_reason or exc.reason)
+            self._rt.exited_hooks(path, incarnation, reason)
+            raise StartError(reason) from exc
         if result == STARTED:
             proc.hosted(path, incarnation)
             slot.mark_up(proc.addr, proc)
+        else:
+            self._rt.exited_hooks(path, incarnation, NORMAL)  # ignored: it owns nothing
         return str(result)
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
@@ -186,6 +195,12 @@ class ProcsPlacement:
         if proc is None or proc.conn is None or not proc.alive:
             return ProcessExit(proc.pid if proc else 0, (proc and proc.exit_reason) or "is gone")
         seconds, brutal = _timeout(shutdown)
+        if proc.host is None and proc_state(proc.pid) in ("T", "t"):
+            # Stopped (SIGSTOP, a debugger): it cannot run on_stop or answer; waiting for it
+            # would only wait out the shutdown timeout. Killed at once, as a brutal kill is.
+            self._rt.kill(proc)
+            await proc.exited.wait()
+            return KILLED
         request = {
             "id": slot.actor_id,
             "incarnation": incarnation,
@@ -239,8 +254,14 @@ class LocalPlacement:
 
     def __init__(self, rt: Runtime, listener: ExitListener, nursery: trio.Nursery) -> None:
         self._node = rt.node
+        self._rt = rt
+
         # Actor tasks run in the application's nursery: their fate is the app's, not the node's.
-        self._host = ActorHost(rt.node, listener.actor_exited, listener.actor_exiting, nursery)
+        def exited(path: str, incarnation: int, reason: object) -> None:
+            listener.actor_exited(path, incarnation, reason)
+            rt.exited_hooks(path, incarnation, reason)
+
+        self._host = ActorHost(rt.node, exited, listener.actor_exiting, nursery)
 
     async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
         return None
@@ -257,14 +278,19 @@ class LocalPlacement:
         payload = _payload(slot.actor_id, incarnation, actor, args, kwargs, info)
         if isinstance(actor, type) and issubclass(actor, Actor):
             payload["cls"] = actor
+        await owners(self._rt).released(slot.actor_id)
         try:
             result = await self._host.spawn(payload)
         except StartFailed as exc:
             raise StartError(exc.crash) from None
         except Exception as exc:
-            raise StartError(ActorCrash.of(exc)) from exc
+            reason = ActorCrash.of(exc)
+            self._rt.exited_hooks(slot.actor_id, incarnation, reason)
+            raise StartError(reason) from exc
         if result == STARTED:
             slot.mark_up(self._node.addr, None)
+        else:
+            self._rt.exited_hooks(slot.actor_id, incarnation, NORMAL)
         return result
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:

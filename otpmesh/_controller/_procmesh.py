@@ -4,50 +4,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
 import trio
 
-from .._core._actor import Actor, class_path
+from .._core._actor import Actor, class_path, current_path
 from .._core._errors import ActorError, MeshError, SpawnError
 from .._core._exits import ActorCrash, describe
-from .._core._reasons import is_normal_exit
-from .._core._shape import Shape, all_coords, check_shape
-from .._core._signature import Endpoints
+from .._core._shape import Shape, all_coords, check_shape, select
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
-from .._core._supevents import LogEntry, LogKind
-from .._node._mesh import ActorMesh, Slot
+from .._node._ask import ask_controller
+from .._node._mesh import ActorMesh, ActorRef, Slot
+from .._runtime import _run
 from .._runtime._controller_runtime import Proc, Runtime, runtime
-from ._app import App, start
+from .._wire import _codec
+from ._app import App, endpoints_of
 from ._events import EventLog
+from ._hook import Unsupervised
+from ._owners import STOP_TIMEOUT, owners
 from ._placement import ProcsPlacement, StartError, spawn_on
+from ._procref import ProcMeshRef
 from ._slotenv import slot_env, visible_gpus
+from ._subtree import OwnedTree, start_owned
 
 log = logging.getLogger("otpmesh.procmesh")
-
-STOP_TIMEOUT = 5.0
-
-
-class _Unsupervised:
-    """Hears the exits of a proc mesh's unsupervised actors: they go to its event log."""
-
-    def __init__(self, events: EventLog) -> None:
-        self._events = events
-
-    def actor_exiting(self, path: str, incarnation: int) -> None:
-        return None
-
-    def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
-        name, _, rank = path.rpartition("/")
-        entry = LogEntry(trio.current_time(), LogKind.CHILD_EXITED, name, rank, incarnation, reason)
-        self._events.append(entry)
-        if not is_normal_exit(reason):
-            log.warning(
-                "%s (unsupervised) exited: %s; it will not be restarted", path, describe(reason)
-            )
-
-    async def resolve(self, path: str) -> dict[str, Any]:
-        return {"gone": f"{path} is not supervised and its process is gone"}
 
 
 def _crash_error(path: str, reason: object) -> Exception:
@@ -57,19 +38,36 @@ def _crash_error(path: str, reason: object) -> Exception:
 
 
 class ProcMesh:
-    """Worker processes, one per point of `shape`. ``async with`` stops them on exit."""
+    """Worker processes, one per point of `shape`. ``async with`` stops them on exit.
 
-    def __init__(self, rt: Runtime, shape: Shape, procs: list[Proc]) -> None:
+    Made from inside an actor, the processes belong to that actor (its `owner`): its meshes'
+    actors live under its path, and they are stopped when it exits. A proc mesh can be sent in
+    a message (a handle: ``otpmesh.ProcMeshRef``) and sliced."""
+
+    _wire_ext: ClassVar[int] = _codec.EXT_PROC_MESH  # travels as a handle (_procref.py)
+
+    def __init__(
+        self, rt: Runtime, shape: Shape, procs: list[Proc], owner: str | None = None
+    ) -> None:
         self._rt = rt
         self._shape = shape
         self._procs = procs
         self._meshes: dict[str, ActorMesh] = {}
-        self._apps: dict[str, App] = {}
+        self._apps: dict[str, OwnedTree] = {}
+        self._views: dict[tuple[Any, ...], ProcMesh] = {}
+        self._spawners: dict[str, Proc | None] = {}  # which process asked for each actor mesh
         self._stopping = trio.Event()
-        self._groups_running = 0
-        self._groups_done = trio.Event()
+        self.owner = owner
+        registry = owners(rt)
+        self.id = registry.new_id()
+        self.label = f"proc mesh {self.id}" + (f" of {owner}" if owner else "")
+        registry.meshes[self.id] = self
+        registry.add(owner, self)
         #: Exits of this proc mesh's unsupervised actors (supervised ones: ``supervision(name)``).
         self.events = EventLog()
+
+    def _to_wire(self) -> list[Any]:
+        return [self.id, list(self._shape.items()), self.pids, None]
 
     @property
     def shape(self) -> Shape:
@@ -82,68 +80,118 @@ class ProcMesh:
     def __len__(self) -> int:
         return len(self._procs)
 
-    def _check_new(self, name: str, actor: type[Actor]) -> None:
+    def slice(self, **selection: int | slice) -> ProcMesh:
+        """A proc mesh over some of these processes (``hosts=0``, ``gpus=slice(0, 2)``): spawn
+        on it, stop it (those processes only), send it. It has the same owner."""
+        shape, ranks = select(self._shape, **selection)
+        return ProcMesh(self._rt, shape, [self._procs[r] for r in ranks], self.owner)
+
+    def _subset(self, ranks: list[int], shape: Shape) -> ProcMesh:
+        """The slice of these processes at `ranks`, shaped `shape` (a handle's slice: made once
+        per distinct slice, then reused)."""
+        if len(ranks) != len(all_coords(shape)):
+            raise MeshError(f"a slice of shape {shape} cannot hold {len(ranks)} processes")
+        key = (tuple(ranks), tuple(shape.items()))
+        view = self._views.get(key)
+        if view is None or view.stopped:
+            view = self._views[key] = ProcMesh(
+                self._rt, shape, [self._procs[r] for r in ranks], self.owner
+            )
+        return view
+
+    def _find(self, path: str) -> ActorMesh | ActorRef | None:
+        """This proc mesh's actor mesh at `path`, or one actor of it, if it has it."""
+        for mesh in self._meshes.values():
+            if mesh.name == path:
+                return mesh
+            if path.startswith(mesh.name + "/") and path in mesh.paths:
+                return mesh[mesh.paths.index(path)]
+        return None
+
+    def _may_stop(self, name: str, asker: Proc) -> bool:
+        """Whether the worker `asker` may stop the actor mesh `name`: it hosts this proc mesh's
+        owner, or it asked for the mesh."""
+        owner_there = self.owner is not None and self.owner in asker.names
+        return owner_there or self._spawners.get(name) is asker
+
+    def _stopped_on_purpose(self, name: str) -> bool:
+        return self.stopped or name not in self._meshes
+
+    def _path(self, name: str) -> str:
+        return f"{self.owner}/{name}" if self.owner else name
+
+    def _check_new(self, name: str, actor: type[Actor] | str) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise MeshError(f"mesh name must be a non-empty string without '/', not {name!r}")
         if name in self._meshes:
             raise MeshError(f"this proc mesh already has an actor mesh named {name!r}")
+        if self._stopping.is_set():
+            raise MeshError(f"{self.label} is stopped: start another with otpmesh.proc_mesh()")
+        if isinstance(actor, str):
+            return  # an import path, from a process that had the class (checked where it runs)
         if not (isinstance(actor, type) and issubclass(actor, Actor)):
             raise TypeError(f"spawn needs an otpmesh.Actor subclass, not {actor!r}")
 
-    async def spawn(self, name: str, actor: type[Actor], *args: Any, **kwargs: Any) -> ActorMesh:
+    async def spawn(
+        self, name: str, actor: type[Actor] | str, *args: Any, **kwargs: Any
+    ) -> ActorMesh:
         """Start one `actor` per process (its constructor runs there, with `args` and `kwargs`);
-        return the actor mesh. A failed actor stays dead: its calls fail and ``events`` records
-        the exit. For actors that restart, use ``spawn_supervised``."""
+        return the actor mesh. A failed actor stays dead: its calls fail, ``events`` records the
+        exit, and an owner hears of it (``__supervise__``). For actors that restart, use
+        ``spawn_supervised``."""
         self._check_new(name, actor)
+        path = self._path(name)
+        coords = all_coords(self._shape)
         payload = {
-            "cls": class_path(actor),
+            "cls": actor if isinstance(actor, str) else class_path(actor),
             "name": name,
             "shape": self._shape,
             "args": list(args),
             "kwargs": kwargs,
         }
-        slots = [Slot(f"{name}/{p.rank}", p.addr, p) for p in self._procs]
+        slots = [Slot(f"{path}/{rank}", p.addr, p) for rank, p in enumerate(self._procs)]
         errors: dict[int, BaseException] = {}
 
-        async def start_one(proc: Proc, slot: Slot) -> None:
+        async def start_one(rank: int, proc: Proc, slot: Slot) -> None:
             if proc.conn is None or not proc.alive:
-                errors[proc.rank] = SpawnError(f"{slot.actor_id}: {proc.death()}")
+                errors[rank] = SpawnError(f"{slot.actor_id}: {proc.death()}")
                 return
-            body = dict(
-                payload, id=slot.actor_id, rank=proc.rank, coords=proc.coords, incarnation=1
-            )
+            body = dict(payload, id=slot.actor_id, rank=rank, coords=coords[rank], incarnation=1)
             proc.named(slot.actor_id)
             try:
                 await spawn_on(self._rt, proc, body)
             except StartError as exc:  # its constructor or on_start raised
-                errors[proc.rank] = _crash_error(slot.actor_id, exc.reason)
+                errors[rank] = _crash_error(slot.actor_id, exc.reason)
             except Exception as exc:
-                errors[proc.rank] = exc
+                errors[rank] = exc
             else:
                 proc.hosted(slot.actor_id, 1)
 
+        listener = Unsupervised(
+            self._rt, self.events, path, self.owner, partial(self._stopped_on_purpose, name)
+        )
+        for slot in slots:
+            self._rt.exit_listeners[slot.actor_id] = listener
         async with trio.open_nursery() as nursery:
-            for proc, slot in zip(self._procs, slots, strict=True):
-                nursery.start_soon(start_one, proc, slot)
+            for rank, (proc, slot) in enumerate(zip(self._procs, slots, strict=True)):
+                nursery.start_soon(start_one, rank, proc, slot)
         if errors:
-            await self._stop_actors(
-                [s for p, s in zip(self._procs, slots, strict=True) if p.rank not in errors]
-            )
+            await self._stop_actors([s for r, s in enumerate(slots) if r not in errors])
+            for slot in slots:
+                self._rt.exit_listeners.pop(slot.actor_id, None)
             rank, first = min(errors.items())
             raise SpawnError(
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
                 f"rank {rank}: {first}"
             ) from first
-        mesh = ActorMesh(name, Endpoints.of(actor.endpoints()), dict(self._shape), slots, None)
+        mesh = ActorMesh(path, endpoints_of(actor), dict(self._shape), slots, None)
         self._meshes[name] = mesh
-        for slot in slots:
-            self._rt.exit_listeners[slot.actor_id] = _Unsupervised(self.events)
         return mesh
 
     async def spawn_supervised(
         self,
         name: str,
-        actor: type[Actor],
+        actor: type[Actor] | str,
         *,
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
@@ -156,7 +204,8 @@ class ProcMesh:
         mesh's actors (``strategy``, ``intensity`` restarts per ``period`` s), the same as a
         ``Mesh`` spec in a tree. The constructor's `args` and `kwargs` are given as such, so no
         actor keyword can be mistaken for a supervision setting. ``supervision(name)`` is the
-        group: its events, ``settled()``, dynamic children."""
+        group: its events, ``settled()``, dynamic children. A group that gives up crashes its
+        owner (an actor that made this proc mesh), whose own supervisor then decides."""
         self._check_new(name, actor)
         spec = Mesh(
             name,
@@ -169,64 +218,75 @@ class ProcMesh:
             intensity=intensity,
             period=period,
         )
-        placement = ProcsPlacement(self._rt, {f"{name}/{p.rank}": p for p in self._procs})
-        ready = trio.Event()
-        outcome: dict[str, Any] = {}
-
-        async def run_group() -> None:
-            # Lives in the runtime's nursery until procs.stop(); a group that gives up only
-            # marks its actors gone (their calls fail) and says so in the log.
-            self._groups_running += 1
-            try:
-                async with start(spec, placement=placement) as app:
-                    outcome["app"] = app
-                    ready.set()
-                    await self._stopping.wait()
-            except Exception as exc:
-                outcome["error"] = exc
-                if "app" in outcome:
-                    log.error("supervised mesh %s stopped: %s", name, exc)
-            finally:
-                ready.set()
-                self._groups_running -= 1
-                if not self._groups_running:
-                    self._groups_done.set()
-
-        if self._rt.nursery is None:
-            raise SpawnError("the otpmesh runtime is not running")
-        self._rt.nursery.start_soon(run_group)
-        await ready.wait()
-        if "app" not in outcome:
-            raise SpawnError(f"spawning supervised mesh {name!r} failed: {outcome.get('error')}")
-        app: App = outcome["app"]
-        self._apps[name] = app
-        mesh = app.mesh(name)
+        path = self._path(name)
+        placement = ProcsPlacement(
+            self._rt, {f"{path}/{rank}": p for rank, p in enumerate(self._procs)}
+        )
+        tree = await start_owned(self._rt, spec, self.owner, placement)
+        owners(self._rt).discard(self.owner, tree)  # stopped with these processes, in order
+        self._apps[name] = tree
+        assert tree.app is not None
+        mesh = tree.app.mesh(path)
         self._meshes[name] = mesh
         return mesh
 
     def supervision(self, name: str) -> App:
         """The supervisor group of a mesh spawned with a strategy: its events, dynamic children."""
-        try:
-            return self._apps[name]
-        except KeyError:
-            raise MeshError(
-                f"{name!r} was not spawned as a supervised mesh on this proc mesh"
-            ) from None
+        tree = self._apps.get(name)
+        if tree is None or tree.app is None:
+            raise MeshError(f"{name!r} was not spawned as a supervised mesh on this proc mesh")
+        return tree.app
 
-    async def _stop_actors(self, slots: list[Slot]) -> None:
-        for slot in slots:
-            if slot.proc is not None and slot.proc.conn is not None and slot.proc.alive:
-                stop = {"id": slot.actor_id, "incarnation": 1, "timeout": STOP_TIMEOUT}
-                self._rt.node.sys_cast(slot.proc.conn, "stop_actor", stop)
+    async def _stop_mesh(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the actors of the mesh `name` (their ``on_stop`` runs); the processes stay."""
+        tree = self._apps.pop(name, None)
+        mesh = self._meshes.pop(name, None)
+        if tree is not None:
+            await tree.stop(timeout)
+        elif mesh is not None:
+            await self._stop_actors(mesh._slots, timeout, wait=True)
+        else:
+            raise MeshError(f"this proc mesh has no actor mesh named {name!r}")
+
+    def _mesh_named(self, path: str) -> str | None:
+        """The name of this proc mesh's actor mesh whose path is `path`, if it has one."""
+        return next((n for n, m in self._meshes.items() if m.name == path), None)
+
+    async def _stop_actors(
+        self, slots: list[Slot], timeout: float = STOP_TIMEOUT, wait: bool = False
+    ) -> None:
+        async def stop_one(slot: Slot) -> None:
+            proc = slot.proc
+            if proc is None or proc.conn is None or not proc.alive:
+                return
+            stop = {"id": slot.actor_id, "incarnation": 1, "timeout": timeout}
+            if not wait:
+                self._rt.node.sys_cast(proc.conn, "stop_actor", stop)
+                return
+            with trio.move_on_after(timeout + 1.0):
+                try:
+                    await self._rt.node.sys_call(proc.conn, "stop_actor", stop, slot.actor_id)
+                except Exception:
+                    pass  # its process went: the actor is stopped either way
+
+        async with trio.open_nursery() as nursery:
+            for slot in slots:
+                nursery.start_soon(stop_one, slot)
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`.
-        A process asked nicely stops its actors (``on_stop``), then runs its ``atexit``
-        functions and finalizers as a Python program does at exit (for at most 1 s)."""
-        self._stopping.set()  # supervised groups stop their actors first, in OTP order
-        if self._groups_running:
-            with trio.move_on_after(timeout):
-                await self._groups_done.wait()
+        Supervised groups stop their actors first, in OTP order; a process asked nicely stops
+        its actors (``on_stop``), then runs its ``atexit`` functions and finalizers as a Python
+        program does at exit (for at most 1 s)."""
+        if self._stopping.is_set():
+            raise MeshError(f"{self.label} is already stopped")
+        self._stopping.set()
+        registry = owners(self._rt)
+        registry.meshes.pop(self.id, None)
+        registry.discard(self.owner, self)
+        async with trio.open_nursery() as nursery:
+            for tree in self._apps.values():
+                nursery.start_soon(tree.stop, timeout)
         for proc in self._procs:
             if proc.alive and proc.conn is not None:
                 self._rt.node.sys_cast(proc.conn, "shutdown", None)
@@ -239,23 +299,40 @@ class ProcMesh:
             for proc in self._procs:
                 await proc.exited.wait()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
     async def __aenter__(self) -> ProcMesh:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         with trio.CancelScope(shield=True):
-            await self.stop()
+            if not self.stopped:
+                await self.stop()
 
     def __repr__(self) -> str:
         return f"ProcMesh({self._shape})"
 
 
-async def proc_mesh(**shape: int) -> ProcMesh:
-    """Start one worker process per point of `shape` (e.g. ``procs=4``, ``hosts=2, gpus=4``)."""
+async def proc_mesh(**shape: int) -> ProcMesh | ProcMeshRef:
+    """Start one worker process per point of `shape` (e.g. ``procs=4``, ``hosts=2, gpus=4``).
+
+    Inside an actor (in any process of the app) the controller starts them for that actor,
+    which owns them: they are stopped when it exits. The result is then a ``ProcMeshRef``."""
     checked = check_shape(shape)
+    owner = current_path()
+    if _run.IN_WORKER:  # a worker's actor: the controller starts them, for it
+        found: ProcMeshRef = await ask_controller("procs_start", {"shape": checked, "owner": owner})
+        return found
     rt = await runtime()
-    coords = all_coords(checked)
+    return await start_procs(rt, checked, owner)
+
+
+async def start_procs(rt: Runtime, shape: Shape, owner: str | None) -> ProcMesh:
+    """Fork the processes of a proc mesh of `shape`, owned by the actor at `owner`."""
+    coords = all_coords(shape)
     gpus = visible_gpus()
     envs = [slot_env(point, rank, gpus) for rank, point in enumerate(coords)]
-    procs = await rt.start_procs(checked, coords, envs)
-    return ProcMesh(rt, checked, procs)
+    procs = await rt.start_procs(shape, coords, envs)
+    return ProcMesh(rt, shape, procs, owner)

@@ -5,12 +5,14 @@ users' façade over it (_app.py)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from .._core._errors import ChildError, SupervisorError
-from .._core._exits import ActorCrash, describe
+from .._core._exits import ActorCrash
+from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._core._supervisor import ChildInfo
@@ -45,16 +47,26 @@ class TreeContext:
     placement. Users see the ``App`` façade over it."""
 
     def __init__(
-        self, tree: Supervisor | Mesh, events: EventLog, exit_listeners: dict[str, Any]
+        self,
+        tree: Supervisor | Mesh,
+        events: EventLog,
+        exit_listeners: dict[str, Any],
+        prefix: str = "",
     ) -> None:
         self.tree = tree
         self.events = events
+        self.owns_events = True  # False: an owner's tree's log, closed by that tree
+        #: Trees that actors of this one own (_subtree.py): found by path as if they were ours.
+        self.subtrees: list[TreeContext] = []
+        #: Waits until what exited owners owned is stopped (set by the app: _owners.py).
+        self.owners_quiet: Callable[[], Awaitable[None]] | None = None
+        self.ended = trio.Event()  # the app's block is over and the tree is stopped
         self.mesh_shapes: dict[str, dict[str, int]] = {}
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
         #: learns (at start, or from start_child) is ours.
         self.exit_listeners = exit_listeners
-        self._learn(tree, "")
+        self._learn(tree, prefix)
         self._slots: dict[str, Slot] = {}
         self._watchers: dict[str, SupervisorDriver] = {}
         self._drivers: dict[str, SupervisorDriver] = {}
@@ -76,11 +88,21 @@ class TreeContext:
 
     def spec(self, path: str) -> Supervisor | Worker | Mesh:
         """The spec at `path`; KeyError naming the paths there are."""
-        spec = self.specs.get(path)
-        if spec is None:
+        holder = self.holder(path)
+        if holder is None:
             known = ", ".join(sorted(self.specs))
             raise KeyError(f"no child at {path!r} in this tree (paths: {known})")
-        return spec
+        return holder.specs[path]
+
+    def holder(self, path: str) -> TreeContext | None:
+        """This tree, or the tree one of its actors owns (at any depth), that has `path`."""
+        if path in self.specs:
+            return self
+        for sub in self.subtrees:
+            found = sub.holder(path)
+            if found is not None:
+                return found
+        return None
 
     def _learn(self, spec: Supervisor | Worker | Mesh, parent: str) -> None:
         learned = []
@@ -195,10 +217,29 @@ class TreeContext:
             self._idle.set()
 
     async def settled(self) -> None:
-        """Wait until no supervisor has work pending (exits handled, restarts done)."""
-        while self._work:
-            await self._idle.wait()
-        await trio.lowlevel.checkpoint()
+        """Wait until no supervisor has work pending (exits handled, restarts done), in this
+        tree and in the trees its actors own, and what exited owners owned is stopped."""
+        while True:
+            while self._work:
+                await self._idle.wait()
+            for sub in list(self.subtrees):
+                await sub.settled()
+                if sub.gave_up:
+                    await sub.ended.wait()  # then its owner's crash is this tree's work
+            if self.owners_quiet is not None:
+                await self.owners_quiet()
+            await trio.lowlevel.checkpoint()
+            if not self._work and all(sub.idle for sub in self.subtrees):
+                return
+
+    @property
+    def idle(self) -> bool:
+        return not self._work and all(sub.idle and not sub.gave_up for sub in self.subtrees)
+
+    @property
+    def gave_up(self) -> bool:
+        """Its root stopped by itself, with a failure (not asked to): it is ending."""
+        return self.root_failure is not None
 
     # ---------------------------------------------------------------- dynamic children
 
@@ -268,6 +309,10 @@ class TreeContext:
             if driver.path == sup_path and not driver.exited.is_set():
                 return driver
             stack.extend(driver.children.values())
+        for sub in self.subtrees:  # the trees its actors own
+            found = sub._find_driver(sup_path)
+            if found is not None:
+                return found
         return None
 
     async def _request(self, driver: SupervisorDriver, make: Any, path: str) -> Outcome:
@@ -295,38 +340,19 @@ class TreeContext:
         """The root stopped by itself: gave up (a failure), or auto-shutdown (a normal end)."""
         if self.stopping:
             return
-        gave_up = any(
-            e.path == self.root.path
-            and e.kind in (LogKind.RESTART_INTENSITY_REACHED, LogKind.ESCALATED)
-            for e in self.events
-        )
-        if gave_up or not is_normal_exit(reason):
+        run = root_run(self.events, self.root.path, self.specs.__contains__)
+        if gave_up(run, self.root.path) or not is_normal_exit(reason):
             self.root_failure = reason
         if self.body_scope is not None:
             self.body_scope.cancel()
 
     def failure(self) -> SupervisorError:
-        """The error that says why the root gave up: which supervisor, and the last exits."""
-        reached = self.events.of_kind(LogKind.RESTART_INTENSITY_REACHED)
-        # The last supervisor to reach its intensity is the one whose giving up stopped the
-        # root (a nested one that gave up first was a restart of its parent's, which then
-        # reached its own); its children's exits are what caused it.
-        blamed = reached[-1].path if reached else self.root.path
-        exits = [
-            e
-            for e in self.events
-            if e.kind in (LogKind.CHILD_EXITED, LogKind.START_FAILED) and e.path == blamed
-        ]
-        last = "; ".join(f"{e.child_path} {describe(e.reason)}" for e in exits[-3:])
-        if reached:
-            where = reached[-1]
-            sup = self.spec(where.path)
-            limit = f"{getattr(sup, 'intensity', '?')} restarts in {getattr(sup, 'period', '?')} s"
-            head = f"supervisor {where.path} reached its restart intensity ({limit})"
-        else:
-            head = f"supervisor {self.root.path} exited: {describe(self.root_failure)}"
-        return SupervisorError(head + (f"; last exits: {last}" if last else ""), self.root_failure)
+        """The error that says why the root gave up: which supervisor, and the last exits (of
+        this tree's supervisors only: an owned subtree shares the log, _giveup.py)."""
+        run = root_run(self.events, self.root.path, self.specs.__contains__)
+        return give_up_error(run, self.root.path, self.root_failure, self.spec)
 
     def worker_paths(self) -> list[str]:
         """Every actor path of the tree (workers, and mesh members), in a fixed order."""
-        return [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
+        own = [p for p, spec in sorted(self.specs.items()) if isinstance(spec, Worker)]
+        return own + [p for sub in self.subtrees for p in sub.worker_paths()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
@@ -69,6 +69,23 @@ class Actor:
                 elif name in found and callable(value):  # overridden without @endpoint:
                     found[name] = replace(found[name], params=Params.of(value))  # called so
         return found
+
+
+#: The owner hook (Monarch's name): what an actor that spawned a mesh is told when one of its
+#: actors fails; served like an endpoint, called by the controller
+#: (docs/guides/owned-meshes.md).
+SUPERVISE_HOOK = "__supervise__"
+
+
+def served(cls: type[Actor]) -> dict[str, EndpointInfo]:
+    """What an actor of `cls` serves: its endpoints, and its owner hook if it has one."""
+    found = cls.endpoints()
+    hook = getattr(cls, SUPERVISE_HOOK, None)
+    if callable(hook):
+        found[SUPERVISE_HOOK] = EndpointInfo(
+            SUPERVISE_HOOK, inspect.iscoroutinefunction(hook), True
+        )
+    return found
 
 
 @overload
@@ -136,6 +153,25 @@ class ActorContext:
     shape: dict[str, int] = field(default_factory=dict)
     pid: int = 0
 
+    async def start(self, spec: Any) -> Any:
+        """Start the supervision tree `spec` (a Supervisor or Mesh) owned by this actor, with
+        OTP's rules inside it; return its ``Subtree`` (refs by path, under this actor's path).
+        When it gives up, this actor crashes with its SupervisorError; when this actor exits,
+        it is stopped. docs/guides/owned-meshes.md."""
+        if _start_hook is None:
+            raise RuntimeError("otpmesh's controller layer is not loaded (import otpmesh)")
+        return await _start_hook(self.path, spec)
+
+
+#: How an actor starts a tree it owns: set by the controller layer (otpmesh._controller._owned),
+#: which this pure layer cannot import.
+_start_hook: Callable[[str, Any], Awaitable[Any]] | None = None
+
+
+def set_start_hook(hook: Callable[[str, Any], Awaitable[Any]]) -> None:
+    global _start_hook
+    _start_hook = hook
+
 
 _current: contextvars.ContextVar[ActorContext] = contextvars.ContextVar("otpmesh_actor_context")
 _current_stop: contextvars.ContextVar[Callable[[object], None]] = contextvars.ContextVar(
@@ -151,6 +187,12 @@ def context() -> ActorContext:
         raise RuntimeError(
             "otpmesh.context() is only available inside an actor's constructor or endpoints"
         ) from None
+
+
+def current_path() -> str | None:
+    """The path of the actor whose code is running, or None outside actors."""
+    ctx = _current.get(None)
+    return None if ctx is None else ctx.path
 
 
 _current_progress: contextvars.ContextVar[Callable[[], None]] = contextvars.ContextVar(
@@ -195,4 +237,13 @@ def class_path(cls: type) -> str:
             f"actor class {cls.__qualname__} is defined inside a function; define it at module "
             "level so worker processes can import it"
         )
-    return f"{cls.__module__}:{cls.__qualname__}"
+    module = cls.__module__
+    # A class of the controller's main file, met in a worker (which imported that file under
+    # another name): it travels as the controller's own, so any process of the app finds it.
+    if module == MAIN_ALIAS:
+        module = "__main__"
+    return f"{module}:{cls.__qualname__}"
+
+
+#: The name worker processes import the controller's main file under.
+MAIN_ALIAS = "__otpmesh_main__"

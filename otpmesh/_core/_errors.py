@@ -86,6 +86,11 @@ class SupervisorError(OtpmeshError):
         super().__init__(message)
 
 
+class AppStoppedError(OtpmeshError):
+    """Raised by a background app's calls (otpmesh.start_background) once the app has stopped,
+    and by those under way when it stopped."""
+
+
 class ChildError(OtpmeshError):
     """Raised by the app's dynamic-children calls with OTP's outcome (not_found, running, ...)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._reasons import FAILED_TO_START_CHILD, KILLED, NORMAL, is_normal_exit
+from ._reasons import FAILED_TO_START_CHILD, KILLED, NORMAL, Reported, is_normal_exit
 
 
 class Ignore(Exception):
@@ -101,6 +101,8 @@ def describe(reason: object) -> str:
     """A reason in words, for error messages and logs."""
     if isinstance(reason, ActorCrash | ProcessExit | Hung):
         return str(reason)
+    if isinstance(reason, Reported):
+        return reason.text
     if (
         isinstance(reason, tuple)
         and len(reason) == 2

@@ -9,6 +9,8 @@ exception objects, lets them cross the wire and be compared in tests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 NORMAL = "normal"
 SHUTDOWN = "shutdown"
 KILLED = "killed"
@@ -17,6 +19,15 @@ KILLED = "killed"
 NOPROC = "noproc"
 #: The tag in the reason ``("shutdown", ("failed_to_start_child", id, reason))``.
 FAILED_TO_START_CHILD = "failed_to_start_child"
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """A reason as another process reported it (``otpmesh watch``): its words, and whether OTP
+    counts it as normal. It describes itself with its words."""
+
+    text: str
+    normal: bool
 
 
 def is_shutdown_tuple(reason: object) -> bool:
@@ -31,6 +42,8 @@ def is_normal_exit(reason: object) -> bool:
     """
     if isinstance(reason, str):
         return reason in (NORMAL, SHUTDOWN)
+    if isinstance(reason, Reported):
+        return reason.normal
     return is_shutdown_tuple(reason)
 
 

@@ -33,8 +33,8 @@ import trio
 
 from .._core._dumpable import make_undumpable
 from .._core._errors import ProtocolError
-from .._node._fanout import Relay
 from .._node._node import Node
+from .._node._relay import Relay
 from .._runtime._forkclient import (
     BeatReader,
     ForkServer,
@@ -43,8 +43,9 @@ from .._runtime._forkclient import (
     watch_heartbeat,
 )
 from .._wire import _codec
-from .._wire._connection import Connection, dial
+from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
+from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 

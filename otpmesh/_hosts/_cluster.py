@@ -35,10 +35,10 @@ from .._runtime._controller_runtime import (
 )
 from .._wire._connection import Connection
 from .._wire._secret import load_secret
+from ._launcher import Launcher
 
 if TYPE_CHECKING:
     from .._runtime._controller_runtime import Runtime
-    from ..launchers import Launcher
 
 log = logging.getLogger("otpmesh.cluster")
 

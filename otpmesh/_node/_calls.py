@@ -7,11 +7,23 @@ trio's low-level primitives (one reschedule per wake-up, no Event or task per ac
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
+from .._wire._connection import Connection
+
 _MISSING: Any = object()
+
+
+class Target(Protocol):
+    """Where an actor lives: what a call needs to reach it."""
+
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def addr(self) -> str: ...
+    def dead_reason(self) -> str | None: ...
 
 
 class CallGroup:
@@ -76,3 +88,18 @@ class CallGroup:
         if ok:
             return value
         raise value
+
+
+#: Where a call's reply goes: the connection it came on (a caller in another process) or the
+#: caller's own group (in this process), and the call id there.
+ReplyTo = tuple[Connection | CallGroup, int]
+
+
+class Replier(Protocol):
+    """What answers calls: how an actor's cell replies through its node (``Node`` is one)."""
+
+    def reply_ok(self, reply: ReplyTo, value: Any) -> None: ...
+    def reply_error(
+        self, reply: ReplyTo | None, type_name: str, message: str, tb: str, kind: str = "raised"
+    ) -> None: ...
+    def reply_dead(self, reply: ReplyTo, reason: str) -> None: ...

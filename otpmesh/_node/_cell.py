@@ -19,8 +19,7 @@ from . import _chain, _raised
 from ._serving import Serving
 
 if TYPE_CHECKING:
-    from ._node import Node
-    from ._outgoing import ReplyTo
+    from ._calls import Replier, ReplyTo
 
 log = logging.getLogger("otpmesh.actor")
 
@@ -47,7 +46,7 @@ class ActorCell:
 
     def __init__(
         self,
-        node: Node,
+        node: Replier,
         ctx: ActorContext,
         incarnation: int,
         instance: Any,

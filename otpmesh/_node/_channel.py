@@ -13,8 +13,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .._wire._codec import PendingTensor
     from .._wire._connection import Connection
+    from .._wire._tensors import PendingTensor
 
 
 class TensorChannel(Protocol):
@@ -22,7 +22,7 @@ class TensorChannel(Protocol):
 
     def offer(self, value: Any, collect: list[int] | None) -> Any:
         """Register a large `value` for readers (a tensor, or a flat byte memoryview: see
-        ``_codec.Offer``); its handle data (or None: send it inline). With `collect`, the
+        ``_tensors.Offer``); its handle data (or None: send it inline). With `collect`, the
         buffer id is appended there: its sender releases it later."""
 
     def drop_offered(self, buffer_ids: list[int]) -> None:

@@ -3,56 +3,29 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from .._core._actor import Actor, ActorContext, set_context
+from .._core._actor import Actor, ActorContext, served, set_context
 from .._core._errors import SpawnError
 from .._core._exits import ActorCrash, Ignore
 from .._core._reasons import NOPROC
 from . import _raised
 from ._cell import ActorCell
+from ._mainmodule import MainModule, import_class
 from ._node import Node
 
 log = logging.getLogger("otpmesh.actor")
 
-_MAIN_ALIAS = "__otpmesh_main__"
 STARTED = "started"
 IGNORED = "ignored"
 
 ExitCallback = Callable[[str, int, object], None]
 ExitingCallback = Callable[[str, int], None]
-
-
-def import_class(path: str, main_path: str | None) -> type[Actor]:
-    """Import an actor class by 'module:QualName' (the controller's __main__ by file path)."""
-    module_name, _, qualname = path.partition(":")
-    if module_name == "__main__":
-        module = sys.modules.get(_MAIN_ALIAS)
-        if module is None:
-            if not main_path:
-                raise SpawnError(f"{path}: the controller's __main__ has no file to import from")
-            spec = importlib.util.spec_from_file_location(_MAIN_ALIAS, main_path)
-            if spec is None or spec.loader is None:
-                raise SpawnError(f"cannot import the controller's main file {main_path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[_MAIN_ALIAS] = module
-            spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, Actor)):
-        raise SpawnError(f"{path} is not an otpmesh.Actor subclass")
-    return obj
 
 
 class StartFailed(Exception):
@@ -73,13 +46,13 @@ class ActorHost:
         on_exit: ExitCallback,
         on_exiting: ExitingCallback | None = None,
         nursery: trio.Nursery | None = None,
-        main_path: str | None = None,
+        main: MainModule | None = None,
         passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
     ) -> None:
         self.node = node
-        # The controller's main file, for classes defined in it: given at fork time by this
-        # process's parent, never taken from a message (a path on the wire is code to run).
-        self._main_path = main_path
+        # What the controller's __main__ is rebuilt from, for classes defined in it: given at
+        # fork time by this process's parent, never taken from a message (_mainmodule.py).
+        self._main = main or MainModule()
         self._on_exit = on_exit
         self._on_exiting = on_exiting
         self._nursery = nursery  # where actor tasks run (default: the node's)
@@ -90,7 +63,7 @@ class ActorHost:
         constructor or on_start raised (logged here, with the user's frames); other errors
         (no such class, already running) are raised as they are."""
         cls: type[Actor] = (
-            p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main_path)
+            p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main)
         )
         ctx = ActorContext(
             name=p["name"],
@@ -121,7 +94,7 @@ class ActorHost:
             ctx,
             p.get("incarnation", 1),
             instance,
-            cls.endpoints(),
+            served(cls),
             self._exited,
             self._exiting,
             progress_deadline=p.get("progress_deadline"),

@@ -18,6 +18,7 @@ from .._core._shape import Coords, Shape, all_coords, select
 from .._core._signature import Endpoints, bind_error
 from .._core._valuemesh import ValueMesh as ValueMesh
 from .._wire import _codec, _payloads
+from ._ask import ask_controller
 from ._calls import CallGroup
 from ._node import Node, current_node
 from ._slot import Slot as Slot
@@ -128,6 +129,13 @@ class ActorMesh(_Caller):
         return ActorMesh(
             self._name, self._endpoints, shape, [self._slots[r] for r in ranks], self._timeout
         )
+
+    async def stop(self) -> None:
+        """Stop this mesh's actors (each runs ``on_stop``); their processes stay. For a mesh
+        spawned on a proc mesh (``spawn`` or ``spawn_supervised``), from any process of the app;
+        a mesh declared in a tree is stopped by its supervisor (``app.terminate_child``).
+        Stopping a stopped mesh is an error."""
+        await ask_controller("mesh_stop", {"path": self._name})
 
     def with_timeout(self, seconds: float | None) -> ActorMesh:
         """The same mesh whose calls time out after `seconds` by default."""

@@ -10,7 +10,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import trio
 
@@ -28,27 +28,13 @@ from .._wire._frames import (
     _call_body,
     _pack_uint,
 )
+from .._wire._tensors import Offer
 from . import _chain, _fanout
-from ._calls import CallGroup
+from ._calls import CallGroup, ReplyTo, Target
 from ._channel import TensorChannel
 from ._faults import LinkFaults
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("otpmesh.node")
-
-ReplyTo = tuple[Connection | CallGroup, int]
-
-
-class Target(Protocol):
-    """Where an actor lives: what a call needs to reach it."""
-
-    @property
-    def actor_id(self) -> str: ...
-    @property
-    def addr(self) -> str: ...
-    def dead_reason(self) -> str | None: ...
 
 
 class Outgoing:
@@ -60,10 +46,11 @@ class Outgoing:
     faults: LinkFaults
     nursery: trio.Nursery | None
     parent: Connection | None
+    sys_handlers: dict[str, Any]
     _conns: dict[str, Connection]
     channel: TensorChannel | None
 
-    def offer(self, collect: list[int] | None) -> _codec.Offer | None:
+    def offer(self, collect: list[int] | None) -> Offer | None:
         """What ``pack`` offers large tensors to: this node's channel (the buffer ids go to
         `collect`, for the sender to drop), or None when it has none (they go inline)."""
         if self.channel is None:
@@ -128,7 +115,8 @@ class Outgoing:
         relayed: set[int] = set()
         if self.relays and len(targets) >= _fanout.MIN_FANOUT and not self.faults.links:
             for agent, indices in _fanout.plan(self.relays, targets).items():
-                _fanout.send(self, agent, group, indices, targets, body, chain)
+                request = _fanout.request(agent, group, indices, targets, body, chain)
+                self.sys_cast(agent, "fanout", request)
                 relayed.update(indices)
         for index, target in enumerate(targets):
             actor_id = target.actor_id
@@ -237,10 +225,14 @@ class Outgoing:
     async def resolve(self, slot: Any) -> None:
         """Ask the controller where a supervised actor lives now (a ref that came in a message
         and found its old address dead); waits while the actor restarts."""
-        if self.parent is None:
+        local = self.sys_handlers.get("resolve_actor") if self.parent is None else None
+        if self.parent is not None:
+            found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
+        elif local is not None:  # the controller itself, holding a ref that came in a message
+            found = await local(None, slot.actor_id)
+        else:
             slot.mark_gone("its supervisor cannot be asked (no controller connection)")
             return
-        found = await self.sys_call(self.parent, "resolve_actor", slot.actor_id, slot.actor_id)
         if found.get("gone") is not None:
             slot.mark_gone(found["gone"])
         else:

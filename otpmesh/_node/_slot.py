@@ -7,12 +7,24 @@ restart in a new process) every holder follows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from .._runtime._controller_runtime import Proc
+from .._wire._connection import Connection
+
+
+class WorkerProcess(Protocol):
+    """The worker process an actor lives in, as the controller sees it (the runtime's ``Proc``):
+    what a slot and its callers ask of it."""
+
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def conn(self) -> Connection | None: ...
+    def death(self) -> str:
+        """Why it is gone, in words (for callers of its actors)."""
+        ...
 
 
 @dataclass(eq=False, slots=True)
@@ -25,7 +37,7 @@ class Slot:
 
     actor_id: str
     addr: str
-    proc: Proc | None = None
+    proc: WorkerProcess | None = None
     supervised: bool = False
     remote: bool = False  # a copy received in a message (see Node.resolve)
     up: bool = True
@@ -51,7 +63,7 @@ class Slot:
             self.up = False
             self._bump()
 
-    def mark_up(self, addr: str, proc: Proc | None) -> None:
+    def mark_up(self, addr: str, proc: WorkerProcess | None) -> None:
         self.addr, self.proc, self.up, self.gone = addr, proc, True, None
         self._bump()
 

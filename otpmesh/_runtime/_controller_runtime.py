@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from .._core._dumpable import make_undumpable
 from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
+from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
@@ -127,6 +129,11 @@ class Proc:
         return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
 
 
+#: What the layers above serve from the controller's node (registered when they are imported):
+#: each is called with every new runtime.
+SERVICES: list[Callable[[Runtime], None]] = []
+
+
 class Runtime:
     """Everything the controller owns for one trio run."""
 
@@ -153,8 +160,14 @@ class Runtime:
         self._next_proc = 0
         # Who hears of an actor's exit, by actor path (a supervisor); others are only logged.
         self.exit_listeners: dict[str, ExitListener] = {}
+        #: Told of every actor exit after its listener (what an actor owned is stopped with it).
+        self.exit_hooks: list[Callable[[str, int, object], None]] = []
         self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
+        #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
+        self.owners: Any = None
+        for install in SERVICES:
+            install(self)
 
     def _is_worker(self, pid: int) -> bool:
         """Whether `pid` is one of this app's workers on this host: a child of its fork server
@@ -297,14 +310,14 @@ class Runtime:
             raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
 
     def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
-        main = sys.modules.get("__main__")
         return {
             "controller": controller,
             "proc": proc.proc_id,
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
-            "main": getattr(main, "__file__", None),
+            # Where __main__'s classes come from: its file, or its definitions (_mainmodule.py).
+            **this_main().to_cfg(),
             "heartbeat_interval": HEARTBEAT_INTERVAL,
             # Presented in its HELLO: no other holder of the secret can register as it.
             "token": proc.token,
@@ -483,6 +496,11 @@ class Runtime:
             listener.actor_exited(path, incarnation, reason)
         elif not is_normal_exit(reason):
             log.warning("%s exited: %s", path, describe(reason))
+        self.exited_hooks(path, incarnation, reason)
+
+    def exited_hooks(self, path: str, incarnation: int, reason: object) -> None:
+        for hook in self.exit_hooks:
+            hook(path, incarnation, reason)
 
 
 def _hello_refusal(proc: Proc | None, payload: Any) -> str | None:

@@ -18,10 +18,12 @@ from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
 from .._node._host import ActorHost, StartFailed
+from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
-from .._wire._connection import Connection, dial
+from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
+from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from ._watchdog import Watchdog
@@ -72,7 +74,7 @@ class Worker:
             self.node,
             self._actor_exited,
             self._actor_exiting,
-            main_path=cfg.get("main"),
+            main=MainModule.from_cfg(cfg),
             passing=_raised.IN_WORKER,  # SIGINT is ignored here: a KeyboardInterrupt is the actor's
         )
         self.controller: Connection | None = None

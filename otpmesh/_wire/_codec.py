@@ -36,22 +36,13 @@ a zero-element tensor or array, which carries no bytes, has its dims bounded ins
 (``_arrays.py``): ``[2**31, 0]`` as the payload of a crash once made a decoder walk 2**31 rows
 out of 27 bytes. The sender refuses, as EncodeError, what its receiver would refuse.
 
-torch is imported only when a tensor is met, so processes that never touch one never pay for it;
-numpy only when an array arrives (a sender meets arrays only if it imported numpy itself).
-
-Large values ride the tensor channel when the sending node passes its ``offer``: tensors and
-numpy arrays anywhere (msgpack hands them to ``_default``), and bytes, bytearray and memoryview
-objects of CHANNEL_THRESHOLD bytes or more, which msgpack would pack itself: ``pack`` first wraps
-those in the message's lists, tuples and dicts (``_lift``), when a cheap scan or the packed size
-says there may be one.
+Tensors, numpy arrays and large bytes-likes, inline or over the tensor channel, are
+``_tensors.py``'s.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib
-import os
-import struct
 import sys
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
@@ -61,21 +52,29 @@ from typing import Any
 import msgpack
 
 from .._core._errors import EncodeError, ProtocolError
-from .._core._exits import ActorCrash, Hung, ProcessExit
-from .._core._valuemesh import ValueMesh
-from . import _payloads
-from ._arrays import (
-    MAX_DIMS,
-    VIEW_FORMATS,
-    array_numel,
-    check_sendable,
-    decode_array,
-    shape_problem,
-    split_header,
-)
-from ._arrays import inline as inline_array
+from . import _corevalues
+from ._arrays import MAX_DIMS, decode_array
 from ._brief import brief
-from ._connection import MAX_FRAME_SIZE
+from ._corevalues import CoreValue
+from ._framing import MAX_FRAME_SIZE
+from ._tensors import (
+    AUTOGRAD_FLAGS,
+    CHANNEL_THRESHOLD,
+    PLAIN,
+    Blob,
+    Channelled,
+    Offer,
+    Packing,
+    PendingTensor,
+    autograd_flag,
+    decode_tensor,
+    encode_array,
+    encode_blob,
+    encode_tensor,
+    lift,
+    pending_buffer,
+    with_autograd,
+)
 
 EXT_TENSOR = 1
 EXT_ACTOR_REF = 2
@@ -89,8 +88,9 @@ EXT_CHANNEL_TENSOR = 9
 EXT_ARRAY = 10
 EXT_CHANNEL_BUFFER = 11
 EXT_HUNG = 12
-
-_U16 = struct.Struct(">H")
+EXT_PROC_MESH = 13
+EXT_MESH_FAILURE = 14
+EXT_AUTOGRAD = 15
 
 #: How many extension values may nest inside one another (see the module docstring). Each level
 #: is one more msgpack call on the C stack, so the limit is what keeps the stack bounded. Measured
@@ -112,66 +112,16 @@ _SCAN_ITEMS = 32
 # travel inline): a bound on the walk's recursion.
 _LIFT_LEVELS = 32
 
-#: Tensors at least this big travel over the tensor channel (otpmesh.rdma), not inline.
-CHANNEL_THRESHOLD = int(os.environ.get("OTPMESH_CHANNEL_THRESHOLD", str(1 << 20)))
-
-#: Offers a large value to the sending node's tensor channel: a contiguous CPU torch tensor, or
-#: the bytes of a bytes-like or numpy array as a flat memoryview (format 'B'; read-only when it
-#: is a whole ``bytes``, which nobody can change). Returns its handle data, or None to send it
-#: inline. A node passes its own to ``pack``; nothing is installed here.
-Offer = Callable[[Any], Any]
-
-# The fields of the exit reasons' payloads, checked both ways: a sender refuses to send what its
-# receiver would refuse (closing the connection).
-_CRASH_FIELDS = (_payloads.STR,) * 4  # type name, message, traceback, endpoint
-_EXIT_FIELDS = (_payloads.INT, _payloads.STR)  # pid, how
-_HUNG_FIELDS = (_payloads.STR, _payloads.NUMBER, _payloads.STR, _payloads.STR)
-
-
-def _value_mesh_problem(data: list[Any]) -> str | None:
-    return _payloads.mesh_shape_problem(data[0], len(data[1]))
-
-
-def _value_mesh_from(data: Any) -> ValueMesh[Any]:
-    shape, values = _payloads.fields(data, "value mesh", (_payloads.LIST, _payloads.LIST))
-    return ValueMesh(_payloads.mesh_shape(shape, len(values), "value mesh"), values)
-
-
-# The core's values that travel as extensions: code -> (type, to data, from data, why its data
-# cannot travel or None). The codec sits above the core, so it knows them itself. Each "from
-# data" checks its payload's type and arity before it builds anything (``_payloads.py``).
-_CORE_EXTS: Mapping[
-    int,
-    tuple[type, Callable[[Any], Any], Callable[[Any], Any], Callable[[Any], str | None]],
-] = MappingProxyType(
+# The core's values that travel as extensions, by code (_corevalues.py).
+_CORE_EXTS: Mapping[int, CoreValue] = MappingProxyType(
     {
-        EXT_ACTOR_CRASH: (
-            ActorCrash,
-            lambda c: [c.type_name, c.message, c.traceback, c.endpoint],
-            lambda d: ActorCrash(*_payloads.fields(d, "actor crash", _CRASH_FIELDS)),
-            partial(_payloads.fields_problem, types=_CRASH_FIELDS),
-        ),
-        EXT_PROCESS_EXIT: (
-            ProcessExit,
-            lambda p: [p.pid, p.how],
-            lambda d: ProcessExit(*_payloads.fields(d, "process exit", _EXIT_FIELDS)),
-            partial(_payloads.fields_problem, types=_EXIT_FIELDS),
-        ),
-        EXT_HUNG: (
-            Hung,
-            lambda h: [h.endpoint, h.seconds, h.how, h.stacks],
-            lambda d: Hung(*_payloads.fields(d, "hung", _HUNG_FIELDS)),
-            partial(_payloads.fields_problem, types=_HUNG_FIELDS),
-        ),
-        EXT_VALUE_MESH: (
-            ValueMesh,
-            lambda vm: [list(vm.shape.items()), vm.values()],
-            _value_mesh_from,
-            _value_mesh_problem,
-        ),
+        EXT_ACTOR_CRASH: _corevalues.ACTOR_CRASH,
+        EXT_PROCESS_EXIT: _corevalues.PROCESS_EXIT,
+        EXT_HUNG: _corevalues.HUNG,
+        EXT_VALUE_MESH: _corevalues.VALUE_MESH,
     }
 )
-_CORE_CODES: Mapping[type, int] = MappingProxyType({e[0]: c for c, e in _CORE_EXTS.items()})
+_CORE_CODES: Mapping[type, int] = MappingProxyType({e.kind: c for c, e in _CORE_EXTS.items()})
 # Values of the layers above (refs, meshes, buffers), by code. Each such class says how it
 # travels (``_wire_ext``, ``_to_wire()``, ``_from_wire(data)``); the codec looks it up by name
 # when it meets one, so it never imports the layers above it (they import the codec).
@@ -180,202 +130,10 @@ _UPPER_EXTS: Mapping[int, str] = MappingProxyType(
         EXT_ACTOR_REF: "otpmesh._node._mesh:ActorRef",
         EXT_ACTOR_MESH: "otpmesh._node._mesh:ActorMesh",
         EXT_RDMA_BUFFER: "otpmesh.rdma._buffer:RDMABuffer",
+        EXT_PROC_MESH: "otpmesh._controller._procref:ProcMeshRef",
+        EXT_MESH_FAILURE: "otpmesh._node._failure:MeshFailure",
     }
 )
-
-
-class PendingTensor:
-    """A large value still in its sender's memory: ``handle`` says where (the receiving node's
-    tensor channel reads it); ``form`` says what to rebuild (None: a torch tensor; else the
-    form of a channel buffer, see the module docstring). Packed again (a host agent relaying a
-    reply), it travels as it came."""
-
-    __slots__ = ("form", "handle")
-
-    def __init__(self, handle: Any, form: Any = None) -> None:
-        self.handle = handle
-        self.form = form
-
-
-class _Packing:
-    """What one ``pack`` call needs below its top level: the channel offer, and whether the
-    receiver is in this same process (then nothing is offered and no size limit applies).
-
-    ``offered`` records the handles offered for each value (by id) when a second packing of the
-    same message may follow, which then ``replays`` them: a value is offered once per message."""
-
-    __slots__ = ("local", "offer", "offered", "replays")
-
-    def __init__(self, offer: Offer | None, local: bool) -> None:
-        self.offer = offer
-        self.local = local
-        self.offered: dict[int, list[Any]] | None = None
-        self.replays: dict[int, list[Any]] | None = None
-
-    def handle_for(self, original: Any, prepared: Any) -> Any:
-        """The channel handle for `original` (offered as `prepared`), or None: inline."""
-        if self.replays is not None:
-            handles = self.replays.get(id(original))
-            if handles:
-                return handles.pop(0)
-        if self.offer is None:
-            return None
-        handle = self.offer(prepared)
-        if self.offered is not None:
-            self.offered.setdefault(id(original), []).append(handle)
-        return handle
-
-
-class _Blob:
-    """A bytes, bytearray or memoryview of CHANNEL_THRESHOLD bytes or more, wrapped by ``_lift``
-    so that msgpack hands it to ``_default`` (which offers it to the channel)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: bytes | bytearray | memoryview) -> None:
-        self.value = value
-
-
-_PLAIN = _Packing(None, False)
-
-
-def _check_empty_shape(shape: list[int], kind: str) -> None:
-    """EncodeError for a zero-element value whose shape its receiver would refuse (the bounds
-    in ``_arrays.py``): refused here, where the sender can fix it, not by closing the
-    connection there."""
-    problem = shape_problem(shape, kind)
-    if problem is not None:
-        raise EncodeError(
-            f"cannot send it: {problem}; an empty value needs no such shape, send "
-            "value.reshape(0) (and its shape as a list, if the receiver needs it)"
-        )
-
-
-def _encode_tensor(original: Any, level: int, how: _Packing) -> msgpack.ExtType:
-    t = original
-    if t.layout is not sys.modules["torch"].strided:
-        raise EncodeError(f"cannot send a {t.layout} tensor; convert it with .to_dense() first")
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()
-    nbytes = t.numel() * t.element_size()
-    if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
-        handle = how.handle_for(original, t)
-        if handle is not None:
-            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(handle, level + 1, _PLAIN))
-    if nbytes > MAX_FRAME_SIZE and not how.local:
-        raise EncodeError(
-            f"cannot send a tensor of {nbytes} bytes inline: a frame carries at most "
-            f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large tensors go "
-            "over the tensor channel) or as an otpmesh.rdma.RDMABuffer"
-        )
-    shape = list(t.shape)
-    if not nbytes:
-        _check_empty_shape(shape, "tensor")
-    header = msgpack.packb([str(t.dtype).removeprefix("torch."), shape])
-    raw: bytes | memoryview = b""
-    if nbytes:
-        # A view of the tensor's memory: the only copy is the join below.
-        raw = memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
-    return msgpack.ExtType(EXT_TENSOR, b"".join((_U16.pack(len(header)), header, raw)))
-
-
-def _decode_tensor(data: bytes) -> Any:
-    import torch
-
-    header, body = split_header(data, "tensor")
-    dtype_name, shape = header
-    # The module's own namespace, not getattr: no lazy submodule import, nothing but a dtype.
-    dtype = vars(torch).get(dtype_name) if isinstance(dtype_name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ProtocolError(f"unknown tensor dtype {brief(dtype_name)}")
-    numel = array_numel(shape, "tensor")
-    if len(body) != numel * dtype.itemsize:
-        raise ProtocolError(
-            f"tensor of shape {brief(shape)} and dtype {dtype_name} needs "
-            f"{numel * dtype.itemsize} bytes, frame has {len(body)}"
-        )
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(body), dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
-
-
-def _encode_array(a: Any, level: int, how: _Packing) -> msgpack.ExtType:
-    """A numpy array: inline (EXT_ARRAY) or, from CHANNEL_THRESHOLD bytes, over the channel."""
-    numpy = sys.modules["numpy"]
-    if type(a) is not numpy.ndarray:
-        raise EncodeError(
-            f"cannot send a {type(a).__module__}.{type(a).__qualname__} (a numpy array "
-            "subclass): send numpy.asarray(value), or its parts, explicitly"
-        )
-    dt = a.dtype
-    check_sendable(dt)
-    contiguous = a if a.flags.c_contiguous else a.copy(order="C")
-    flat = contiguous.reshape(-1).view(numpy.uint8)
-    nbytes = int(flat.nbytes)
-    shape = [int(d) for d in a.shape]
-    if not nbytes:
-        _check_empty_shape(shape, "numpy array")
-    if nbytes >= CHANNEL_THRESHOLD and how.offer is not None:
-        handle = how.handle_for(a, memoryview(flat))
-        if handle is not None:
-            form = ["ndarray", dt.str, shape]
-            return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([form, handle], level + 1, _PLAIN))
-    if nbytes > MAX_FRAME_SIZE and not how.local:
-        raise EncodeError(
-            f"cannot send a numpy array of {nbytes} bytes inline: a frame carries at most "
-            f"{MAX_FRAME_SIZE} bytes; send it from a running otpmesh node (large arrays go "
-            "over the tensor channel)"
-        )
-    return msgpack.ExtType(EXT_ARRAY, inline_array(dt.str, shape, memoryview(flat)))
-
-
-def _encode_blob(value: bytes | bytearray | memoryview, level: int, how: _Packing) -> Any:
-    """A large bytes-like (wrapped by ``_lift``): over the channel, or inline as msgpack bin."""
-    form: Any
-    if isinstance(value, memoryview):
-        shape = list(value.shape or ())
-        fmt = value.format
-        flat = value.cast("B") if value.c_contiguous else memoryview(value.tobytes())
-        if fmt in VIEW_FORMATS and 0 not in shape:
-            form = ["memoryview", fmt, shape]
-        else:
-            form = ["memoryview", "B", [flat.nbytes]]
-    else:
-        form = "bytes" if isinstance(value, bytes) else "bytearray"
-        flat = memoryview(value)
-    handle = how.handle_for(value, flat) if how.offer is not None else None
-    if handle is None:
-        return bytes(value)  # what msgpack would have packed (bin)
-    return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([form, handle], level + 1, _PLAIN))
-
-
-def _lift(obj: Any, levels: int) -> Any:
-    """`obj` with every bytes-like of CHANNEL_THRESHOLD bytes or more in its lists, tuples,
-    dicts and value meshes (`levels` deep) wrapped as a ``_Blob``; `obj` itself if none was."""
-    if isinstance(obj, bytes | bytearray):
-        return _Blob(obj) if len(obj) >= CHANNEL_THRESHOLD else obj
-    if isinstance(obj, memoryview):
-        return _Blob(obj) if obj.nbytes >= CHANNEL_THRESHOLD else obj
-    if levels <= 0:
-        return obj
-    if isinstance(obj, list | tuple):
-        items = [_lift(item, levels - 1) for item in obj]
-        if all(new is old for new, old in zip(items, obj, strict=True)):
-            return obj
-        return items if isinstance(obj, list) else tuple(items)
-    if isinstance(obj, dict):
-        lifted = {key: _lift(value, levels - 1) for key, value in obj.items()}
-        if all(lifted[key] is value for key, value in obj.items()):
-            return obj
-        return lifted
-    if type(obj) is ValueMesh:
-        values = obj.values()
-        new = _lift(values, levels - 1)
-        return obj if new is values else ValueMesh(dict(obj.shape.items()), new)
-    return obj
 
 
 def _too_deep() -> EncodeError:
@@ -386,7 +144,7 @@ def _too_deep() -> EncodeError:
     )
 
 
-def _default(level: int, how: _Packing, obj: Any) -> Any:
+def _default(level: int, how: Packing, obj: Any) -> Any:
     """msgpack's hook for what it cannot pack itself, inside `level` extension values."""
     if isinstance(obj, tuple):
         if level >= MAX_NESTING:
@@ -403,8 +161,8 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
         if core is None:
             data = obj._to_wire()
         else:
-            data = core[1](obj)
-            problem = core[3](data)
+            data = core.to_data(obj)
+            problem = core.problem(data)
             if problem is not None:
                 raise EncodeError(
                     f"cannot send this {kind.__name__}: its wire form {problem} (build it with "
@@ -412,23 +170,39 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
                 )
         return msgpack.ExtType(code, _pack(data, level + 1, how))
     if kind is PendingTensor:  # relayed as it came: its reader fetches it from its owner
+        if obj.form is None and obj.autograd is not None:
+            channelled = _channelled(EXT_CHANNEL_TENSOR, obj.handle, level + 1)
+            return _autograd(obj.autograd, channelled, level)
         if obj.form is None:
-            return msgpack.ExtType(EXT_CHANNEL_TENSOR, _pack(obj.handle, level + 1, _PLAIN))
-        return msgpack.ExtType(EXT_CHANNEL_BUFFER, _pack([obj.form, obj.handle], level + 1, _PLAIN))
-    if kind is _Blob:
+            return _channelled(EXT_CHANNEL_TENSOR, obj.handle, level)
+        return _channelled(EXT_CHANNEL_BUFFER, [obj.form, obj.handle], level)
+    if kind is Blob:
         if level >= MAX_NESTING:
             raise _too_deep()
-        return _encode_blob(obj.value, level, how)
+        blob = encode_blob(obj.value, how)
+        if isinstance(blob, Channelled):
+            return _channelled(EXT_CHANNEL_BUFFER, blob.data, level)
+        return blob  # what msgpack would have packed (bin)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if level >= MAX_NESTING:
             raise _too_deep()
-        return _encode_tensor(obj, level, how)
+        flag = autograd_flag(obj)
+        inner = level if flag is None else level + 1
+        tensor = encode_tensor(obj, how)
+        if isinstance(tensor, Channelled):
+            value = _channelled(EXT_CHANNEL_TENSOR, tensor.data, inner)
+        else:
+            value = msgpack.ExtType(EXT_TENSOR, tensor)
+        return value if flag is None else _autograd(flag, value, level)
     numpy = sys.modules.get("numpy")  # never imported here: only a sender that has it has arrays
     if numpy is not None and isinstance(obj, numpy.ndarray):
         if level >= MAX_NESTING:
             raise _too_deep()
-        return _encode_array(obj, level, how)
+        array = encode_array(obj, how)
+        if isinstance(array, Channelled):
+            return _channelled(EXT_CHANNEL_BUFFER, array.data, level)
+        return msgpack.ExtType(EXT_ARRAY, array)
     # strict_types sends subclasses here (bool-like ints, enums, OrderedDict, ...): use the base.
     bases: tuple[Callable[[Any], Any], ...] = (bool, int, float, str, bytes, dict, list)
     for base in bases:
@@ -443,24 +217,16 @@ def _default(level: int, how: _Packing, obj: Any) -> Any:
     )
 
 
-_FORM = (str, list)  # a channel buffer's form: "bytes", "bytearray" or [kind, item, shape]
+def _autograd(flag: str, tensor: msgpack.ExtType, level: int) -> msgpack.ExtType:
+    """A tensor's extension value wrapped with its autograd flag (AUTOGRAD_FLAGS)."""
+    if level + 1 >= MAX_NESTING:
+        raise _too_deep()
+    return msgpack.ExtType(EXT_AUTOGRAD, _pack([flag, tensor], level + 1, PLAIN))
 
 
-def _check_form(form: str | list[Any]) -> None:
-    """ProtocolError unless `form` is one a channel buffer may have (the module docstring); the
-    channel checks its item type against the handle before it reads anything."""
-    if type(form) is str:
-        if form not in ("bytes", "bytearray"):
-            raise ProtocolError(f"unknown channel buffer form {brief(form)}")
-        return
-    kind, _item, shape = _payloads.fields(
-        form, "channel buffer form", (_payloads.STR, _payloads.STR, _payloads.LIST)
-    )
-    if kind not in ("memoryview", "ndarray"):
-        raise ProtocolError(f"unknown channel buffer form {brief(form)}")
-    problem = shape_problem(shape, kind)
-    if problem is not None:
-        raise ProtocolError(problem)
+def _channelled(code: int, data: Any, level: int) -> msgpack.ExtType:
+    """The extension value of a value left in its sender's memory (its handle is plain data)."""
+    return msgpack.ExtType(code, _pack(data, level + 1, PLAIN))
 
 
 def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) -> Any:
@@ -477,7 +243,7 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
             raise ProtocolError(f"tuple payload is not an array: {brief(items)}")
         return tuple(items)
     if code == EXT_TENSOR:
-        return _decode_tensor(data)
+        return decode_tensor(data)
     if code == EXT_CHANNEL_TENSOR:
         handle = _unpack(data, level + 1, pending)
         if type(handle) is not dict:  # its fields are checked by the channel that reads it
@@ -485,19 +251,29 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
         placeholder = PendingTensor(handle)
         pending.append(placeholder)
         return placeholder
+    if code == EXT_AUTOGRAD:
+        wrapped = _unpack(data, level + 1, pending)
+        if type(wrapped) is not list or len(wrapped) != 2:
+            raise ProtocolError(f"malformed autograd tensor payload: {brief(wrapped)}")
+        flag, tensor = wrapped
+        if type(flag) is not str or flag not in AUTOGRAD_FLAGS:
+            raise ProtocolError(f"unknown autograd flag {brief(flag)}")
+        if isinstance(tensor, PendingTensor) and tensor.form is None:
+            tensor.autograd = flag  # applied by the channel once it has read the values
+            return tensor
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(tensor, torch.Tensor):
+            raise ProtocolError(f"an autograd flag around a {type(tensor).__name__}, not a tensor")
+        return with_autograd(tensor, flag)
     if code == EXT_ARRAY:
         return decode_array(data)
     if code == EXT_CHANNEL_BUFFER:
-        form, handle = _payloads.fields(
-            _unpack(data, level + 1, pending), "channel buffer", (_FORM, (dict,))
-        )
-        _check_form(form)
-        placeholder = PendingTensor(handle, form)
+        placeholder = pending_buffer(_unpack(data, level + 1, pending))
         pending.append(placeholder)
         return placeholder
     core = _CORE_EXTS.get(code)
     if core is not None:
-        return core[2](_unpack(data, level + 1, pending))
+        return core.from_data(_unpack(data, level + 1, pending))
     where = _UPPER_EXTS.get(code)
     if where is None:
         raise ProtocolError(f"unknown extension type {code}")
@@ -507,11 +283,11 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
 
 
 # The plain hooks for each level, made once: the depth travels in them, not in module state.
-_DEFAULTS = tuple(partial(_default, level, _PLAIN) for level in range(MAX_NESTING + 1))
+_DEFAULTS = tuple(partial(_default, level, PLAIN) for level in range(MAX_NESTING + 1))
 
 
-def _pack(obj: Any, level: int, how: _Packing) -> bytes:
-    default = _DEFAULTS[level] if how is _PLAIN else partial(_default, level, how)
+def _pack(obj: Any, level: int, how: Packing) -> bytes:
+    default = _DEFAULTS[level] if how is PLAIN else partial(_default, level, how)
     try:
         return msgpack.packb(  # type: ignore[no-any-return]
             obj, default=default, strict_types=True, use_bin_type=True
@@ -571,13 +347,13 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
     `offer`: the sending node's tensor channel, for tensors of CHANNEL_THRESHOLD bytes or more
     (without one they travel inline). `local`: the receiver is in this process (no channel, and
     no frame to fit in)."""
-    how = _PLAIN if offer is None and not local else _Packing(None if local else offer, local)
+    how = PLAIN if offer is None and not local else Packing(None if local else offer, local)
     if local:
         return _pack(obj, 0, how)
     blobs = _blob_bytes(obj, _SCAN_LEVELS)
     if how.offer is not None:
         if blobs >= CHANNEL_THRESHOLD:  # large bytes-likes near the top: to the channel
-            obj = _lift(obj, _LIFT_LEVELS)
+            obj = lift(obj, _LIFT_LEVELS)
             blobs = _blob_bytes(obj, _SCAN_LEVELS)
         else:  # maybe deeper: the packed size says (then pack again, offering nothing twice)
             how.offered = {}
@@ -585,7 +361,7 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
         raise _too_big(blobs, exact=False)
     packed = _pack(obj, 0, how)
     if how.offered is not None and len(packed) >= CHANNEL_THRESHOLD:
-        lifted = _lift(obj, _LIFT_LEVELS)
+        lifted = lift(obj, _LIFT_LEVELS)
         if lifted is not obj:
             how.replays, how.offered = how.offered, None
             packed = _pack(lifted, 0, how)

@@ -1,18 +1,10 @@
-"""The wire: a versioned handshake, then length-prefixed msgpack frames over a trio stream.
+"""A connection: length-prefixed msgpack frames (_framing.py) over a non-blocking socket that
+``dial`` or ``accept`` opened and proved (_handshake.py), both directions at once.
 
-Layout of a connection (see docs/wire.md):
-
-    dialer -> acceptor   MAGIC (8 bytes) + version (u16, big-endian) + flags (u16)
-    acceptor -> dialer   the same, or the connection is closed
-    both ways            challenge-response: both prove they know the secret (_secret.py)
-    both directions      frames: length (u32, big-endian) + msgpack payload
-
-On a Unix socket each side first checks that the peer runs as its own user (SO_PEERCRED).
-There a frame may also carry file descriptors (``SCM_RIGHTS``, ``Connection.pass_fd``): how
-the tensor channel hands a reader its snapshot file without the reader touching the owner's
+On a Unix socket a frame may also carry file descriptors (``SCM_RIGHTS``, ``Connection.pass_fd``):
+how the tensor channel hands a reader its snapshot file without the reader touching the owner's
 process (which may not let it: docs/security.md).
 
-The decoder is sans-IO (``FrameDecoder.feed``) so garbage can be fed to it directly in tests.
 A broken frame closes that one connection; nothing else is affected.
 """
 
@@ -20,11 +12,8 @@ from __future__ import annotations
 
 import array
 import logging
-import math
 import os
-import random
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -32,25 +21,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ProtocolError
-from . import _framemac, _secret
-from ._addresses import tcp_address
 from ._framemac import FrameMac
+from ._framing import FrameDecoder, frame_header
 
 if TYPE_CHECKING:
     from ._refusals import RefusalLog
 
 log = logging.getLogger("otpmesh.wire")
 
-MAGIC = b"OTPMESH\x00"
-PROTOCOL_VERSION = 1
-_HELLO = struct.Struct(">8sHH")
-#: Handshake flag: this side puts a MAC on every frame (_framemac.py); both sides must agree.
-FLAG_FRAME_MAC = 1
-HANDSHAKE = _HELLO.pack(MAGIC, PROTOCOL_VERSION, 0)
-#: Largest frame accepted; bigger tensors belong on the tensor channel, not the control wire.
-MAX_FRAME_SIZE = 1 << 30
-_LEN = struct.Struct(">I")
-_PEERCRED = struct.Struct("3i")  # pid, uid, gid
 _RECV_CHUNK = 1 << 18
 # Frames smaller than this are coalesced into one write; bigger ones are written as they are.
 _COALESCE_LIMIT = 1 << 18
@@ -60,222 +38,7 @@ _HIGH_WATER = 16 << 20
 #: tensor channel owner sends them, one per pin answered; a peer that sends more than a reader
 #: takes cannot fill this process's descriptor table: the oldest are closed.
 MAX_PASSED_FDS = 16
-#: How often ``dial`` tries when the listener closes the connection before the proof is done,
-#: and its first pause between tries (doubled each time, with jitter).
-DIAL_ATTEMPTS = 5
-DIAL_PAUSE = 0.02
 _FD_SPACE = socket.CMSG_SPACE(MAX_PASSED_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
-
-
-def frame_header(size: int) -> bytes:
-    """The 4-byte length prefix of a frame whose payload has `size` bytes."""
-    if size > MAX_FRAME_SIZE:
-        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_SIZE} bytes")
-    return _LEN.pack(size)
-
-
-def check_handshake(data: bytes) -> int:
-    """The peer's flags, or ProtocolError unless `data` is a handshake this version speaks."""
-    magic, version, flags = _HELLO.unpack(data)
-    if magic != MAGIC:
-        raise ProtocolError(f"bad handshake magic {magic!r}, expected {MAGIC!r}")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"peer speaks protocol version {version}, this side {PROTOCOL_VERSION}")
-    return int(flags)
-
-
-class FrameDecoder:
-    """Splits a byte stream into frame payloads. Raises ProtocolError on an oversized frame."""
-
-    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
-        self._buf = bytearray()
-        self._max = max_frame_size
-
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        buf = self._buf
-        buf += data
-        frames: list[bytes] = []
-        pos, end = 0, len(buf)
-        while end - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
-            if size > self._max:
-                raise ProtocolError(f"frame of {size} bytes exceeds the limit of {self._max} bytes")
-            stop = pos + 4 + size
-            if stop > end:
-                break
-            frames.append(bytes(buf[pos + 4 : stop]))
-            pos = stop
-        if pos:
-            del buf[:pos]
-        return frames
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet part of a complete frame (non-zero at EOF = truncation)."""
-        return len(self._buf)
-
-
-async def recv_some(sock: socket.socket, n: int) -> bytes:
-    """Receive up to `n` bytes from a non-blocking socket, waiting with trio when none are ready."""
-    while True:
-        try:
-            return sock.recv(n)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-
-
-async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
-    """Send all of `data` on a non-blocking socket, waiting with trio when its buffer is full."""
-    view = memoryview(data).cast("B")
-    while view:
-        try:
-            view = view[sock.send(view) :]
-        except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
-
-
-class PeerClosed(ProtocolError):
-    """Raised by ``dial`` and ``accept`` when the peer closed the connection before the proof
-    was done (a listener evicting an unproven connection does that: ``dial`` tries again)."""
-
-
-async def _receive_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = await recv_some(sock, n - len(data))
-        if not chunk:
-            raise PeerClosed(f"connection closed during handshake after {len(data)} bytes")
-        data += chunk
-    return bytes(data)
-
-
-async def handshake(
-    sock: socket.socket, *, dialer: bool, flags: int = 0, timeout: float = 10.0
-) -> None:
-    """Run the opening handshake on a fresh socket; raise ProtocolError if the peer is not ours
-    or does not use the same `flags`."""
-    ours = _HELLO.pack(MAGIC, PROTOCOL_VERSION, flags)
-    with trio.fail_after(timeout):
-        if dialer:
-            await send_all(sock, ours)
-            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
-        else:
-            theirs = check_handshake(await _receive_exactly(sock, _HELLO.size))
-            await send_all(sock, ours)
-    if theirs != flags:
-
-        def state(f: int) -> str:
-            return "on" if f & FLAG_FRAME_MAC else "off"
-
-        raise ProtocolError(
-            f"the peer has frame MACs {state(theirs)}, this side {state(flags)}: set "
-            f"{_framemac.ENV} the same on every host"
-        )
-
-
-def detach(stream: trio.SocketStream) -> socket.socket:
-    """The non-blocking stdlib socket under a trio stream (connections drive sockets directly)."""
-    sock = socket.socket(fileno=stream.socket.detach())
-    sock.setblocking(False)
-    return sock
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket (``SO_PEERCRED``: the
-    kernel's word, which the peer cannot forge)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, gid = _PEERCRED.unpack(creds)
-    return int(pid), int(uid), int(gid)
-
-
-def check_same_user(sock: socket.socket) -> None:
-    """Raise ProtocolError unless the peer of Unix socket `sock` runs as this process's user."""
-    uid = peer_credentials(sock)[1]
-    if uid != os.getuid():
-        raise ProtocolError(f"peer runs as uid {uid}, not this app's uid {os.getuid()}")
-
-
-async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac | None]:
-    """Connect to the node listening at `addr`, run the handshake, then prove that this side
-    knows `secret` and check that the peer does, before any frame is sent. Returns the socket
-    and, over TCP, the MAC its frames carry (give both to a ``Connection``).
-
-    `addr` is an abstract Unix address (the peer must also run as this user), or
-    ``tcp:HOST:PORT``. `secret` is the app's secret on Unix sockets, the cluster's on TCP.
-    """
-    if secret is None:
-        raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
-    for attempt in range(DIAL_ATTEMPTS):
-        try:
-            return await _dial_once(addr, secret)
-        except (PeerClosed, ConnectionResetError, BrokenPipeError):
-            # Evicted while proving itself (a listener's unproven slots are shared per host
-            # and per process: a burst of this host's own dials, or a flood), or a wrong secret:
-            # the listener closes both the same way. Dial again, a little later each time.
-            if attempt == DIAL_ATTEMPTS - 1:
-                raise
-            await trio.sleep(DIAL_PAUSE * 2**attempt * (1 + random.random()))
-    raise AssertionError("unreachable")
-
-
-async def _dial_once(addr: str, secret: bytes) -> tuple[socket.socket, FrameMac | None]:
-    tcp = tcp_address(addr)
-    if tcp is None:
-        sock = detach(await trio.open_unix_socket(addr))
-    else:
-        sock = detach(await trio.open_tcp_stream(*tcp))
-    try:
-        if tcp is None:
-            check_same_user(sock)
-        with_mac = tcp is not None and _framemac.wanted()
-        await handshake(sock, dialer=True, flags=FLAG_FRAME_MAC if with_mac else 0)
-        keys = await authenticate(sock, secret, dialer=True)
-    except BaseException:
-        sock.close()
-        raise
-    return sock, FrameMac(*keys) if with_mac else None
-
-
-async def accept(sock: socket.socket, secret: bytes, *, tcp: bool) -> FrameMac | None:
-    """The acceptor's side of ``dial``: the peer of a fresh incoming connection proves it belongs
-    to the app, or ProtocolError: the same user (Unix), the version handshake, then the secret's
-    challenge-response. Fixed-size reads only, no frame before the proof (the caller bounds the
-    time). Returns the MAC its frames carry over TCP."""
-    if not tcp:
-        check_same_user(sock)
-    with_mac = tcp and _framemac.wanted()
-    await handshake(sock, dialer=False, flags=FLAG_FRAME_MAC if with_mac else 0, timeout=math.inf)
-    keys = await authenticate(sock, secret, dialer=False, timeout=math.inf)
-    return FrameMac(*keys) if with_mac else None
-
-
-async def authenticate(
-    sock: socket.socket, secret: bytes, *, dialer: bool, timeout: float = 10.0
-) -> tuple[bytes, bytes]:
-    """Challenge-response after the handshake (see _secret.py); ProtocolError on failure.
-    Returns this side's (send, receive) frame-MAC keys for the connection."""
-    with trio.fail_after(timeout):
-        if dialer:
-            nonce_a = await _receive_exactly(sock, _secret.NONCE_SIZE)
-            nonce_d = _secret.new_nonce()
-            await send_all(sock, nonce_d + _secret.dialer_proof(secret, nonce_a, nonce_d))
-            try:
-                got = await _receive_exactly(sock, _secret.PROOF_SIZE)
-            except ProtocolError:
-                raise PeerClosed("the peer refused this node's secret") from None
-            if not _secret.proof_ok(_secret.acceptor_proof(secret, nonce_a, nonce_d), got):
-                raise ProtocolError("the peer does not know this app's secret")
-            return _framemac.session_keys(secret, nonce_a, nonce_d)
-        else:
-            nonce_a = _secret.new_nonce()
-            await send_all(sock, nonce_a)
-            answer = await _receive_exactly(sock, _secret.NONCE_SIZE + _secret.PROOF_SIZE)
-            nonce_d, got = answer[: _secret.NONCE_SIZE], answer[_secret.NONCE_SIZE :]
-            if not _secret.proof_ok(_secret.dialer_proof(secret, nonce_a, nonce_d), got):
-                raise ProtocolError("wrong secret: the dialer does not know this app's secret")
-            await send_all(sock, _secret.acceptor_proof(secret, nonce_a, nonce_d))
-            d2a, a2d = _framemac.session_keys(secret, nonce_a, nonce_d)
-            return a2d, d2a
 
 
 #: Called with the connection, the message and the channel tensors its frame named.

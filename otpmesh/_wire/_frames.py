@@ -22,7 +22,7 @@ from typing import Any
 from .._core._errors import ActorDiedError, ActorError, ProtocolError
 from . import _codec
 from ._brief import brief
-from ._codec import PendingTensor
+from ._tensors import Offer, PendingTensor
 
 CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
 _ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3}
@@ -74,7 +74,7 @@ def _check_call_id(call_id: Any, lowest: int) -> None:
         raise ProtocolError(f"bad call id {brief(call_id)}")
 
 
-def _call_body(method: str, args: Any, kwargs: Any, offer: _codec.Offer | None = None) -> bytes:
+def _call_body(method: str, args: Any, kwargs: Any, offer: Offer | None = None) -> bytes:
     """The packed [method, args, kwargs] tail shared by every frame of one call; `offer`: the
     sending node's tensor channel, for large tensors."""
     packed = _codec.pack([method, list(args), kwargs], offer)

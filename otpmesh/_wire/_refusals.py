@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from ._connection import peer_credentials
+from ._peercred import peer_credentials
 
 #: After a peer's first refusal, at most one summary line per peer per this many seconds.
 SUMMARY_EVERY = 60.0

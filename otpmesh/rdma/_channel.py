@@ -16,8 +16,7 @@ its caller when the call ends, a cast's after as many reads as it had targets. W
 to them (a reader dies, a target was unreachable), it is dropped ``TEMP_TTL`` s after it was sent,
 by the registry's own timer.
 
-Every otpmesh process that runs a node passes ``Channel`` in when it makes it (the controller,
-each worker); the channel uses only the node's public methods.
+Whoever makes a node (the controller, each worker) passes ``Channel`` in; it uses node methods only.
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ from .._core._errors import ProtocolError
 from .._core._valuemesh import ValueMesh
 from .._node._node import Node
 from .._wire._arrays import VIEW_FORMATS, array_dtype, array_numel
-from .._wire._codec import PendingTensor
 from .._wire._connection import Connection
 from .._wire._frames import ERR, OK, remote_error
+from .._wire._tensors import PendingTensor, with_autograd
 from ._backend import Region
 from ._buffer import RDMABuffer
 from ._error import RDMAError
@@ -273,15 +272,15 @@ class Channel:
         for placeholder in pending:
             buf = RDMABuffer._from_wire(placeholder.handle)
             handle = buf._handle
-            # A malformed one fails before anything is asked or allocated; what is allocated,
-            # only once the owner vouched for the handle: a forged one cannot make this
-            # process allocate whatever size it names.
+            # A malformed one fails before anything is asked or allocated, and nothing is
+            # allocated before the owner vouched for the handle (a forged size allocates none).
             if placeholder.form is None:
                 _tensor_dtype(handle)
-                found[id(placeholder)] = await buf._read_new(
+                tensor = await buf._read_new(
                     functools.partial(self._receive_tensor, handle),
                     functools.partial(self._mapped, handle, _tensor_over),
                 )
+                found[id(placeholder)] = with_autograd(tensor, placeholder.autograd)
             else:
                 build = _rebuilder(placeholder.form, handle)
                 raw = await buf._read_new(

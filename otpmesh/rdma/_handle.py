@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._wire._arrays import shape_problem
-from .._wire._connection import peer_credentials
+from .._wire._peercred import peer_credentials
 from ._error import RDMAError
 
 TOKEN_BYTES = 16

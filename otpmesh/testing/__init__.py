@@ -15,20 +15,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._simulate import Advance as Advance
-from ._simulate import Call as Call
-from ._simulate import Crash as Crash
 from ._simulate import Simulation as Simulation
-from ._simulate import StartOutcome as StartOutcome
-from ._simulate import Step as Step
-from ._simulate import StopSupervisor as StopSupervisor
-from ._simulate import TraceEntry as TraceEntry
 from ._simulate import simulate as simulate
+from ._steps import Advance as Advance
+from ._steps import Call as Call
+from ._steps import Crash as Crash
+from ._steps import KillSupervisor as KillSupervisor
+from ._steps import StartOutcome as StartOutcome
+from ._steps import Step as Step
+from ._steps import StopSupervisor as StopSupervisor
+from ._steps import TraceEntry as TraceEntry
 
 if TYPE_CHECKING:
     from ._machine import FAULTS as FAULTS
     from ._machine import SupervisionMachine as SupervisionMachine
     from ._strategies import fault_schedules as fault_schedules
+    from ._strategies import owned_trees as owned_trees
     from ._strategies import supervision_trees as supervision_trees
     from ._strategies import tree_paths as tree_paths
 
@@ -37,6 +39,7 @@ _LAZY = {
     "FAULTS": "_machine",
     "SupervisionMachine": "_machine",
     "fault_schedules": "_strategies",
+    "owned_trees": "_strategies",
     "supervision_trees": "_strategies",
     "tree_paths": "_strategies",
 }

@@ -9,42 +9,34 @@ checking, after every step, that it does what OTP's rules (``simulate``) say it 
 
     TestRollouts = RolloutMachine.TestCase
 
-Design: hypothesis runs rules synchronously, but the application is a trio program that must live
-across rules. So each example gets one trio run in a thread of its own, hosting the app for the
-whole example; every rule sends one task into that run and waits for it (``_AppThread.run``), with
-a wall-clock limit so that a wedged run fails the test instead of hanging it. Time: in-process
-trees (``placement="local"``) run under ``trio.testing.MockClock``, which is driven from the trio
-thread only: frozen (no autojump) while hypothesis thinks between rules, autojumping while a rule
-runs, so timeouts and ``advance`` cost no wall-clock time and the event log's times are exact.
-Trees over real processes (``placement="procs"``) use the real clock.
+The app lives in a trio run of its own across hypothesis's rules: ``_appthread.py``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import math
 import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 import trio
-import trio.testing
 from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from .. import chaos
-from .._controller._app import App, context, start
+from .._controller._app import App
 from .._core._actor import Actor
 from .._core._errors import ActorDiedError, ActorError, CallTimeoutError, SupervisorError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._reasons import KILLED
-from .._core._spec import Mesh, Supervisor, Worker, walk
+from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supevents import LogEntry, LogKind
+from ._appthread import AppThread, now
+from ._logkeys import first_difference, reason_key
 from ._plugin import format_log
-from ._simulate import Advance, Crash, Simulation, Step, simulate
+from ._simulate import Simulation, simulate
+from ._steps import Advance, Crash, Step
+from ._trees import check_owned, owned_walk, per_tree
 
 T = TypeVar("T")
 
@@ -54,185 +46,6 @@ FAULTS: tuple[str, ...] = ("crash", "stop_normal", "stop_shutdown", "kill")
 
 #: The errors a call may end with; anything else escaping a call fails the test.
 CLEAR_ERRORS = (ActorError, ActorDiedError, CallTimeoutError, SupervisorError)
-
-_EXITS = (LogKind.CHILD_EXITED, LogKind.CHILD_TERMINATED)
-
-
-def worker_paths(tree: Supervisor | Mesh) -> list[str]:
-    """Every worker path of `tree` (mesh slots included), in start order."""
-    return [path for path, spec in walk(tree) if isinstance(spec, Worker)]
-
-
-def reason_key(reason: object) -> object:
-    """A reason as the machine compares it: crashes by type and message, process deaths by kind
-    only (the pid and the wording of the death differ from run to run)."""
-    if isinstance(reason, ActorCrash):
-        return ("ActorCrash", reason.type_name, reason.message)
-    if isinstance(reason, ProcessExit):
-        return ("ProcessExit",)
-    if isinstance(reason, tuple | list):
-        return tuple(reason_key(r) for r in reason)
-    return reason
-
-
-def entry_key(entry: LogEntry, t0: float, times: bool) -> tuple[object, ...]:
-    """What must agree between the real log and the model's, entry by entry."""
-    at = round(entry.time - t0, 6) if times else None
-    return (
-        at,
-        str(entry.kind),
-        entry.path,
-        entry.child,
-        entry.incarnation,
-        reason_key(entry.reason),
-    )
-
-
-_BATCHED = (str(LogKind.CHILD_TERMINATED), str(LogKind.SHUTDOWN_ERROR))
-
-
-def in_batches(keys: list[tuple[object, ...]], parallel: frozenset[str]) -> list[object]:
-    """`keys` (``entry_key``s, in log order) with each run of terminations by one parallel
-    shutdown supervisor (a mesh stops its members at once) in a fixed order: they end in
-    whatever order the members happen to stop, the model's in the order it asked."""
-    out: list[object] = []
-    i = 0
-    while i < len(keys):
-        j = i
-        while j < len(keys) and keys[j][1] in _BATCHED and keys[j][2] in parallel:
-            if keys[j][2] != keys[i][2]:
-                break
-            j += 1
-        if j - i > 1:
-            out.extend(sorted(keys[i:j], key=repr))
-            i = j
-        else:
-            out.append(keys[i])
-            i += 1
-    return out
-
-
-# ---------------------------------------------------------------- the trio run, in a thread
-
-
-class _AppThread:
-    """One trio run in a thread of its own, hosting ``otpmesh.start(tree)`` until ``close()``;
-    ``run(fn)`` runs ``await fn()`` as a task of that run and returns its result here."""
-
-    def __init__(
-        self,
-        tree: Supervisor | Mesh,
-        placement: Literal["local", "procs"],
-        wall_timeout: float,
-    ) -> None:
-        self.tree = tree
-        self.placement = placement
-        self.wall_timeout = wall_timeout
-        # Frozen until a rule runs (see the module docstring); None: the real clock.
-        self.clock = (
-            trio.testing.MockClock(autojump_threshold=math.inf) if placement == "local" else None
-        )
-        self.app: App | None = None
-        self.failure: SupervisorError | None = None  # the root gave up (or failed to start)
-        self.crashed: BaseException | None = None  # the trio run itself raised
-        self.stop_time = 0.0
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
-        self._stop: trio.Event | None = None
-        self.ended: trio.Event | None = None
-        self._thread = threading.Thread(
-            target=self._thread_main, name=f"otpmesh-machine-{tree.id}", daemon=True
-        )
-        self._thread.start()
-        if not self._ready.wait(wall_timeout):
-            raise AssertionError(f"the app did not start within {wall_timeout:g} s")
-        if self.crashed is not None:
-            raise RuntimeError("the app's trio run failed while starting") from self.crashed
-
-    def _thread_main(self) -> None:
-        try:
-            trio.run(self._main, clock=self.clock)
-        except BaseException as exc:  # reported to the hypothesis thread by run() and close()
-            self.crashed = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop, self.ended = trio.Event(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._host)
-            await self._stop.wait()  # rules' tasks may still be sent after the app ended
-
-    async def _host(self) -> None:
-        assert self._stop is not None and self.ended is not None
-        self._autojump(True)  # starting takes no time, but stop timeouts may need to fire
-        try:
-            async with start(self.tree, placement=self.placement) as app:
-                self.app = app
-                self._autojump(False)
-                self._ready.set()
-                await self._stop.wait()
-        except SupervisorError as exc:
-            self.failure = exc  # the root gave up: the model predicts it, the machine compares
-        finally:
-            self.ended.set()
-            self._ready.set()
-
-    def _autojump(self, on: bool) -> None:
-        if self.clock is not None:
-            self.clock.autojump_threshold = 0 if on else math.inf
-
-    def run(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """``await fn()`` in the app's trio run (time moving), its result or exception here."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        async def task() -> None:
-            self._autojump(True)
-            try:
-                future.set_result(await fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise  # Cancelled and friends belong to trio
-            finally:
-                self._autojump(False)
-
-        if self._token is None or self._nursery is None or self.crashed is not None:
-            raise RuntimeError("the app's trio run has ended") from self.crashed
-        try:
-            self._token.run_sync_soon(self._nursery.start_soon, task)
-        except trio.RunFinishedError:
-            raise RuntimeError("the app's trio run has ended") from self.crashed
-        try:
-            return future.result(self.wall_timeout)
-        except concurrent.futures.TimeoutError:
-            raise AssertionError(
-                f"a step did not finish within {self.wall_timeout:g} s of wall-clock time: "
-                "something in the app's trio run blocks without yielding"
-            ) from None
-
-    def close(self) -> None:
-        """Stop the app (children in reverse start order) and end the run."""
-
-        def begin_stop() -> None:
-            assert self._stop is not None
-            self.stop_time = trio.current_time()
-            self._autojump(True)
-            self._stop.set()
-
-        if self._token is not None and self._thread.is_alive():
-            try:
-                self._token.run_sync_soon(begin_stop)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join(self.wall_timeout)
-        if self._thread.is_alive():
-            raise AssertionError(f"the app did not stop within {self.wall_timeout:g} s")
-        if self.crashed is not None:
-            raise RuntimeError("the app's trio run failed") from self.crashed
 
 
 # ---------------------------------------------------------------- the machine
@@ -261,6 +74,10 @@ class SupervisionMachine(RuleBasedStateMachine):
 
     #: The tree under test (a Supervisor or a Mesh spec): set it in your subclass.
     tree: ClassVar[Supervisor | Mesh]
+    #: Subtrees the tree's actors own: owner worker path -> the spec its actor starts with
+    #: ``otpmesh.context().start(spec)`` in ``on_start`` (paths inside owned subtrees may own
+    #: more). Their workers are fault and call targets too; the model checks them.
+    owned: ClassVar[Mapping[str, Supervisor | Mesh]] = {}
     #: "local": in-process actors under MockClock (fast, exact). "procs": real worker processes.
     placement: ClassVar[Literal["local", "procs"]] = "local"
     #: An endpoint every worker of the tree has, taking no arguments (liveness checks, calls).
@@ -282,16 +99,17 @@ class SupervisionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self._check_class()
-        self._workers: list[str] = worker_paths(self.tree)
+        self._workers: list[str] = [
+            path for path, spec in owned_walk(self.tree, self.owned) if isinstance(spec, Worker)
+        ]
         self._advances: list[float] = list(
             self.advances if self.advances is not None else self._periods()
         )
         self._model_tree = self.tree.as_supervisor() if isinstance(self.tree, Mesh) else self.tree
         self._steps: list[Step] = []  # the schedule as the model replays it
         self._journal: list[str] = []  # what the rules did, for the failure report
-        self._pids: dict[int, str] = {}  # worker processes seen: pid -> its start time
-        self._runner = _AppThread(self.tree, self.placement, self.wall_timeout)
-        self._last = self._runner.run(_now)  # the model's time 0
+        self._runner = AppThread(self.tree, self.placement, self.wall_timeout)
+        self._last = self._runner.run(now)  # the model's time 0
 
     @classmethod
     def _check_class(cls) -> None:
@@ -310,7 +128,8 @@ class SupervisionMachine(RuleBasedStateMachine):
             raise ValueError(
                 f"{cls.__name__}.faults={list(cls.faults)!r}: use a non-empty subset of {FAULTS}"
             )
-        for path, spec in walk(tree):
+        check_owned(tree, cls.owned)
+        for path, spec in owned_walk(tree, cls.owned):
             actor = spec.actor if isinstance(spec, Worker) else None
             if not (isinstance(actor, type) and issubclass(actor, Actor)):
                 continue  # an import path: the controller need not import it, nor can we check
@@ -324,15 +143,14 @@ class SupervisionMachine(RuleBasedStateMachine):
     def _periods(self) -> list[float]:
         if self.placement != "local":
             return [0.05]  # real time: a moment (for calls and exits in flight), not a window
-        periods = {s.period for _, s in walk(self.tree) if isinstance(s, Supervisor | Mesh)}
+        specs = owned_walk(self.tree, self.owned)
+        periods = {s.period for _, s in specs if isinstance(s, Supervisor | Mesh)}
         return sorted({p * k for p in periods for k in (0.5, 1.1)})
 
     @property
     def app(self) -> App:
         """The running application (for your own rules, inside ``run_in_app``)."""
-        if self._runner.app is None:
-            raise RuntimeError("the app failed to start") from self._runner.failure
-        return self._runner.app
+        return self._runner.live
 
     def running(self) -> set[str]:
         """The paths the reference model says are running now (workers and supervisors): a
@@ -347,7 +165,7 @@ class SupervisionMachine(RuleBasedStateMachine):
         async def step() -> T:
             with trio.fail_after(self.settle_timeout):
                 result = await fn(self.app)
-                await self._settle()
+                await self._runner.settle()
             return result
 
         return self._runner.run(step)
@@ -390,7 +208,7 @@ class SupervisionMachine(RuleBasedStateMachine):
     def which_children_matches_model(self) -> None:
         """Every running supervisor's ``which_children`` is the model's: ids in order, status
         and incarnation."""
-        if self._ended():
+        if self._runner.gone():
             return
         model = self._model()
         for path in model.supervisors():
@@ -412,22 +230,26 @@ class SupervisionMachine(RuleBasedStateMachine):
         if failing:
             return
         self._steps.append(Advance(self._runner.stop_time - self._last))
-        self._compare(simulate(self._model_tree, self._steps), "after the app stopped")
-        self._check_no_orphans()
+        model = simulate(self._model_tree, self._steps, owned=self.owned)
+        self._compare(model, "after the app stopped")
+        living = self._runner.orphans()
+        if living:
+            raise AssertionError(f"worker processes outlived the app: {living}\n" + self.report())
 
     # ---------------------------------------------------------------- trio side
 
     async def _inject(self, path: str, fault: str, expect_exit: bool) -> str:
-        if self._ended():
-            return f"{fault} {path}: skipped, the app has ended"
+        if self._runner.gone() or self._runner.holder(path) is None:
+            return f"{fault} {path}: skipped, the app (or the subtree that had it) has ended"
         self._mark_time()
         with trio.fail_after(self.settle_timeout):
-            incarnation = self._incarnation(path)
+            incarnation = self._runner.incarnation(path)
+            logged = len(self.app.events._entries)
             done = await self._throw(path, fault)
             self._steps.append(Crash(path, self._model_reason(fault)))
             if expect_exit and incarnation is not None:
-                await self._exit_of(path, incarnation)
-            await self._settle()
+                await self._runner.exit_of(path, incarnation, logged)
+            await self._runner.settle()
         return str(done)
 
     async def _throw(self, path: str, fault: str) -> chaos.Fault:
@@ -435,8 +257,8 @@ class SupervisionMachine(RuleBasedStateMachine):
             return await chaos.crash(self.app, path, "chaos")
         if fault.startswith("stop_"):
             return await chaos.stop(self.app, path, fault.removeprefix("stop_"))
-        tree = context(self.app)
-        proc = tree.placement.process(tree.slot(path))
+        tree = self._runner.holder(path)
+        proc = tree.placement.process(tree.slot(path)) if tree is not None else None
         done = await chaos.kill(self.app, path)
         if proc is not None:
             # The process may host no actor (its child exited and was not restarted): then no
@@ -474,6 +296,8 @@ class SupervisionMachine(RuleBasedStateMachine):
             outcome.append(f"{type(exc).__name__}: {exc}")
 
     async def _call(self, path: str) -> object:
+        if self._runner.holder(path) is None:  # an owned path whose owner runs no subtree now
+            raise ActorDiedError(path, "no running subtree has it", delivered=False)
         endpoint = self.app.actor(path).endpoint(self.call_endpoint)
         return await endpoint.with_timeout(self.call_timeout)()
 
@@ -482,7 +306,7 @@ class SupervisionMachine(RuleBasedStateMachine):
         running = self._model().running()
         seen = []
         for path in paths:
-            alive = path in running and not self._ended()
+            alive = path in running and not self._runner.gone()
             try:
                 value = await self._call(path)
             except ActorError:
@@ -504,64 +328,13 @@ class SupervisionMachine(RuleBasedStateMachine):
                     f"{path} answered {value!r}, but the model says it is not running"
                 )
             seen.append(f"{path}: {value!r}")
-        self._record_pids()
+        self._runner.record_pids(self._workers)
         return "calls: " + ", ".join(seen)
 
     async def _advance(self, seconds: float) -> str:
         await trio.sleep(seconds)
-        await self._settle()
+        await self._runner.settle()
         return f"advanced {seconds:g} s"
-
-    async def _exit_of(self, path: str, incarnation: int) -> None:
-        """Wait until the log shows this incarnation's exit (a SIGKILL is noticed some time
-        after ``chaos.kill`` returns, and ``settled()`` cannot know one is coming)."""
-        sup, _, child = path.rpartition("/")
-
-        def seen(e: LogEntry) -> bool:
-            return e.kind in _EXITS and (e.path, e.child, e.incarnation) == (
-                sup,
-                child,
-                incarnation,
-            )
-
-        # No checkpoint between the look and the subscription: no entry can slip in between.
-        if any(seen(e) for e in self.app.events) or self._ended():
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._cancel_when_ended, nursery.cancel_scope)
-            entries = self.app.events.subscribe()
-            try:
-                async for entry in entries:
-                    if seen(entry):
-                        break
-            finally:
-                await entries.aclose()  # type: ignore[attr-defined]  # an async generator
-            nursery.cancel_scope.cancel()
-
-    async def _settle(self) -> None:
-        """Wait until the tree has no work pending, or the app has ended (the root gave up)."""
-        assert self._runner.ended is not None
-        if not self._runner.ended.is_set():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._cancel_when_ended, nursery.cancel_scope)
-                await self.app.settled()
-                nursery.cancel_scope.cancel()
-        if self._ended():
-            # The root gave up: let the app finish stopping (its processes too), so the next
-            # step finds it fully stopped rather than halfway.
-            await self._runner.ended.wait()
-
-    async def _cancel_when_ended(self, scope: trio.CancelScope) -> None:
-        assert self._runner.ended is not None
-        await self._runner.ended.wait()
-        scope.cancel()
-
-    def _ended(self) -> bool:
-        """True once the root supervisor has exited (gave up, or failed to start)."""
-        app = self._runner.app
-        return (self._runner.ended is not None and self._runner.ended.is_set()) or (
-            app is not None and context(app).root.exited.is_set()
-        )
 
     def _mark_time(self) -> None:
         """The model's clock follows the app's: the time since the previous step, as a step."""
@@ -570,54 +343,37 @@ class SupervisionMachine(RuleBasedStateMachine):
             self._steps.append(Advance(now - self._last))
             self._last = now
 
-    def _incarnation(self, path: str) -> int | None:
-        sup, _, child = path.rpartition("/")
-        for e in reversed(self.app.events._entries):
-            if e.kind == LogKind.CHILD_STARTED and (e.path, e.child) == (sup, child):
-                return e.incarnation
-        return None
-
-    def _record_pids(self) -> None:
-        if self.placement != "procs" or self._runner.app is None:
-            return
-        tree = context(self.app)
-        for path in self._workers:
-            proc = tree.placement.process(tree.slot(path))
-            if proc is not None and proc.pid:
-                self._pids.setdefault(proc.pid, _start_time(proc.pid))
-
     # ---------------------------------------------------------------- checks and reports
 
     def _model(self) -> Simulation:
-        return simulate(self._model_tree, self._steps, stop=False)
+        return simulate(self._model_tree, self._steps, owned=self.owned, stop=False)
 
     def _log(self, line: str) -> None:
         self._journal.append(line)
         note(line)
-        if self._ended():  # for --hypothesis-show-statistics: how often the tree gives up
+        if self._runner.gone():  # for --hypothesis-show-statistics: how often the tree gives up
             event("the root supervisor exited")
 
     def _compare(self, model: Simulation, when: str) -> None:
+        """The real log and the model's agree tree by tree (``_logkeys.py`` says why)."""
         real = [e for e in self.app.events if e.kind != LogKind.FAULT_INJECTED]
         times = self.placement == "local"
-        t_real, t_model = (real[0].time if real else 0.0), 0.0
-        parallel = self._parallel_paths()
-        got = in_batches([entry_key(e, t_real, times) for e in real], parallel)
-        want = in_batches([entry_key(e, t_model, times) for e in model.log], parallel)
-        if got == want:
+        found = first_difference(real, model.log, self.owned, self._parallel_paths(), times)
+        if found is None:
             return
-        at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-        at = min(len(got), len(want)) if at is None else at
+        tree, at = found
+        which = f" of the log of the subtree {tree} owns (below)" if tree else ""
+        real_t, model_t = per_tree(real, self.owned), per_tree(model.log, self.owned)
         raise AssertionError(
-            f"the event log differs from the reference model {when}, at entry {at}\n"
-            + self.report(real, model.log, at)
+            f"the event log differs from the reference model {when}, at entry {at}{which}\n"
+            + self.report(real_t.get(tree, []), model_t.get(tree, []), at)
         )
 
     def _parallel_paths(self) -> frozenset[str]:
         """The supervisors (meshes) that terminate their children all at once."""
         return frozenset(
             path
-            for path, spec in walk(self.tree)
+            for path, spec in owned_walk(self.tree, self.owned)
             if isinstance(spec, Mesh) or (isinstance(spec, Supervisor) and spec.parallel_shutdown)
         )
 
@@ -637,41 +393,6 @@ class SupervisionMachine(RuleBasedStateMachine):
             f"steps:\n{journal}\nevent log ({self.placement}):\n{format_log(real, mark)}\n"
             f"model's event log:\n{format_log(model, mark)}"
         )
-
-    def _check_no_orphans(self) -> None:
-        """No worker process of this app outlives it (the fork server reaps or kills them all)."""
-        deadline = time.monotonic() + 5.0
-        while True:
-            alive = [pid for pid, t in self._pids.items() if _alive(pid, t)]
-            if not alive:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"worker processes outlived the app: {alive}\n" + self.report()
-                )
-            time.sleep(0.05)
-
-
-async def _now() -> float:
-    return trio.current_time()
-
-
-def _start_time(pid: int) -> str:
-    """A process's start time (field 22 of /proc/PID/stat): tells a pid from its reuse."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return ""
-
-
-def _alive(pid: int, start_time: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and fields[19] == start_time
 
 
 __all__ = ["CLEAR_ERRORS", "FAULTS", "SupervisionMachine", "format_log", "reason_key"]

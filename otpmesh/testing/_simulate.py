@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
 
-from .._core._reasons import KILLED, SHUTDOWN
-from .._core._spec import BRUTAL_KILL, ChildSpec, Mesh, Supervisor, Worker
+from .._core._exits import ActorCrash, describe
+from .._core._giveup import gave_up, give_up_error, root_run
+from .._core._reasons import KILLED, SHUTDOWN, is_normal_exit
+from .._core._spec import BRUTAL_KILL, Mesh, Supervisor, Worker
 from .._core._supervisor import SupervisorCore
 from .._core._supevents import (
     ChildExited,
@@ -48,54 +49,17 @@ from .._core._supevents import (
     TerminateChild,
     TerminateChildRequest,
 )
-
-StartOutcome: TypeAlias = Literal["ok", "ignore"] | tuple[Literal["error"], object]
-TraceEntry: TypeAlias = tuple[object, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Crash:
-    """The running worker at `path` exits by itself with `reason` (skipped if not running)."""
-
-    path: str
-    reason: object = "crash"
-
-
-@dataclass(frozen=True, slots=True)
-class StopSupervisor:
-    """The supervisor at `path` is stopped with `reason` (OTP's ``sys:terminate``)."""
-
-    path: str
-    reason: object = SHUTDOWN
-
-
-@dataclass(frozen=True, slots=True)
-class KillSupervisor:
-    """The supervisor at `path` is killed (OTP's ``exit(Sup, kill)``, ``otpmesh.chaos.kill``):
-    it and everything under it die at once with ``killed``; its parent sees the exit."""
-
-    path: str
-
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """The clock moves on by `seconds`."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A dynamic-children request to the supervisor at `sup`: `op` is ``start_child`` (with
-    `spec`) or ``terminate_child`` / ``restart_child`` / ``delete_child`` (with `id`)."""
-
-    sup: str
-    op: Literal["start_child", "terminate_child", "restart_child", "delete_child"]
-    id: str = ""
-    spec: ChildSpec | None = None
-
-
-Step: TypeAlias = Crash | StopSupervisor | KillSupervisor | Advance | Call
+from ._steps import (
+    Advance,
+    Call,
+    Crash,
+    KillSupervisor,
+    StartOutcome,
+    Step,
+    StopSupervisor,
+    TraceEntry,
+)
+from ._trees import Owned, check_owned, tree_of
 
 
 @dataclass(slots=True)
@@ -104,6 +68,7 @@ class _Node:
     parent: _Node | None
     id: str
     incarnation: int
+    owner: str | None = None  # an owned subtree's root: the worker that started it
 
 
 @dataclass(slots=True)
@@ -119,6 +84,8 @@ class Simulation:
 
     tree: Supervisor
     start_plans: Mapping[str, Sequence[StartOutcome]] = field(default_factory=dict)
+    #: Owner worker path -> the spec its actor starts in on_start (``context().start``).
+    owned: Owned = field(default_factory=dict)
     now: float = 0.0
     trace: list[TraceEntry] = field(default_factory=list)
     log: list[LogEntry] = field(default_factory=list)
@@ -128,8 +95,11 @@ class Simulation:
     _plans: dict[str, deque[StartOutcome]] = field(default_factory=dict)
     _calls: dict[object, tuple[str, str]] = field(default_factory=dict)
     _counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    _subtrees: dict[str, _Node] = field(default_factory=dict)  # owner path -> subtree root
+    _specs: dict[str, Supervisor | Mesh] = field(default_factory=dict)  # supervisors' specs
 
     def __post_init__(self) -> None:
+        check_owned(self.tree, self.owned)
         self._plans = {path: deque(plan) for path, plan in self.start_plans.items()}
 
     @property
@@ -176,14 +146,12 @@ class Simulation:
         if isinstance(step, Advance):
             self.now += step.seconds
         elif isinstance(step, Crash):
-            worker = self._workers.pop(step.path, None)
-            if worker is not None:
-                self.trace.append(("exit", step.path, step.reason))
-                event = ChildExited(worker.id, worker.incarnation, step.reason)
-                self._deliver(worker.parent, event)
+            self._crash(step.path, step.reason)
         elif isinstance(step, StopSupervisor):
             node = self._nodes.get(step.path)
             if node is not None:
+                if node.owner is not None:  # the owner stops it (Subtree.stop()): no crash
+                    self._subtrees.pop(node.owner, None)
                 self._deliver(node, Stop(step.reason))
         elif isinstance(step, KillSupervisor):
             node = self._nodes.get(step.path)
@@ -194,6 +162,54 @@ class Simulation:
             node = self._nodes.get(step.sup)
             if node is not None:
                 self._deliver(node, self._request(step))
+
+    def _crash(self, path: str, reason: object) -> None:
+        worker = self._workers.pop(path, None)
+        if worker is not None:
+            self.trace.append(("exit", path, reason))
+            self._stop_owned(path)
+            self._deliver(worker.parent, ChildExited(worker.id, worker.incarnation, reason))
+
+    # ---- owned subtrees ---------------------------------------------------------------------
+
+    def _start_owned(self, owner: str) -> object:
+        """The owner's on_start starts its subtree (before the owner counts as started);
+        returns the owner's start failure reason if the subtree failed to start."""
+        spec = self.owned[owner]
+        path = f"{owner}/{spec.id}"
+        for p in [p for p in self._counters if p == path or p.startswith(path + "/")]:
+            del self._counters[p]  # a new subtree is a new tree: incarnations from 1
+        result, node = self._start_group(spec, path, None, spec.id, 1)
+        if isinstance(result, InitFailed):
+            # SpawnError raised by context().start (otpmesh/_controller/_subtree.py).
+            error = f"supervisor {spec.id} failed to start: {describe(result.reason)}"
+            return ActorCrash("SpawnError", f"starting {path} failed: {error}")
+        node.owner = owner
+        self._subtrees[owner] = node
+        return None
+
+    def _stop_owned(self, owner: str) -> None:
+        """The owner exited: its subtree is stopped in OTP order (in the background, for the
+        real system: the log's per-tree order is what the machine compares)."""
+        node = self._subtrees.pop(owner, None)
+        if node is None or node.core.path not in self._nodes:
+            return
+        result = self._pump(node, self._handle(node, Stop(SHUTDOWN)))
+        self._nodes.pop(node.core.path, None)
+        reason = result.reason if isinstance(result, Exit) else SHUTDOWN
+        self.trace.append(("exit", node.core.path, reason))
+
+    def _owned_exited(self, node: _Node, owner: str, reason: object) -> None:
+        """An owned subtree's root exited by itself: if it gave up, its owner crashes with
+        the subtree's SupervisorError; an auto-shutdown (a normal exit) leaves the owner be."""
+        if self._subtrees.get(owner) is not node:
+            return  # stopped by (or with) its owner
+        del self._subtrees[owner]
+        path = node.core.path
+        run = root_run(self.log, path, lambda p: tree_of(p, self.owned) == owner)
+        if gave_up(run, path) or not is_normal_exit(reason):
+            error = give_up_error(run, path, reason, self._specs.__getitem__)
+            self._crash(owner, ActorCrash("SupervisorError", str(error)))
 
     # ---- driving cores ----------------------------------------------------------------------
 
@@ -228,7 +244,9 @@ class Simulation:
         if not gone:
             del self._nodes[node.core.path]
         self.trace.append(("exit", node.core.path, reason))
-        if node.parent is None:
+        if node.owner is not None:
+            self._owned_exited(node, node.owner, reason)
+        elif node.parent is None:
             self.root_exit = reason
         else:
             self._deliver(node.parent, ChildExited(node.id, node.incarnation, reason))
@@ -255,6 +273,9 @@ class Simulation:
         if isinstance(spec, Worker):
             plan = self._plans.get(path)
             outcome: StartOutcome = plan.popleft() if plan else "ok"
+            if outcome == "ok" and path in self.owned:
+                failure = self._start_owned(path)
+                outcome = "ok" if failure is None else ("error", failure)
             self.trace.append(("start", path, outcome))
             if outcome == "ok":
                 self._workers[path] = _Running(node, command.id, command.incarnation)
@@ -262,17 +283,25 @@ class Simulation:
             if outcome == "ignore":
                 return StartIgnored(command.id)
             return StartFailed(command.id, outcome[1])
+        result, _ = self._start_group(spec, path, node, command.id, command.incarnation)
+        if isinstance(result, InitFailed):
+            return StartFailed(command.id, result.reason)
+        return ChildStarted(command.id)
+
+    def _start_group(
+        self, spec: Supervisor | Mesh, path: str, parent: _Node | None, id: str, incarnation: int
+    ) -> tuple[InitDone | InitFailed | Exit | None, _Node]:
         group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
+        self._specs[path] = spec
         # Incarnation counters outlive a restarted supervisor, as the trio driver's do.
         core = SupervisorCore(group, path=path, incarnations=self._counters.setdefault(path, {}))
-        child = _Node(core, node, command.id, command.incarnation)
+        child = _Node(core, parent, id, incarnation)
         self._nodes[path] = child
         self.trace.append(("sup_start", path))
         result = self._pump(child, self._call(child, lambda: child.core.start(self.now)))
         if isinstance(result, InitFailed):
             del self._nodes[path]
-            return StartFailed(command.id, result.reason)
-        return ChildStarted(command.id)
+        return result, child
 
     def _terminate_child(self, node: _Node, command: TerminateChild) -> Event:
         path = f"{node.core.path}/{command.id}"
@@ -282,6 +311,7 @@ class Simulation:
         elif path in self._workers:
             reason = SHUTDOWN
             del self._workers[path]
+            self._stop_owned(path)
         else:
             child = self._nodes[path]
             result = self._pump(child, self._handle(child, Stop(SHUTDOWN)))
@@ -291,14 +321,20 @@ class Simulation:
         return ChildTerminated(command.id, command.incarnation, reason)
 
     def _kill_subtree(self, path: str) -> None:
-        """Killing a supervisor kills its descendants concurrently (in no defined order)."""
-        below = sorted(p for p in self.running() if p.startswith(path + "/"))
+        """Killing a supervisor kills its descendants concurrently (in no defined order);
+        what killed owners own is stopped in order, as after any exit of theirs."""
+        tree = tree_of(path, self.owned)
+        below = sorted(
+            p for p in self.running() if p.startswith(path + "/") and tree_of(p, self.owned) == tree
+        )
         for p in reversed(below):
             self._workers.pop(p, None)
             self._nodes.pop(p, None)
             self.trace.append(("exit", p, KILLED))
         self._workers.pop(path, None)
         self._nodes.pop(path, None)
+        for p in [path, *reversed(below)]:
+            self._stop_owned(p)
 
     def _record_reply(self, reply: Reply) -> None:
         sup, op = self._calls[reply.ref]
@@ -313,8 +349,10 @@ def simulate(
     steps: Iterable[Step] = (),
     *,
     start_plans: Mapping[str, Sequence[StartOutcome]] | None = None,
+    owned: Owned | None = None,
     stop: bool = True,
 ) -> Simulation:
-    """Start `tree`, apply `steps`, stop it (unless `stop=False`); return the finished run."""
-    sim = Simulation(tree, start_plans=dict(start_plans or {}))
+    """Start `tree`, apply `steps`, stop it (unless `stop=False`); return the finished run.
+    `owned` maps an owner worker's path to the spec its actor starts in on_start."""
+    sim = Simulation(tree, start_plans=dict(start_plans or {}), owned=dict(owned or {}))
     return sim.start().run(steps, stop=stop)

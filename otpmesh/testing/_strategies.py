@@ -8,6 +8,7 @@ driver tests (every strategy, a short period and a moving clock) draw from the s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from .._core._spec import (
     TEMPORARY,
     TRANSIENT,
     AutoShutdown,
+    Mesh,
     Restart,
     ShutdownSpec,
     Strategy,
@@ -34,7 +36,7 @@ from .._core._spec import (
     Worker,
     walk,
 )
-from ._simulate import Advance, Call, Crash, Step, StopSupervisor
+from ._steps import Advance, Call, Crash, Step, StopSupervisor
 
 OTP_STRATEGIES: tuple[Strategy, ...] = (ONE_FOR_ONE, ONE_FOR_ALL, REST_FOR_ONE)
 #: Exit reasons a fault may carry: normal ones, and abnormal ones.
@@ -106,6 +108,59 @@ def supervision_trees(
         restart=_flags[0],
         significant=_flags[1],
     )
+
+
+@st.composite
+def owned_trees(
+    draw: st.DrawFn,
+    /,
+    actor: type | str,
+    owner: type | str,
+    *,
+    max_owners: int = 2,
+    **knobs: Any,
+) -> tuple[Supervisor, dict[str, Supervisor | Mesh]]:
+    """A tree (``supervision_trees(actor, **knobs)``) up to `max_owners` of whose workers are
+    `owner` actors, and the ``owned`` mapping for ``simulate`` and ``SupervisionMachine``.
+
+    An owner is constructed with one argument, the spec of the subtree it starts in its
+    ``on_start`` (``await otpmesh.context().start(spec)``): a ONE_FOR_ONE Mesh of 2 `actor`s or
+    a small Supervisor of `actor` workers, drawn with the same knobs. Specs as arguments travel
+    only in-process: run such trees with ``placement="local"``.
+    """
+    tree = draw(supervision_trees(actor, **knobs))
+    workers, _ = tree_paths(tree)
+    owners = draw(st.lists(st.sampled_from(workers), min_size=1, max_size=max_owners, unique=True))
+    sub_knobs = {**knobs, "max_depth": 0, "max_children": 3}
+    owned: dict[str, Supervisor | Mesh] = {}
+    for path in owners:
+        if draw(st.booleans()):
+            owned[path] = Mesh(
+                "mesh",
+                actor,
+                shape={"procs": 2},
+                intensity=draw(st.sampled_from(list(knobs.get("intensities", (0, 1, 2, 3))))),
+                period=draw(st.sampled_from(list(knobs.get("periods", (3600.0,))))),
+            )
+        else:
+            owned[path] = draw(supervision_trees(actor, root_id="sub", **sub_knobs))
+    return _with_owners(tree, "", owned, owner), owned
+
+
+def _with_owners(
+    spec: Supervisor, parent: str, owned: dict[str, Supervisor | Mesh], owner: type | str
+) -> Supervisor:
+    """`spec` with the worker at each path of `owned` made an `owner` given its subtree."""
+    path = f"{parent}/{spec.id}" if parent else spec.id
+    children: list[Any] = []
+    for child in spec.children:
+        at = f"{path}/{child.id}"
+        if isinstance(child, Supervisor):
+            child = _with_owners(child, path, owned, owner)
+        elif isinstance(child, Worker) and at in owned:
+            child = dataclasses.replace(child, actor=owner, args=(owned[at],))
+        children.append(child)
+    return dataclasses.replace(spec, children=children)
 
 
 def tree_paths(tree: Supervisor) -> tuple[list[str], list[tuple[str, Supervisor]]]:
@@ -191,6 +246,7 @@ __all__ = [
     "StopSupervisor",
     "fault_schedules",
     "fault_step",
+    "owned_trees",
     "supervision_trees",
     "tree_paths",
 ]

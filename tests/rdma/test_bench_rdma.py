@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from otpmesh._wire._codec import CHANNEL_THRESHOLD
+from otpmesh._wire._tensors import CHANNEL_THRESHOLD
 from otpmesh.bench_rdma import WHAT
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import otpmesh
 from otpmesh._node._node import current_node
-from otpmesh._wire._codec import CHANNEL_THRESHOLD
+from otpmesh._wire._tensors import CHANNEL_THRESHOLD
 from otpmesh.rdma._channel import MAP_ABOVE
 from tests.conftest import run_program, run_trio
 from tests.rdma.channel_actors import BufferKeeper

@@ -1,0 +1,42 @@
+"""What a supervisor driver (_driver.py) uses of the running tree it belongs to: a Protocol, so
+that the driver need not import the tree (_tree.py's ``TreeContext``, which holds the drivers,
+implements it)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import trio
+
+from .._core._supevents import Reply
+from .._node._slot import Slot
+from ._events import EventLog
+from ._placement import Placement
+
+
+class DriverContext(Protocol):
+    """A running tree, as its supervisor drivers see it."""
+
+    events: EventLog
+    mesh_shapes: dict[str, dict[str, int]]
+    nursery: trio.Nursery
+    placement: Placement
+
+    def incarnations(self, sup_path: str) -> dict[str, int]:
+        """The incarnation counters of a supervisor's children, kept across its restarts."""
+        ...
+
+    def slot(self, path: str) -> Slot: ...
+    def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]: ...
+    def injected_start_failure(self, path: str) -> object: ...
+    def watch(self, path: str, driver: Any) -> None:
+        """Send the exits of the actor at `path` to `driver` (a ``SupervisorDriver``)."""
+        ...
+
+    def stop_begun(self, path: str) -> None: ...
+    def stop_ended(self, path: str) -> None: ...
+    def last_exit(self, sup_path: str, child_id: str) -> object: ...
+    def work_started(self) -> None: ...
+    def work_done(self) -> None: ...
+    def reply(self, reply: Reply) -> None: ...
+    def root_exited(self, reason: object) -> None: ...

@@ -1,0 +1,269 @@
+"""The controller's answers to what any process of the app may ask (``_node/_ask.py``): start
+processes or a subtree for an actor, spawn on or stop a proc mesh, stop an actor mesh, look an
+actor up by path, get or start a singleton. Registered on the controller's node when its runtime
+starts; the same handlers serve the controller's own calls.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import trio
+
+from .._core._actor import set_start_hook
+from .._core._errors import MeshError
+from .._core._shape import check_shape
+from .._core._spec import Mesh, Restart, Strategy, Supervisor, Worker, walk
+from .._node._ask import ask_controller, in_controller
+from .._node._mesh import ActorMesh, ActorRef
+from .._runtime import _controller_runtime
+from .._runtime._controller_runtime import Runtime
+from .._wire._connection import Connection
+from ._app import PlacementName, context, endpoints_of
+from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
+from ._procmesh import ProcMesh, start_procs
+from ._specwire import spec_from_wire, spec_to_wire
+from ._subtree import OwnedTree, start_owned
+from ._tree import TreeContext
+
+#: Where singletons live: one supervisor at the top of the app, started on first use.
+SINGLETONS = "singletons"
+
+
+class Subtree:
+    """A tree an actor owns (``otpmesh.context().start(spec)``): refs to its actors and meshes
+    by path (the owner's path, then the spec's ids: ``service/2/replicas``), valid across
+    restarts, and ``stop()``."""
+
+    def __init__(self, root: str, key: str, refs: dict[str, ActorRef | ActorMesh]) -> None:
+        self.root = root
+        self._key = key  # what stop() shows the controller: only its holder may stop it
+        self._refs = refs
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted(self._refs)
+
+    def actor(self, path: str) -> ActorRef:
+        found = self._refs.get(path)
+        if not isinstance(found, ActorRef):
+            raise KeyError(f"no actor at {path!r} in {self.root} (paths: {self.paths})")
+        return found
+
+    def mesh(self, path: str | None = None) -> ActorMesh:
+        """The mesh at `path` (default: the root, when the subtree is a Mesh)."""
+        found = self._refs.get(path or self.root)
+        if not isinstance(found, ActorMesh):
+            raise KeyError(f"no mesh at {path or self.root!r} in {self.root} (paths: {self.paths})")
+        return found
+
+    async def stop(self) -> None:
+        """Stop it now, in OTP order (it is stopped with its owner anyway)."""
+        await ask_controller("subtree_stop", {"key": self._key})
+
+    def __repr__(self) -> str:
+        return f"Subtree({self.root!r})"
+
+
+async def _start_subtree(owner: str, spec: Any) -> Subtree:
+    if not isinstance(spec, Supervisor | Mesh):
+        raise TypeError(f"context().start needs a Supervisor or Mesh spec, not {spec!r}")
+    # In the controller (placement="local") the spec is not sent: its classes are used as they
+    # are, which also serves classes no import path reaches (a test's, a notebook's).
+    sent = spec if in_controller() else spec_to_wire(spec)
+    answer = await ask_controller("subtree_start", {"owner": owner, "spec": sent})
+    return Subtree(answer["root"], answer["key"], answer["refs"])
+
+
+set_start_hook(_start_subtree)
+
+
+async def lookup(path: str) -> ActorRef | ActorMesh:
+    """A ref to the actor, or the mesh, at `path` anywhere in this app (a tree's, one an actor
+    owns, a proc mesh's): one round trip to the controller, from any process. KeyError if none."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"lookup needs an actor or mesh path, not {path!r}")
+    found: ActorRef | ActorMesh = await ask_controller("lookup", {"path": path})
+    return found
+
+
+async def singleton(name: str, actor: type | str, *args: Any, **kwargs: Any) -> ActorRef:
+    """The app's one actor called `name` (at ``singletons/NAME``): started on first use with
+    ``actor(*args, **kwargs)`` and supervised like any child (restarted if it crashes); later
+    calls, from any process, get a ref to the same actor and ignore their arguments."""
+    spec = Worker(name, actor, args=args, kwargs=kwargs)
+    found: ActorRef = await ask_controller("singleton", {"spec": spec_to_wire(spec)})
+    return found
+
+
+class Service:
+    """The handlers, for one controller runtime."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.owners = owners(rt)
+        self.subtrees: dict[str, OwnedTree] = {}
+        self._singletons: OwnedTree | None = None
+        self._singleton_lock = trio.Lock()
+        rt.node.sys_handlers.update(
+            {
+                "procs_start": self.procs_start,
+                "procs_spawn": self.procs_spawn,
+                "procs_stop": self.procs_stop,
+                "mesh_stop": self.mesh_stop,
+                "subtree_start": self.subtree_start,
+                "subtree_stop": self.subtree_stop,
+                "lookup": self.lookup,
+                "singleton": self.singleton,
+            }
+        )
+
+    def _mesh(self, p: dict[str, Any]) -> ProcMesh:
+        mesh = self.owners.meshes.get(p.get("id"))  # type: ignore[arg-type]
+        if mesh is None:
+            raise MeshError(f"no running proc mesh {p.get('id')!r} (it was stopped)")
+        ranks = p.get("ranks")
+        if ranks is None:
+            return mesh  # type: ignore[no-any-return]
+        if type(ranks) is not list or not all(type(r) is int and 0 <= r < len(mesh) for r in ranks):
+            raise MeshError(f"ranks {ranks!r} are not ranks of {mesh.label}")
+        shape = p.get("shape")
+        if shape != {}:  # a slice that dropped every dimension is one process, shaped {}
+            shape = check_shape(shape if isinstance(shape, dict) else {"": shape})
+        sliced: ProcMesh = mesh._subset(ranks, shape)
+        return sliced
+
+    async def procs_start(self, conn: Connection | None, p: dict[str, Any]) -> ProcMesh:
+        owner = check_owner(self.rt, conn, p.get("owner"))
+        return await start_procs(self.rt, check_shape(p["shape"]), owner)
+
+    async def procs_spawn(self, conn: Connection | None, p: dict[str, Any]) -> ActorMesh:
+        mesh = self._mesh(p)
+        if not isinstance(p.get("cls"), str):
+            raise MeshError("spawn names its actor class by import path")
+        args, kwargs = list(p.get("args", [])), dict(p.get("kwargs", {}))
+        supervision = p.get("supervision")
+        mesh._spawners[p["name"]] = proc_of(self.rt, conn)
+        if supervision is None:
+            return await mesh.spawn(p["name"], p["cls"], *args, **kwargs)
+        strategy, restart, intensity, period = supervision
+        return await mesh.spawn_supervised(
+            p["name"],
+            p["cls"],
+            args=args,
+            kwargs=kwargs,
+            strategy=Strategy(strategy),
+            restart=Restart(restart),
+            intensity=intensity,
+            period=period,
+        )
+
+    async def procs_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        await self._mesh(p).stop(float(p.get("timeout", STOP_TIMEOUT)))
+
+    async def mesh_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        path = p.get("path")
+        for mesh in list(self.owners.meshes.values()):
+            name = mesh._mesh_named(path)
+            if name is not None:
+                asker = proc_of(self.rt, conn)
+                if asker is not None and not mesh._may_stop(name, asker):
+                    raise MeshError(
+                        f"{path} may be stopped only by its owner's process or the one that "
+                        "spawned it"
+                    )
+                await mesh._stop_mesh(name)
+                return
+        if self._tree_with(path) is not None:
+            raise MeshError(
+                f"{path} is supervised by a tree: stop it with app.terminate_child({path!r})"
+            )
+        raise MeshError(f"no running actor mesh {path!r} (already stopped?)")
+
+    async def subtree_start(self, conn: Connection | None, p: dict[str, Any]) -> dict[str, Any]:
+        owner = check_owner(self.rt, conn, p.get("owner"))
+        local = conn is None and isinstance(p["spec"], Supervisor | Mesh)
+        spec = p["spec"] if local else spec_from_wire(p["spec"])
+        if not isinstance(spec, Supervisor | Mesh):
+            raise MeshError("an owned subtree's root is a Supervisor or a Mesh")
+        # An owner in the controller process (a placement="local" app) keeps its subtree
+        # in-process too: one process, and a MockClock drives every level.
+        placement: PlacementName = "local" if conn is None and owner is not None else "procs"
+        tree = await start_owned(self.rt, spec, owner, placement)
+        key = secrets.token_hex(16)
+        self.subtrees[key] = tree
+        assert tree.app is not None
+        refs: dict[str, ActorRef | ActorMesh] = {}
+        for path, node in walk(spec, owner or ""):
+            if isinstance(node, Worker) and not _in_mesh(tree, path):
+                refs[path] = tree.app.actor(path)
+            elif isinstance(node, Mesh):
+                refs[path] = tree.app.mesh(path)
+        return {"root": tree.label, "key": key, "refs": refs}
+
+    async def subtree_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
+        tree = self.subtrees.pop(p.get("key"), None)  # type: ignore[arg-type]
+        if tree is None:
+            raise MeshError("no such running subtree (already stopped?)")
+        self.owners.discard(tree.owner, tree)
+        await tree.stop()
+
+    def _tree_with(self, path: Any) -> TreeContext | None:
+        seen: set[int] = set()
+        for listener in list(self.rt.exit_listeners.values()):
+            if isinstance(listener, TreeContext) and id(listener) not in seen:
+                seen.add(id(listener))
+                holder = listener.holder(path)
+                if holder is not None:
+                    return holder
+        return None
+
+    async def lookup(self, conn: Connection | None, p: dict[str, Any]) -> ActorRef | ActorMesh:
+        path = p.get("path")
+        if not isinstance(path, str):
+            raise MeshError(f"lookup needs a path, not {path!r}")
+        holder = self._tree_with(path)
+        if holder is not None:
+            spec = holder.spec(path)
+            if isinstance(spec, Supervisor):
+                raise MeshError(f"{path} is a supervisor, not an actor or a mesh")
+            if isinstance(spec, Mesh):
+                slots = [holder.slot(f"{path}/{rank}") for rank in range(spec.size)]
+                return ActorMesh(path, endpoints_of(spec.actor), dict(spec.shape), slots, None)
+            return ActorRef(path, endpoints_of(spec.actor), holder.slot(path))
+        for mesh in list(self.owners.meshes.values()):
+            found: ActorRef | ActorMesh | None = mesh._find(path)
+            if found is not None:
+                return found
+        raise KeyError(f"no actor or mesh at {path!r} in this app")
+
+    async def singleton(self, conn: Connection | None, p: dict[str, Any]) -> ActorRef:
+        spec = spec_from_wire(p["spec"])
+        if not isinstance(spec, Worker):
+            raise MeshError("a singleton is one actor (a Worker spec)")
+        path = f"{SINGLETONS}/{spec.id}"
+        async with self._singleton_lock:
+            if self._singletons is None or self._singletons.done.is_set():
+                root = Supervisor(SINGLETONS, intensity=10, period=10.0)
+                self._singletons = await start_owned(self.rt, root, None)
+            app = self._singletons.app
+            assert app is not None
+            if path not in context(app).specs:
+                await app.start_child(SINGLETONS, spec)
+            return app.actor(path)
+
+
+def _in_mesh(tree: OwnedTree, path: str) -> bool:
+    """Whether `path` is one of a Mesh's slot workers (reached through the mesh's ref)."""
+    parent = path.rpartition("/")[0]
+    assert tree.app is not None
+    holder = context(tree.app).holder(parent)
+    return holder is not None and isinstance(holder.specs.get(parent), Mesh)
+
+
+def install(rt: Runtime) -> None:
+    Service(rt)
+
+
+_controller_runtime.SERVICES.append(install)
