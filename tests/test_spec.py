@@ -317,3 +317,12 @@ def test_the_spec_check_never_refuses_what_the_wire_carries() -> None:
             carried = False
         accepted = first_unsendable((value,), {}) is None
         assert accepted == carried, value
+
+
+def test_a_spec_is_data_an_owner_can_be_given_as_an_argument() -> None:
+    replicas = Mesh("replicas", Learner, shape={"procs": 2})
+    assert Worker("svc", Learner, args=(replicas,), kwargs={"sub": [replicas]}).args == (replicas,)
+
+
+def test_a_large_argument_is_checked_within_a_bound() -> None:
+    Worker("a", Learner, args=(list(range(1_000_000)) + [print],))  # past the bound: the codec's

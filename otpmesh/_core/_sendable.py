@@ -6,9 +6,10 @@ numbers, strings, bytes, lists, dicts), tuples, torch tensors, numpy arrays, the
 reasons and value meshes, and the values of the layers above that say how they travel (a
 ``_wire_ext`` class attribute: actor refs and meshes, RDMA buffers). The core cannot import the
 codec, so this walk accepts those types by what they are; it refuses anything else (a function,
-a class, an open file, a dataclass instance). What only the codec can refuse (too deep, too
-large, a dtype with no wire form) is found when the tree is started, before anything starts
-(``_controller/_specwire.py``), naming the child's path.
+a class, an open file, a dataclass instance). Specs themselves count as data (an owner is given
+the subtree it starts: ``_spec.py`` says so). What only the codec can refuse (too deep, too
+large, a dtype with no wire form) fails the child's start, naming the argument
+(``_controller/_placement.py``, ``spawn_on``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import inspect
 import io
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -37,16 +38,16 @@ WHAT_TRAVELS = (
 )
 
 
-def first_unsendable(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, Any] | None:
+def first_unsendable(
+    args: Sequence[Any], kwargs: Mapping[str, Any], also: tuple[type, ...] = ()
+) -> tuple[str, Any] | None:
     """Where the first value that cannot travel is ('args[0]', "kwargs['lr'][2]") and what
-    it is, or None."""
+    it is, or None. Values of the types `also` count as data too."""
     budget = [MAX_VISITS]
-    for index, value in enumerate(args):
-        found = _walk(value, f"args[{index}]", 0, budget)
-        if found is not None:
-            return found
-    for key, value in kwargs.items():
-        found = _walk(value, f"kwargs[{key!r}]", 0, budget)
+    named = [(f"args[{i}]", v) for i, v in enumerate(args)]
+    named += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for where, value in named:
+        found = _walk(value, where, 0, budget, also)
         if found is not None:
             return found
     return None
@@ -66,30 +67,36 @@ def why_not(value: Any) -> str:
     return f"{what}: it cannot travel to the actor's process"
 
 
-def _walk(value: Any, where: str, depth: int, budget: list[int]) -> tuple[str, Any] | None:
+def _walk(
+    value: Any, where: str, depth: int, budget: list[int], also: tuple[type, ...]
+) -> tuple[str, Any] | None:
     budget[0] -= 1
     if budget[0] < 0 or depth > MAX_DEPTH:
         return None  # past the bound: the codec checks the rest when the tree starts
     if isinstance(value, _PLAIN):
         return None
     if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _walk(item, f"{where}[{index}]", depth + 1, budget)
-            if found is not None:
-                return found
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _walk(key, f"{where} key {key!r}", depth + 1, budget) or _walk(
-                item, f"{where}[{key!r}]", depth + 1, budget
-            )
-            if found is not None:
-                return found
-        return None
-    kind = type(value)
-    if kind in _CORE or getattr(kind, "_wire_ext", None) is not None or _array(value):
-        return None
-    return where, value
+        items: Iterator[tuple[str, Any]] = (
+            (f"{where}[{index}]", item) for index, item in enumerate(value)
+        )
+    elif isinstance(value, dict):
+        items = (
+            pair
+            for key, item in value.items()
+            for pair in ((f"{where} key {key!r}", key), (f"{where}[{key!r}]", item))
+        )
+    else:
+        kind = type(value)
+        if kind in _CORE or kind in also or getattr(kind, "_wire_ext", None) is not None:
+            return None
+        return None if _array(value) else (where, value)
+    for inner, item in items:
+        if budget[0] < 0:
+            return None
+        found = _walk(item, inner, depth + 1, budget, also)
+        if found is not None:
+            return found
+    return None
 
 
 def _array(value: Any) -> bool:

@@ -156,7 +156,8 @@ def _check_args(path: str, spec: Worker | Mesh) -> None:
         raise SpecError(path, "kwargs", kwargs, "a mapping of str to argument values")
     # A private copy behind a read-only view: the caller's dict can change, the spec cannot.
     _set(spec, "kwargs", MappingProxyType(dict(kwargs)))
-    unsendable = first_unsendable(spec.args, spec.kwargs)  # code, not data: refused here
+    # Code, not data, is refused here; specs are data (an owner given the subtree it starts).
+    unsendable = first_unsendable(spec.args, spec.kwargs, also=(Supervisor, Worker, Mesh))
     if unsendable is not None:
         where, value = unsendable
         raise SpecError(path, where, value, WHAT_TRAVELS, why_not(value))
