@@ -325,4 +325,4 @@ def test_a_spec_is_data_an_owner_can_be_given_as_an_argument() -> None:
 
 
 def test_a_large_argument_is_checked_within_a_bound() -> None:
-    Worker("a", Learner, args=(list(range(1_000_000)) + [print],))  # past the bound: the codec's
+    Worker("a", Learner, args=([*range(1_000_000), print],))  # past the bound: left to the codec
