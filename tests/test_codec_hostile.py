@@ -564,8 +564,8 @@ WELL_FORMED: dict[int, Any] = {
     _codec.EXT_PROCESS_EXIT: [123, "killed by signal 9 (SIGKILL)"],
     _codec.EXT_HUNG: ["ep", 2.5, "killed", "stacks"],
     _codec.EXT_VALUE_MESH: [[["x", 2]], [1, 2]],
-    _codec.EXT_ACTOR_REF: ["r", ["echo"], ["r/0", "addr", True], None],
-    _codec.EXT_ACTOR_MESH: ["m", ["echo"], [["x", 1]], [["m/0", "addr", False]], 3.0],
+    _codec.EXT_ACTOR_REF: ["r", ["echo", ["ping", ["x", "y"], "aK"]], ["r/0", "addr", True], None],
+    _codec.EXT_ACTOR_MESH: ["m", [["echo", ["x"], "a"]], [["x", 1]], [["m/0", "addr", False]], 3.0],
     _codec.EXT_CHANNEL_BUFFER: [["ndarray", "<f4", [4, 2]], {"id": 1}],
 }
 

@@ -38,7 +38,7 @@ from tests.actors import Member
 from tests.conftest import run_trio
 
 
-class A:
+class A(otpmesh.Actor):
     """An actor class; the core never instantiates it."""
 
 

@@ -13,7 +13,7 @@ import trio
 import otpmesh
 from otpmesh import ONE_FOR_ALL, LogKind, Mesh, Supervisor
 from otpmesh._controller._app import context
-from otpmesh._controller._pgroup import GroupPlacement
+from otpmesh._controller._pgplacement import GroupPlacement
 from otpmesh._core._spec import Strategy
 from tests import test_multihost as multihost
 from tests.conftest import run_trio

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import otpmesh
 from otpmesh._core._spec import (
     ALL_FOR_ONE,
     ANY_SIGNIFICANT,
@@ -27,7 +31,7 @@ from otpmesh._core._spec import (
 from otpmesh._core._spec_errors import SpecError
 
 
-class Learner:
+class Learner(otpmesh.Actor):
     pass
 
 
@@ -196,7 +200,7 @@ def test_bad_shape_is_rejected(bad: object) -> None:
 
 @pytest.mark.parametrize("bad", [42, "not a path", "pkg.mod.Class", Learner()])
 def test_actor_must_be_a_class_or_import_path(bad: object) -> None:
-    with pytest.raises(SpecError, match=r"actor=.* allowed: an actor class or 'pkg.module:Class'"):
+    with pytest.raises(SpecError, match=r"actor=.* allowed: an otpmesh.Actor subclass or its imp"):
         Worker("w", bad)  # type: ignore[arg-type]
 
 
@@ -218,3 +222,107 @@ def test_spec_error_carries_its_parts_as_data() -> None:
 
 def test_strategy_values_are_otps_words() -> None:
     assert [s.value for s in Strategy] == ["one_for_one", "one_for_all", "rest_for_one", "escalate"]
+
+
+class NotAnActor:
+    pass
+
+
+@pytest.mark.parametrize("spec", [Worker, lambda id, actor: Mesh(id, actor, shape={"gpus": 2})])
+def test_an_actor_class_that_is_not_an_otpmesh_actor_is_refused_when_the_spec_is_built(
+    spec: Any,
+) -> None:
+    with pytest.raises(SpecError, match=r"'a': actor=.*NotAnActor.* does not subclass otpmesh.Act"):
+        spec("a", NotAnActor)
+
+
+def _helper() -> None:
+    pass
+
+
+UNSENDABLE = [
+    ((lambda: 1,), {}, r"args\[0\]=<function <lambda>.*\(a function is code"),
+    ((1, _helper), {}, r"args\[1\]=<function _helper.*\(a function is code"),
+    ((), {"fn": str.upper}, r"kwargs\['fn'\]=.*\(a function is code"),
+    ((), {"cfg": {"hook": [1, print]}}, r"kwargs\['cfg'\]\['hook'\]\[1\]=.*\(a function is code"),
+    ((NotAnActor,), {}, r"args\[0\]=<class .*\(a class is code"),
+    ((object(),), {}, r"args\[0\]=<object .*\(a builtins.object is not data"),
+    (({1, 2},), {}, r"args\[0\]=\{1, 2\}.*\(a builtins.set is not data"),
+    (({(1, 2): 3, print: 4},), {}, r"args\[0\] key <built-in function print>="),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), UNSENDABLE)
+def test_arguments_that_cannot_travel_are_refused_when_the_spec_is_built_naming_them(
+    args: tuple[Any, ...], kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(SpecError, match=r"^Worker 'a': " + match):
+        Worker("a", Learner, args=args, kwargs=kwargs)
+    with pytest.raises(SpecError, match=r"^Mesh 'm': " + match):
+        Mesh("m", Learner, args=args, kwargs=kwargs)
+
+
+def test_an_open_file_is_refused_as_an_argument(tmp_path: Path) -> None:
+    with open(tmp_path / "f", "w") as f, pytest.raises(SpecError, match="an open file belongs"):
+        Worker("a", Learner, args=(f,))
+
+
+def test_data_arguments_are_accepted_when_the_spec_is_built() -> None:
+    import numpy
+    import torch
+
+    class Colour(enum.IntEnum):
+        RED = 1
+
+    data = (
+        None,
+        True,
+        2**40,
+        1.5,
+        "s",
+        b"b",
+        bytearray(b"x"),
+        [1, (2, 3), {"k": [None]}],
+        {1: "int keys", "s": ("tuple",)},
+        Colour.RED,
+        torch.zeros(2),
+        numpy.arange(3),
+        otpmesh.ValueMesh({"x": 2}, [1, 2]),
+        otpmesh.ActorCrash("E", "m"),
+    )
+    Worker("a", Learner, args=data, kwargs={"lr": 0.1, "shape": [1, 2]})
+
+
+def test_the_spec_check_never_refuses_what_the_wire_carries() -> None:
+    """_core/_sendable.py accepts by type what the codec carries (it cannot import it): each
+    value it refuses, the codec refuses too, and each value the codec carries it accepts."""
+    import numpy
+    import torch
+
+    from otpmesh._core._sendable import first_unsendable
+    from otpmesh._wire import _codec
+
+    values: list[Any] = [
+        1, -(2**63), 2.5, "x", b"y", bytearray(b"z"), memoryview(b"w"), None, [1, [2]],
+        (1, (2,)), {"a": 1}, {1: 2}, torch.ones(2, 2), numpy.zeros(3),
+        otpmesh.ValueMesh({"x": 1}, [1]), otpmesh.ProcessExit(1, "g"), otpmesh.Hung("e", 1, "k"),
+        object(), print, _helper, NotAnActor, {1}, frozenset(), complex(1, 2), Path("."), range(3),
+        type, [object()], {"k": (object(),)}, enum.Enum("E", "a").a,
+    ]  # fmt: skip
+    for value in values:
+        try:
+            _codec.pack(value)
+            carried = True
+        except otpmesh.EncodeError:
+            carried = False
+        accepted = first_unsendable((value,), {}) is None
+        assert accepted == carried, value
+
+
+def test_a_spec_is_data_an_owner_can_be_given_as_an_argument() -> None:
+    replicas = Mesh("replicas", Learner, shape={"procs": 2})
+    assert Worker("svc", Learner, args=(replicas,), kwargs={"sub": [replicas]}).args == (replicas,)
+
+
+def test_a_large_argument_is_checked_within_a_bound() -> None:
+    Worker("a", Learner, args=([*range(1_000_000), print],))  # past the bound: left to the codec

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from otpmesh._core import _actor
 from otpmesh._core._spec import (
     ONE_FOR_ALL,
     REST_FOR_ONE,
@@ -59,7 +60,7 @@ pytestmark = [
 ]
 
 
-class Actor:
+class Actor(_actor.Actor):
     """Stands for an actor class: the core never instantiates it."""
 
 

@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from otpmesh._core import _actor
 from otpmesh._core._spec import (
     ALL_SIGNIFICANT,
     ANY_SIGNIFICANT,
@@ -60,7 +61,7 @@ IDS = ["a", "b", "c", "d", "e"]
 REASONS = ["normal", "shutdown", ("shutdown", 1), "killed", "boom"]
 
 
-class Actor:
+class Actor(_actor.Actor):
     pass
 
 

@@ -10,6 +10,7 @@ from collections import deque
 
 import pytest
 
+from otpmesh._core import _actor
 from otpmesh._core._intensity import add_restart, intensity_exceeded
 from otpmesh._core._reasons import is_normal_exit
 from otpmesh._core._spec import (
@@ -53,7 +54,7 @@ from otpmesh._core._supevents import (
 from otpmesh.testing import Call, Crash, Step, StopSupervisor, simulate
 
 
-class A:
+class A(_actor.Actor):
     """An actor class; the core never instantiates it."""
 
 

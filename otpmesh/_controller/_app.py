@@ -17,6 +17,7 @@ from .._core._actor import Actor
 from .._core._errors import SupervisorError
 from .._core._exits import describe
 from .._core._reasons import SHUTDOWN
+from .._core._signature import Endpoints
 from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
@@ -27,7 +28,7 @@ from ._driver import SupervisorDriver
 from ._events import EventLog
 from ._inspect import Stacks, collect, serve_signal, under
 from ._owners import owners
-from ._pgroup import with_process_groups
+from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._tree import TreeContext
 from ._watch import watchable
@@ -61,7 +62,7 @@ class App:
                 if isinstance(spec, Mesh)
                 else f"{path} is a {kind}, not an actor"
             )
-        return ActorRef(path, endpoint_names(spec.actor), self._holder(path).slot(path))
+        return ActorRef(path, endpoints_of(spec.actor), self._holder(path).slot(path))
 
     def mesh(self, path: str) -> ActorMesh:
         """The actor mesh of the Mesh spec at `path`, shaped as declared; valid across restarts."""
@@ -70,7 +71,7 @@ class App:
             raise ValueError(f"{path} is a {type(spec).__name__}, not a Mesh: use app.actor()")
         holder = self._holder(path)
         slots = [holder.slot(f"{path}/{rank}") for rank in range(spec.size)]
-        return ActorMesh(path, endpoint_names(spec.actor), dict(spec.shape), slots, None)
+        return ActorMesh(path, endpoints_of(spec.actor), dict(spec.shape), slots, None)
 
     def _holder(self, path: str) -> TreeContext:
         """This app's tree, or the tree one of its actors owns, that has `path`."""
@@ -132,10 +133,11 @@ def context(app: App) -> TreeContext:
     return app._tree
 
 
-def endpoint_names(actor: type | str) -> frozenset[str]:
+def endpoints_of(actor: type | str) -> Endpoints:
+    """What callers of `actor`'s refs check their calls against (nothing, for an import path)."""
     if isinstance(actor, type) and issubclass(actor, Actor):
-        return frozenset(actor.endpoints())
-    return frozenset()  # an import path: the controller need not import it to call it
+        return Endpoints.of(actor.endpoints())
+    return Endpoints({})  # an import path: the controller need not import it to call it
 
 
 def start(

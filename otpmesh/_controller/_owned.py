@@ -20,7 +20,7 @@ from .._node._mesh import ActorMesh, ActorRef
 from .._runtime import _controller_runtime
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
-from ._app import PlacementName, context, endpoint_names
+from ._app import PlacementName, context, endpoints_of
 from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
 from ._procmesh import ProcMesh, start_procs
 from ._specwire import spec_from_wire, spec_to_wire
@@ -230,8 +230,8 @@ class Service:
                 raise MeshError(f"{path} is a supervisor, not an actor or a mesh")
             if isinstance(spec, Mesh):
                 slots = [holder.slot(f"{path}/{rank}") for rank in range(spec.size)]
-                return ActorMesh(path, endpoint_names(spec.actor), dict(spec.shape), slots, None)
-            return ActorRef(path, endpoint_names(spec.actor), holder.slot(path))
+                return ActorMesh(path, endpoints_of(spec.actor), dict(spec.shape), slots, None)
+            return ActorRef(path, endpoints_of(spec.actor), holder.slot(path))
         for mesh in list(self.owners.meshes.values()):
             found: ActorRef | ActorMesh | None = mesh._find(path)
             if found is not None:

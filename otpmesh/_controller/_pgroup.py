@@ -1,7 +1,8 @@
 """Meshes that are process groups: a ``torch.distributed`` group across a Mesh's actors, formed
 afresh under a new epoch at every (re)start of the group (docs/process-groups.md).
 
-``GroupPlacement`` wraps the app's placement when the tree holds a ``Mesh(process_group=...)``.
+``GroupPlacement`` (``_pgplacement.py``) wraps the app's placement when the tree holds a
+``Mesh(process_group=...)``.
 For such a mesh, an *epoch* is one incarnation of its group:
 
 1. it opens when the first member of the group starts after the last epoch broke or stopped:
@@ -38,12 +39,12 @@ from .._core._actor import class_path
 from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._shape import all_coords
-from .._core._spec import Mesh, ShutdownSpec, walk
+from .._core._spec import Mesh
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import Proc, Runtime
 from .._runtime._pgmember import EPOCH_KEY, GroupJoin
 from .._wire._addresses import tcp_address
-from ._placement import LocalPlacement, Placement, SlotInfo, StartError
+from ._placement import Placement, SlotInfo, StartError, spawn_on
 
 log = logging.getLogger("otpmesh.pgroup")
 
@@ -191,7 +192,7 @@ class ProcessGroup:
                 "args": [self.ticket(epoch, rank)],
                 "kwargs": {},
             }
-            await self._rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+            await spawn_on(self._rt, proc, payload)
         except ActorError as exc:
             self._fail(epoch, rank, ActorCrash(exc.type_name, exc.message, exc.traceback))
         except ActorDiedError as exc:
@@ -262,142 +263,6 @@ class ProcessGroup:
 
     def close(self) -> None:
         self._end(self.epoch)
-
-
-class _MemberListener:
-    """Hears a member's exits before the tree does: a member that exits by itself breaks its
-    group at once (the survivors are killed while the supervisor is still deciding)."""
-
-    def __init__(self, inner: Any, group: ProcessGroup) -> None:
-        self.inner = inner
-        self.group = group
-
-    def actor_exiting(self, path: str, incarnation: int) -> None:
-        self.inner.actor_exiting(path, incarnation)
-
-    def actor_exited(self, path: str, incarnation: int, reason: object) -> None:
-        self.group.member_exited(path, incarnation)
-        self.inner.actor_exited(path, incarnation, reason)
-
-    async def resolve(self, path: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.inner.resolve(path)
-        return result
-
-
-class GroupPlacement:
-    """The app's placement, with process-group meshes formed and re-formed around it."""
-
-    def __init__(
-        self,
-        inner: Placement,
-        rt: Runtime,
-        specs: dict[str, Any],
-        slot: Any,
-        listeners: dict[str, Any],
-        nursery: trio.Nursery,
-    ) -> None:
-        self.inner = inner
-        self._rt = rt
-        self._specs = specs  # path -> spec (the tree's, kept up to date by start_child)
-        self._slot = slot
-        self._listeners = listeners
-        self._nursery = nursery
-        self.groups: dict[str, ProcessGroup] = {}
-
-    def _group(self, info: SlotInfo) -> ProcessGroup | None:
-        spec = self._specs.get(info.name)
-        if not isinstance(spec, Mesh) or spec.process_group is None:
-            return None
-        if isinstance(self.inner, LocalPlacement):
-            raise StartError(ActorCrash("GroupError", _LOCAL_REFUSED.format(path=info.name)))
-        group = self.groups.get(info.name)
-        if group is None or group.spec is not spec:
-            group = ProcessGroup(
-                spec, info.name, info, self.inner, self._rt, self._slot, self._nursery
-            )
-            self.groups[info.name] = group
-        for rank in range(spec.size):
-            path = f"{info.name}/{rank}"
-            current = self._listeners.get(path)
-            if current is not None and not isinstance(current, _MemberListener):
-                self._listeners[path] = _MemberListener(current, group)
-        return group
-
-    def _group_of(self, actor_path: str) -> ProcessGroup | None:
-        return self.groups.get(actor_path.rpartition("/")[0])
-
-    async def prepare(self, paths: list[str], infos: list[SlotInfo]) -> None:
-        group = self._group(infos[0]) if infos else None
-        if group is None:
-            await self.inner.prepare(paths, infos)
-        elif group.needs_new_epoch(None):
-            await group.open_epoch()
-
-    async def start(
-        self,
-        slot: Slot,
-        incarnation: int,
-        actor: type | str,
-        args: Any,
-        kwargs: Any,
-        info: SlotInfo,
-    ) -> str:
-        group = self._group(info)
-        if group is None:
-            return await self.inner.start(slot, incarnation, actor, args, kwargs, info)
-        await group.member_ready(slot, info.rank)
-        try:
-            result = await self.inner.start(slot, incarnation, actor, args, kwargs, info)
-        except StartError:
-            if group.epoch is not None:
-                group.break_epoch(group.epoch)
-            raise
-        group.member_started(info.rank, slot.actor_id, incarnation)
-        return result
-
-    async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
-        group = self._group_of(slot.actor_id)
-        if group is not None:
-            group.stopping()
-        return await self.inner.stop(slot, incarnation, shutdown)
-
-    def kill(self, slot: Slot) -> None:
-        self.inner.kill(slot)
-
-    async def close(self) -> None:
-        for group in self.groups.values():
-            group.close()
-        await self.inner.close()
-
-    async def inject(self, slot: Slot, kind: str, reason: object) -> bool:
-        return await self.inner.inject(slot, kind, reason)
-
-    def process(self, slot: Slot) -> Proc | None:
-        return self.inner.process(slot)
-
-    def __getattr__(self, name: str) -> Any:
-        # Anything else a placement offers (added later) is the inner one's.
-        return getattr(self.inner, name)
-
-
-_LOCAL_REFUSED = (
-    "Mesh {path!r} has a process_group, which needs placement='procs' (each member a process of "
-    "its own); placement='local' runs every actor in this one process"
-)
-
-
-def with_process_groups(
-    tree: Any, placement: Placement, rt: Runtime, context: Any, nursery: trio.Nursery
-) -> Placement:
-    """`placement`, wrapped to form process groups if `tree` holds a Mesh with one."""
-    meshes = [path for path, spec in walk(tree) if isinstance(spec, Mesh) and spec.process_group]
-    if not meshes:
-        return placement
-    if isinstance(placement, LocalPlacement):
-        raise ValueError(_LOCAL_REFUSED.format(path=meshes[0]))
-    return GroupPlacement(
-        placement, rt, context.specs, context.slot, context.exit_listeners, nursery
-    )
 
 
 def _store_on(host: str) -> Any:

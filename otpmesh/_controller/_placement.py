@@ -15,14 +15,15 @@ from typing import Any, Protocol
 import trio
 
 from .._core._actor import Actor, class_path
-from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._core._errors import ActorDiedError, ActorError, EncodeError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
-from .._node._host import STARTED, ActorHost
+from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
 from .._runtime._liveness import proc_state
+from .._wire import _codec
 from ._owners import owners
 from ._slotenv import slot_env, visible_gpus
 
@@ -85,6 +86,34 @@ def _payload(
     }
 
 
+async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
+    """Start an actor in a worker: 'started' or 'ignored'. StartError with the crash when its
+    constructor or on_start raised (the worker answers with it, the user's frames only)."""
+    if proc.conn is None:
+        raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
+    try:
+        result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
+    except EncodeError as exc:
+        raise StartError(_unsendable(payload, exc)) from None
+    if isinstance(result, ActorCrash):
+        raise StartError(result)
+    return str(result)
+
+
+def _unsendable(payload: dict[str, Any], exc: EncodeError) -> ActorCrash:
+    """The start failure of an actor whose arguments the wire refused, naming the argument.
+    (Code in them was refused when the spec was built, _core/_sendable.py: this is what only
+    the codec knows, such as tuples nested too deep.)"""
+    named = [(f"args[{i}]", v) for i, v in enumerate(payload["args"])]
+    named += [(f"kwargs[{k!r}]", v) for k, v in payload["kwargs"].items()]
+    for where, value in named:
+        try:
+            _codec.pack(value, local=True)
+        except EncodeError as found:
+            return ActorCrash("EncodeError", f"{where} cannot travel to the actor: {found}")
+    return ActorCrash("EncodeError", f"its arguments cannot travel to the actor: {exc}")
+
+
 def _timeout(shutdown: ShutdownSpec) -> tuple[float | None, bool]:
     """(seconds or None for infinity, brutal?) of a shutdown spec."""
     if shutdown is Shutdown.BRUTAL_KILL:
@@ -141,17 +170,11 @@ class ProcsPlacement:
         except SpawnError as exc:
             raise StartError(ActorCrash("SpawnError", str(exc))) from exc
         proc = self._procs[path]
-        if proc.conn is None:
-            raise StartError(ProcessExit(proc.pid, proc.exit_reason or "never connected"))
         proc.named(path)
         await owners(self._rt).released(path)  # its last incarnation's possessions are gone
         try:
-            result = await self._rt.node.sys_call(
-                proc.conn,
-                "spawn_actor",
-                _payload(path, incarnation, actor, args, kwargs, info),
-                path,
-            )
+            payload = _payload(path, incarnation, actor, args, kwargs, info)
+            result = await spawn_on(self._rt, proc, payload)
         except ActorError as exc:
             reason: object = ActorCrash(exc.type_name, exc.message, exc.traceback)
             self._rt.exited_hooks(path, incarnation, reason)  # what it made in on_start goes
@@ -258,6 +281,8 @@ class LocalPlacement:
         await owners(self._rt).released(slot.actor_id)
         try:
             result = await self._host.spawn(payload)
+        except StartFailed as exc:
+            raise StartError(exc.crash) from None
         except Exception as exc:
             reason = ActorCrash.of(exc)
             self._rt.exited_hooks(slot.actor_id, incarnation, reason)

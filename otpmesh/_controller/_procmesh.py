@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 import trio
 
 from .._core._actor import Actor, class_path, current_path
-from .._core._errors import MeshError, SpawnError
+from .._core._errors import ActorError, MeshError, SpawnError
+from .._core._exits import ActorCrash, describe
 from .._core._shape import Shape, all_coords, check_shape, select
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
 from .._node._ask import ask_controller
@@ -18,16 +19,22 @@ from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime import _run
 from .._runtime._controller_runtime import Proc, Runtime, runtime
 from .._wire import _codec
-from ._app import App
+from ._app import App, endpoints_of
 from ._events import EventLog
 from ._hook import Unsupervised
 from ._owners import STOP_TIMEOUT, owners
-from ._placement import ProcsPlacement
+from ._placement import ProcsPlacement, StartError, spawn_on
 from ._procref import ProcMeshRef
 from ._slotenv import slot_env, visible_gpus
 from ._subtree import OwnedTree, start_owned
 
 log = logging.getLogger("otpmesh.procmesh")
+
+
+def _crash_error(path: str, reason: object) -> Exception:
+    if isinstance(reason, ActorCrash):
+        return ActorError(path, reason.type_name, reason.message, reason.traceback)
+    return SpawnError(f"{path}: {describe(reason)}")
 
 
 class ProcMesh:
@@ -152,7 +159,9 @@ class ProcMesh:
             body = dict(payload, id=slot.actor_id, rank=rank, coords=coords[rank], incarnation=1)
             proc.named(slot.actor_id)
             try:
-                await self._rt.node.sys_call(proc.conn, "spawn_actor", body, slot.actor_id)
+                await spawn_on(self._rt, proc, body)
+            except StartError as exc:  # its constructor or on_start raised
+                errors[rank] = _crash_error(slot.actor_id, exc.reason)
             except Exception as exc:
                 errors[rank] = exc
             else:
@@ -175,8 +184,7 @@ class ProcMesh:
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
                 f"rank {rank}: {first}"
             ) from first
-        endpoints = frozenset(actor.endpoints()) if isinstance(actor, type) else frozenset()
-        mesh = ActorMesh(path, endpoints, dict(self._shape), slots, None)
+        mesh = ActorMesh(path, endpoints_of(actor), dict(self._shape), slots, None)
         self._meshes[name] = mesh
         return mesh
 
@@ -267,8 +275,9 @@ class ProcMesh:
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`.
-        Supervised groups stop their actors first, in OTP order; graceful exits run the
-        workers' ``atexit`` handlers."""
+        Supervised groups stop their actors first, in OTP order; a process asked nicely stops
+        its actors (``on_stop``), then runs its ``atexit`` functions and finalizers as a Python
+        program does at exit (for at most 1 s)."""
         if self._stopping.is_set():
             raise MeshError(f"{self.label} is already stopped")
         self._stopping.set()

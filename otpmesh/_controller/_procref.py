@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from .._core._actor import Actor, class_path, current_path
 from .._core._errors import ProtocolError
 from .._core._shape import Shape, select
+from .._core._signature import Endpoints
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Restart, Strategy
 from .._node._ask import ask_controller
 from .._node._mesh import ActorMesh
@@ -134,4 +135,4 @@ def with_endpoints(mesh: ActorMesh, actor: type[Actor] | str) -> ActorMesh:
     """`mesh` as the caller's class describes it (the controller need not import the class)."""
     if isinstance(actor, str):
         return mesh
-    return ActorMesh(mesh.name, frozenset(actor.endpoints()), mesh.shape, mesh._slots, None)
+    return ActorMesh(mesh.name, Endpoints.of(actor.endpoints()), mesh.shape, mesh._slots, None)

@@ -17,6 +17,7 @@ import trio
 
 from .._core._errors import SpawnError
 from .._core._exits import ActorCrash
+from .._core._signature import Endpoints
 from .._core._spec import Mesh, Supervisor
 from .._node._mesh import ActorRef, Slot
 from .._runtime._controller_runtime import Runtime
@@ -125,10 +126,10 @@ def _tree_of(rt: Runtime, path: str | None) -> TreeContext | None:
 def owner_ref(rt: Runtime, owner: str) -> ActorRef | None:
     """A ref to the running actor at `owner` (in a worker or in the controller), or None."""
     if owner in rt.node.actors:
-        return ActorRef(owner, frozenset(), Slot(owner, rt.node.addr))
+        return ActorRef(owner, Endpoints({}), Slot(owner, rt.node.addr))
     for proc in rt.procs.values():
         if owner in proc.names and proc.alive and proc.conn is not None:
-            return ActorRef(owner, frozenset(), Slot(owner, proc.addr, proc))
+            return ActorRef(owner, Endpoints({}), Slot(owner, proc.addr, proc))
     return None
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
 from ._reasons import NORMAL
+from ._signature import Params
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,12 +24,14 @@ LOOPS = (TRIO, ASYNCIO)
 
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
-    """What `@endpoint` recorded about a method."""
+    """What `@endpoint` recorded about a method: its parameters too (None: Python cannot
+    tell them), against which every call is checked, in the caller and in the actor."""
 
     name: str
     is_async: bool
     let_it_crash: bool
     progress_deadline: float | None = None
+    params: Params | None = None
 
 
 class Actor:
@@ -36,7 +39,9 @@ class Actor:
 
     The constructor runs in the actor's own process. An actor handles one message at a time.
     An exception escaping an endpoint crashes the actor ("let it crash") unless the endpoint
-    was declared with ``@endpoint(let_it_crash=False)``.
+    was declared with ``@endpoint(let_it_crash=False)``. Any other BaseException its code
+    raises ends this actor only, never its process: ``sys.exit()`` or ``sys.exit(0)`` stops it
+    normally, anything else is a crash (docs/supervision.md).
 
     Its async code (``on_start``, ``on_stop``, ``async def`` endpoints) runs on trio, the
     runtime's own loop, unless the class asks for asyncio: ``class Engine(Actor,
@@ -82,6 +87,8 @@ class Actor:
                 info = getattr(value, _ENDPOINT_ATTR, None)
                 if isinstance(info, EndpointInfo):
                     found[name] = info
+                elif name in found and callable(value):  # overridden without @endpoint:
+                    found[name] = replace(found[name], params=Params.of(value))  # called so
         return found
 
 
@@ -129,6 +136,8 @@ def endpoint(
 
     ``async def`` endpoints run in the actor's task (an asyncio task for an actor declared with
     ``loop="asyncio"``); plain ``def`` endpoints run inline.
+    Every call is checked against the method's signature: arguments that do not bind are a
+    TypeError in the caller, naming the actor and the endpoint, and the actor never sees them.
     With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
     ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
     ``otpmesh.progress()``, the actor exits as hung.
@@ -151,6 +160,7 @@ def endpoint(
             inspect.iscoroutinefunction(f),
             let_it_crash,
             None if progress_deadline is None else float(progress_deadline),
+            Params.of(f),
         )
         setattr(f, _ENDPOINT_ATTR, info)
         return f

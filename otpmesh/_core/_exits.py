@@ -5,7 +5,8 @@ An actor's exit reason is one of:
 - ``"normal"`` / ``"shutdown"`` / ``("shutdown", detail)``: it stopped (``self.stop(reason)``,
   or its supervisor stopped it); OTP calls these normal exits;
 - ``"killed"``: it was killed outright (``BRUTAL_KILL``, or its shutdown timeout ran out);
-- an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop``;
+- an ``ActorCrash``: an exception escaped an endpoint, ``on_start`` or ``on_stop`` (any
+  BaseException the actor's code raised: ``ended_by`` says which reason it gives);
 - a ``ProcessExit``: its worker process died (SIGKILL, segfault, OOM, ...);
 - a ``Hung``: it made no progress in time (an endpoint ran past its progress deadline, or its
   process stopped answering), with the stacks of its threads when that was found.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._reasons import FAILED_TO_START_CHILD, KILLED, Reported, is_normal_exit
+from ._reasons import FAILED_TO_START_CHILD, KILLED, NORMAL, Reported, is_normal_exit
 
 
 class Ignore(Exception):
@@ -47,6 +48,15 @@ class ActorCrash:
                 tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         return cls(type(exc).__qualname__, str(exc), text, endpoint)
+
+
+def ended_by(exc: BaseException, *, skip_frames: int = 0, endpoint: str = "") -> object:
+    """The exit reason of an actor whose own code raised `exc` (in an endpoint): as a process
+    ends, ``sys.exit()`` and ``sys.exit(0)`` stop it normally (``"normal"``); anything else,
+    ``SystemExit`` with another code included, is a crash carrying the exception."""
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return NORMAL
+    return ActorCrash.of(exc, skip_frames=skip_frames, endpoint=endpoint)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,58 +17,27 @@ from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
+from ._actor import Actor
+from ._sendable import WHAT_TRAVELS, first_unsendable, why_not
 from ._spec_errors import SpecError
-
-
-class Strategy(enum.StrEnum):
-    """What a supervisor restarts when a child is to be restarted (OTP's ``strategy`` flag)."""
-
-    ONE_FOR_ONE = "one_for_one"
-    ONE_FOR_ALL = "one_for_all"
-    ALL_FOR_ONE = "one_for_all"  # the seed's name; an alias, so the two compare equal
-    REST_FOR_ONE = "rest_for_one"
-    ESCALATE = "escalate"  # otpmesh's addition: stop the group, exit with the child's reason
-
-
-class Restart(enum.StrEnum):
-    """When a child that exited is restarted (OTP's ``restart`` key)."""
-
-    PERMANENT = "permanent"
-    TRANSIENT = "transient"
-    TEMPORARY = "temporary"
-
-
-class AutoShutdown(enum.StrEnum):
-    """When the exit of significant children shuts their supervisor down (OTP 24+)."""
-
-    NEVER = "never"
-    ANY_SIGNIFICANT = "any_significant"
-    ALL_SIGNIFICANT = "all_significant"
-
-
-class Shutdown(enum.StrEnum):
-    """The non-numeric shutdown specs; a number of seconds is the third kind."""
-
-    BRUTAL_KILL = "brutal_kill"
-    INFINITY = "infinity"
-
-
-ONE_FOR_ONE = Strategy.ONE_FOR_ONE
-ONE_FOR_ALL = Strategy.ONE_FOR_ALL
-ALL_FOR_ONE = Strategy.ALL_FOR_ONE
-REST_FOR_ONE = Strategy.REST_FOR_ONE
-ESCALATE = Strategy.ESCALATE
-PERMANENT = Restart.PERMANENT
-TRANSIENT = Restart.TRANSIENT
-TEMPORARY = Restart.TEMPORARY
-NEVER = AutoShutdown.NEVER
-ANY_SIGNIFICANT = AutoShutdown.ANY_SIGNIFICANT
-ALL_SIGNIFICANT = AutoShutdown.ALL_SIGNIFICANT
-BRUTAL_KILL = Shutdown.BRUTAL_KILL
-INFINITY = Shutdown.INFINITY
-
-ShutdownSpec: TypeAlias = Shutdown | float
-"""``BRUTAL_KILL``, ``INFINITY`` or a timeout in seconds (graceful stop, then kill)."""
+from ._spec_words import ALL_FOR_ONE as ALL_FOR_ONE
+from ._spec_words import ALL_SIGNIFICANT as ALL_SIGNIFICANT
+from ._spec_words import ANY_SIGNIFICANT as ANY_SIGNIFICANT
+from ._spec_words import BRUTAL_KILL as BRUTAL_KILL
+from ._spec_words import ESCALATE as ESCALATE
+from ._spec_words import INFINITY as INFINITY
+from ._spec_words import NEVER as NEVER
+from ._spec_words import ONE_FOR_ALL as ONE_FOR_ALL
+from ._spec_words import ONE_FOR_ONE as ONE_FOR_ONE
+from ._spec_words import PERMANENT as PERMANENT
+from ._spec_words import REST_FOR_ONE as REST_FOR_ONE
+from ._spec_words import TEMPORARY as TEMPORARY
+from ._spec_words import TRANSIENT as TRANSIENT
+from ._spec_words import AutoShutdown as AutoShutdown
+from ._spec_words import Restart as Restart
+from ._spec_words import Shutdown as Shutdown
+from ._spec_words import ShutdownSpec as ShutdownSpec
+from ._spec_words import Strategy as Strategy
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -172,9 +141,13 @@ def check_deadline(path: str, value: object, field: str = "progress_deadline") -
 def _check_args(path: str, spec: Worker | Mesh) -> None:
     if isinstance(spec.actor, str):
         if not _IMPORT_PATH.match(spec.actor):
-            raise SpecError(path, "actor", spec.actor, "an actor class or 'pkg.module:Class'")
+            raise SpecError(path, "actor", spec.actor, _ACTOR_ALLOWED)
     elif not isinstance(spec.actor, type):
-        raise SpecError(path, "actor", spec.actor, "an actor class or 'pkg.module:Class'")
+        raise SpecError(path, "actor", spec.actor, _ACTOR_ALLOWED)
+    elif not issubclass(spec.actor, Actor):
+        raise SpecError(
+            path, "actor", spec.actor, _ACTOR_ALLOWED, "it does not subclass otpmesh.Actor"
+        )
     if not isinstance(spec.args, tuple | list):
         raise SpecError(path, "args", spec.args, "a tuple or list of positional arguments")
     _set(spec, "args", tuple(spec.args))
@@ -183,14 +156,24 @@ def _check_args(path: str, spec: Worker | Mesh) -> None:
         raise SpecError(path, "kwargs", kwargs, "a mapping of str to argument values")
     # A private copy behind a read-only view: the caller's dict can change, the spec cannot.
     _set(spec, "kwargs", MappingProxyType(dict(kwargs)))
+    # Code, not data, is refused here; specs are data (an owner given the subtree it starts).
+    unsendable = first_unsendable(spec.args, spec.kwargs, also=(Supervisor, Worker, Mesh))
+    if unsendable is not None:
+        where, value = unsendable
+        raise SpecError(path, where, value, WHAT_TRAVELS, why_not(value))
+
+
+_ACTOR_ALLOWED = "an otpmesh.Actor subclass or its import path 'pkg.module:Class'"
 
 
 @dataclass(frozen=True, slots=True)
 class Worker:
     """One actor, started with ``actor(*args, **kwargs)`` and supervised as one child.
 
-    ``actor`` is the class itself or its import path ``"pkg.module:Class"``. The defaults are OTP's
-    for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
+    ``actor`` is the class itself (an ``otpmesh.Actor`` subclass) or its import path
+    ``"pkg.module:Class"``. ``args`` and ``kwargs`` travel to the actor's process, so they must be
+    data: a function, a class or an open file among them is refused here, naming it. The defaults
+    are OTP's for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
     ``progress_deadline`` (seconds, default none): how long one endpoint may run without
     progress (``otpmesh.progress()``) before the actor exits as hung (docs/supervision.md).
     """

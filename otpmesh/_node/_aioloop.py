@@ -174,3 +174,14 @@ class AsyncioThread:
 
 class AsyncioCancelled(Exception):
     """An asyncio actor's task ended cancelled though nothing in otpmesh cancelled it."""
+
+
+#: Added to the crash of a trio actor whose endpoint used asyncio.
+ASYNCIO_HINT = (
+    "otpmesh: this actor's endpoints run on trio; to await asyncio code in them, declare the "
+    'class with loop="asyncio": class MyActor(otpmesh.Actor, loop="asyncio")'
+)
+
+
+def needs_asyncio(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "no running event loop" in str(exc)

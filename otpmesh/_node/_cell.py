@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -12,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._actor import ASYNCIO, ActorContext, EndpointInfo, runs_on, set_context
-from .._core._exits import ActorCrash, describe
+from .._core._exits import ActorCrash, describe, ended_by
 from .._core._reasons import KILLED
-from . import _chain
-from ._aioloop import asyncio_thread
+from .._core._signature import bind_error
+from . import _chain, _raised
+from ._aioloop import ASYNCIO_HINT, asyncio_thread, needs_asyncio
+from ._serving import Serving, chaos_wedge
 
 if TYPE_CHECKING:
     from ._calls import Replier, ReplyTo
@@ -32,29 +33,6 @@ _CANCELLED_MEMORY = 1024
 Message = tuple[str, list[Any], dict[str, Any], "ReplyTo | None", tuple[str, ...]]
 
 
-class Serving:
-    """The endpoint an actor is running now, read by the worker's watchdog thread
-    (_runtime/_watchdog.py): since when it last made progress, and how long it may go without."""
-
-    __slots__ = ("aio_task", "deadline", "hung", "is_async", "method", "progress_at")
-
-    def __init__(self, method: str, is_async: bool, deadline: float | None) -> None:
-        self.method = method
-        self.is_async = is_async
-        self.deadline = deadline
-        self.progress_at = time.monotonic()
-        self.hung = False  # the watchdog found it past its deadline (and acts once)
-        self.aio_task: Any = None  # an asyncio actor's: the asyncio task running the endpoint
-
-
-def chaos_wedge(seconds: float | None) -> None:
-    """otpmesh.chaos.wedge: block the actor's thread here, as a wedged endpoint does (its stack
-    shows this function), for `seconds` or for ever."""
-    end = math.inf if seconds is None else time.monotonic() + seconds
-    while time.monotonic() < end:
-        time.sleep(0.05)
-
-
 class ActorCell:
     """Hosts one started actor instance inside a node, from its first message to its exit."""
 
@@ -69,6 +47,7 @@ class ActorCell:
         on_exiting: Callable[[ActorCell], None] | None = None,
         capacity: int = MAILBOX_CAPACITY,
         progress_deadline: float | None = None,
+        passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
     ) -> None:
         self.node = node
         self.ctx = ctx
@@ -77,6 +56,7 @@ class ActorCell:
         self.endpoints = endpoints
         self._on_exit = on_exit
         self._on_exiting = on_exiting
+        self._passing = passing  # what goes on through the actor's code (_raised.py)
         self.send, self._receive = trio.open_memory_channel[Message](capacity)
         self.exit_reason: object = None
         self.exited = False
@@ -132,14 +112,12 @@ class ActorCell:
         deadline = info.progress_deadline or self.progress_deadline
         self.serving = Serving(info.name, info.is_async, deadline)
         if self.wedge is not None:
-            (seconds,) = self.wedge
-            self.wedge = None
+            (seconds,), self.wedge = self.wedge, None
             chaos_wedge(seconds)
 
     def caller_gone(self, conn: object) -> None:
-        """The connection `conn` closed (its process died): the call this actor serves from it
-        has no one left to answer, so an async endpoint serving it is cancelled; its queued
-        calls are skipped when their turn comes (_handle_one)."""
+        """The connection `conn` closed: an async endpoint serving a call from it is cancelled
+        (nobody is left to answer it); its queued calls are skipped in turn (_handle_one)."""
         current = self._current
         if current is not None and current[0] is conn and self._call_scope is not None:
             self._call_scope.cancel()
@@ -198,8 +176,13 @@ class ActorCell:
     async def _call_on_stop(self) -> None:
         try:
             await self._run_async(self.instance.on_stop(self.exit_reason))
-        except Exception as exc:
-            log.error("%s: on_stop raised:\n%s", self.ctx.path, ActorCrash.of(exc).traceback)
+        except BaseException as exc:  # the actor ends with its reason either way
+            passing, raised = _raised.split(exc, self._passing)
+            if raised is not None:
+                crash = ActorCrash.of(raised)
+                log.error("%s: on_stop raised:\n%s", self.ctx.path, crash.traceback)
+            if passing is not None:
+                raise passing from None
 
     async def _serve_batch(self) -> bool:
         """Handle what is queued (at least one message); return False when the actor is done."""
@@ -245,10 +228,11 @@ class ActorCell:
         token = _chain.CHAIN.set((*chain, self.ctx.path))
         try:
             return await self._handle(method, args, kwargs, reply)
-        except trio.Cancelled:
-            # Killed or crashed from outside mid-message: its caller still gets an answer, which
-            # says the call was delivered (it may have had effects: never sent again for it).
-            if reply is not None:
+        except BaseException as exc:
+            # Killed or crashed from outside mid-message (a Cancelled, or a group of them from a
+            # nursery in the endpoint): its caller still gets an answer, which says the call was
+            # delivered (it may have had effects: never sent again for it).
+            if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
                 self.node.reply_error(
                     reply, "ActorDiedError", self.describe_exit(), "", kind="lost"
                 )
@@ -282,11 +266,18 @@ class ActorCell:
         info = self.endpoints.get(method)
         if info is None or info.is_async:
             return False
+        if self._bad_call(info, args, kwargs, reply):
+            return True
         try:
             self._begin(info)
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
             if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
+                self._idle_scope.cancel()
+            return True
+        except BaseException as exc:
+            self._ended(method, exc, reply)
+            if self._idle_scope is not None:
                 self._idle_scope.cancel()
             return True
         finally:
@@ -312,6 +303,8 @@ class ActorCell:
                 "",
             )
             return True
+        if self._bad_call(info, args, kwargs, reply):
+            return True
         try:
             self._begin(info)
             result = getattr(self.instance, method)(*args, **kwargs)
@@ -326,6 +319,8 @@ class ActorCell:
                     return True  # its caller gave up and said so: the actor carries on
         except Exception as exc:
             return self._failed(info, method, exc, reply)
+        except BaseException as exc:
+            return self._ended(method, exc, reply)
         finally:
             self.serving = None
         if reply is not None:
@@ -350,11 +345,45 @@ class ActorCell:
         """Actor.stop() from the asyncio thread: the request runs in trio's."""
         self._token.run_sync_soon(self.request_stop, reason)
 
+    def _bad_call(
+        self, info: EndpointInfo, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
+    ) -> bool:
+        """True (and answered as the caller's error, the actor untouched) if the arguments do
+        not bind to the endpoint: its caller had no signature to check them against."""
+        params = info.params
+        if params is None or (problem := params.problem(len(args), kwargs)) is None:
+            return False
+        text = bind_error(self.ctx.path, info.name, params, problem)
+        if reply is None:
+            log.warning("%s: a cast was dropped: %s", self.ctx.path, text)
+        self.node.reply_error(reply, "TypeError", text, "", kind="badcall")
+        return True
+
+    def _ended(self, method: str, exc: BaseException, reply: ReplyTo | None) -> bool:
+        """A BaseException escaped the endpoint: what belongs to the runtime goes on; what the
+        actor's code raised ends this actor, and only it (_raised.py). Returns False."""
+        passing, raised = _raised.split(exc, self._passing)
+        if raised is not None:
+            reason = ended_by(raised, skip_frames=1, endpoint=method)
+            if isinstance(reason, ActorCrash):
+                log.error("%s crashed in %s:\n%s", self.ctx.path, method, reason.traceback)
+            else:
+                log.info("%s stopped in %s (%s)", self.ctx.path, method, describe(reason))
+            if self.exit_reason is None:
+                self._set_exit(reason)
+            if passing is None and isinstance(reason, ActorCrash):
+                self.node.reply_error(reply, reason.type_name, reason.message, reason.traceback)
+            elif passing is None:
+                self.node.reply_error(reply, "ActorDiedError", describe(reason), "", kind="lost")
+        if passing is not None:
+            raise passing  # the caller hears of it from _handle_one
+        return False
+
     def _failed(
         self, info: EndpointInfo, method: str, exc: Exception, reply: ReplyTo | None
     ) -> bool:
         """Report an endpoint's exception; return False when it crashes the actor."""
-        if self._aio is None and _needs_asyncio(exc):
+        if self._aio is None and needs_asyncio(exc):
             exc.add_note(ASYNCIO_HINT)
         # The user's frames only (an asyncio actor's pass through _run_async and the loop's).
         skip = 1 if self._aio is None or not info.is_async else 3
@@ -369,14 +398,3 @@ class ActorCell:
             log.error("%s: %s raised (actor lives on):\n%s", self.ctx.path, method, crash.traceback)
         self.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
         return not info.let_it_crash
-
-
-#: Added to the crash of a trio actor whose endpoint used asyncio.
-ASYNCIO_HINT = (
-    "otpmesh: this actor's endpoints run on trio; to await asyncio code in them, declare the "
-    'class with loop="asyncio": class MyActor(otpmesh.Actor, loop="asyncio")'
-)
-
-
-def _needs_asyncio(exc: BaseException) -> bool:
-    return isinstance(exc, RuntimeError) and "no running event loop" in str(exc)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -12,18 +13,30 @@ import trio
 
 from .._core._actor import ASYNCIO, Actor, ActorContext, runs_on, served, set_context
 from .._core._errors import SpawnError
-from .._core._exits import Ignore
+from .._core._exits import ActorCrash, Ignore
 from .._core._reasons import NOPROC
+from . import _raised
 from ._aioloop import asyncio_thread
 from ._cell import ActorCell
 from ._mainmodule import MainModule, import_class
 from ._node import Node
+
+log = logging.getLogger("otpmesh.actor")
 
 STARTED = "started"
 IGNORED = "ignored"
 
 ExitCallback = Callable[[str, int, object], None]
 ExitingCallback = Callable[[str, int], None]
+
+
+class StartFailed(Exception):
+    """Raised by ``ActorHost.spawn`` when the actor's constructor or ``on_start`` raised: `crash`
+    is what it raised, with the user's frames only (the start's exit reason)."""
+
+    def __init__(self, crash: ActorCrash) -> None:
+        self.crash = crash
+        super().__init__(str(crash))
 
 
 class ActorHost:
@@ -36,6 +49,7 @@ class ActorHost:
         on_exiting: ExitingCallback | None = None,
         nursery: trio.Nursery | None = None,
         main: MainModule | None = None,
+        passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
     ) -> None:
         self.node = node
         # What the controller's __main__ is rebuilt from, for classes defined in it: given at
@@ -44,9 +58,12 @@ class ActorHost:
         self._on_exit = on_exit
         self._on_exiting = on_exiting
         self._nursery = nursery  # where actor tasks run (default: the node's)
+        self._passing = passing  # what goes on through the actors' code (_raised.py)
 
     async def spawn(self, p: dict[str, Any]) -> str:
-        """Construct and start an actor; return 'started' or 'ignored'; raise if it failed."""
+        """Construct and start an actor; return 'started' or 'ignored'. StartFailed if its
+        constructor or on_start raised (logged here, with the user's frames); other errors
+        (no such class, already running) are raised as they are."""
         cls: type[Actor] = (
             p["cls"] if isinstance(p["cls"], type) else import_class(p["cls"], self._main)
         )
@@ -70,6 +87,13 @@ class ActorHost:
                 await instance.on_start()
         except Ignore:
             return IGNORED
+        except BaseException as exc:
+            passing, raised = _raised.split(exc, self._passing)
+            if passing is not None:
+                raise
+            crash = ActorCrash.of(raised or exc, skip_frames=1)  # the user's frames only
+            log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
+            raise StartFailed(crash) from None
         cell = ActorCell(
             self.node,
             ctx,
@@ -79,6 +103,7 @@ class ActorHost:
             self._exited,
             self._exiting,
             progress_deadline=p.get("progress_deadline"),
+            passing=self._passing,
         )
         nursery = self._nursery or self.node.nursery
         if nursery is None:

@@ -15,6 +15,7 @@ import trio
 
 from .._core._errors import ActorDiedError, CallTimeoutError, MeshError, ProtocolError
 from .._core._shape import Coords, Shape, all_coords, select
+from .._core._signature import Endpoints, bind_error
 from .._core._valuemesh import ValueMesh as ValueMesh
 from .._wire import _codec, _payloads
 from ._aioloop import bridge
@@ -43,7 +44,7 @@ class _Caller:
     def __init__(
         self,
         name: str,
-        endpoints: frozenset[str],
+        endpoints: Endpoints,
         shape: Shape,
         slots: list[Slot],
         timeout: float | None,
@@ -91,7 +92,7 @@ class ActorMesh(_Caller):
         slots = [_slot_to_data(s) for s in self._slots]
         return [
             self._name,
-            sorted(self._endpoints),
+            self._endpoints.to_wire(),
             list(self._shape.items()),
             slots,
             self._timeout,
@@ -104,7 +105,7 @@ class ActorMesh(_Caller):
         shape = _payloads.mesh_shape(pairs, len(slots), "actor mesh")
         return cls(
             name,
-            frozenset(_payloads.strings(endpoints, "actor mesh's endpoints")),
+            Endpoints.from_wire(_payloads.endpoints(endpoints, "actor mesh's endpoints")),
             shape,
             [_slot_from_data(s) for s in slots],
             _wire_timeout(timeout),
@@ -154,17 +155,17 @@ class ActorRef(_Caller):
     _wire_ext: ClassVar[int] = _codec.EXT_ACTOR_REF  # how it travels (see _codec)
 
     def _to_wire(self) -> list[Any]:
-        return [self._name, sorted(self._endpoints), _slot_to_data(self._slots[0]), self._timeout]
+        return [self._name, self._endpoints.to_wire(), _slot_to_data(self._slots[0]), self._timeout]
 
     @classmethod
     def _from_wire(cls, data: Any) -> ActorRef:
         # Checked before anything is built: ProtocolError for a malformed one (_payloads.py).
         name, endpoints, slot, timeout = _payloads.fields(data, "actor ref", _REF_FIELDS)
-        endpoints = _payloads.strings(endpoints, "actor ref's endpoints")
-        return cls(name, frozenset(endpoints), _slot_from_data(slot), _wire_timeout(timeout))
+        checked = Endpoints.from_wire(_payloads.endpoints(endpoints, "actor ref's endpoints"))
+        return cls(name, checked, _slot_from_data(slot), _wire_timeout(timeout))
 
     def __init__(
-        self, name: str, endpoints: frozenset[str], slot: Slot, timeout: float | None = None
+        self, name: str, endpoints: Endpoints, slot: Slot, timeout: float | None = None
     ) -> None:
         super().__init__(name, endpoints, {}, [slot], timeout)
 
@@ -186,14 +187,25 @@ def _check_timeout(seconds: float | None) -> float | None:
 
 
 class Endpoint:
-    """One endpoint of a mesh or ref; the ways to call it."""
+    """One endpoint of a mesh or ref; the ways to call it. Each checks its arguments against the
+    endpoint's signature first: TypeError here when they do not bind, and nothing is sent."""
 
-    __slots__ = ("_name", "_owner", "_timeout")
+    __slots__ = ("_name", "_owner", "_params", "_timeout")
 
     def __init__(self, owner: _Caller, name: str, timeout: float | None) -> None:
         self._owner = owner
         self._name = name
         self._timeout = timeout
+        self._params = owner._endpoints.params(name)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        params = self._params
+        if params is not None:
+            problem = params.problem(len(args), kwargs)
+            if problem is not None:
+                owner = self._owner
+                who = owner.path if isinstance(owner, ActorRef) else owner._name
+                raise TypeError(bind_error(who, self._name, params, problem))
 
     def with_timeout(self, seconds: float | None) -> Endpoint:
         """This endpoint with a timeout: on expiry a call raises CallTimeoutError naming actors."""
@@ -210,6 +222,7 @@ class Endpoint:
         aio = bridge()  # called from an asyncio actor: the call itself runs in trio
         if aio is not None:
             return await aio.to_trio(self.call, *args, **kwargs)
+        self._bind(args, kwargs)
         outcomes = await self._outcomes(self._owner._slots, args, kwargs)
         return ValueMesh(self._owner._shape, [_value(o) for o in outcomes])
 
@@ -218,6 +231,7 @@ class Endpoint:
         aio = bridge()
         if aio is not None:
             return await aio.to_trio(self.call_one, *args, **kwargs)
+        self._bind(args, kwargs)
         slots = self._owner._slots
         if len(slots) != 1:
             raise MeshError(
@@ -231,6 +245,7 @@ class Endpoint:
         aio = bridge()
         if aio is not None:
             return await aio.to_trio(self.choose, *args, **kwargs)
+        self._bind(args, kwargs)
         node = _node()
         slots = self._owner._slots
         live = [s for s in slots if s.up and s.dead_reason() is None] or slots
@@ -246,6 +261,7 @@ class Endpoint:
                 f"{self._name}.stream() is not available in an asyncio actor's code: use "
                 f"await {self._name}.call(...) (one ValueMesh) or call each actor in its own task"
             )
+        self._bind(args, kwargs)
         slots = self._owner._slots
         coords = all_coords(self._owner._shape)
         send, receive = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
@@ -269,6 +285,7 @@ class Endpoint:
         aio = bridge()
         if aio is not None:
             return await aio.to_trio(self.broadcast, *args, **kwargs)
+        self._bind(args, kwargs)
         node = _node()
         await node.cast(self._owner._slots, self._name, args, kwargs)
 

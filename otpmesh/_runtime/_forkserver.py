@@ -24,6 +24,8 @@ from typing import Any
 
 import msgpack
 
+from ._exitfuncs import disown_finalizers, run_exit_functions
+
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
 
@@ -62,7 +64,9 @@ def _child(
     server_pid: int,
 ) -> None:
     code = 1
+    started = False
     try:
+        disown_finalizers()  # the server's objects' finalizers are not this worker's
         sock.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -83,11 +87,14 @@ def _child(
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         from ._worker import main
 
+        started = True
         code = main(req["cfg"])
     except BaseException:
         traceback.print_exc()
     finally:
         try:
+            if started:  # it ran and ended in order (or raised): exit as a Python program does
+                run_exit_functions(code)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:

@@ -61,7 +61,7 @@ def endpoint_frames_sync(main: FrameType | None) -> list[FrameType]:
     frames = _outward(main)
     for i, frame in enumerate(frames):
         code = frame.f_code
-        if code.co_filename.endswith(_CELL_FILE) and code.co_name != "chaos_wedge":
+        if code.co_filename.endswith(_CELL_FILE):
             frames = frames[:i]
             break
     return frames[:MAX_FRAMES]

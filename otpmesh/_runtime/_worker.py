@@ -14,8 +14,10 @@ import trio
 
 from .._core._dumpable import isolate_worker
 from .._core._errors import EncodeError
+from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
-from .._node._host import ActorHost
+from .._node import _raised
+from .._node._host import ActorHost, StartFailed
 from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
@@ -69,7 +71,11 @@ class Worker:
             {"spawn_actor", "stop_actor", "shutdown", "inject", "partition"}
         )
         self.host = ActorHost(
-            self.node, self._actor_exited, self._actor_exiting, main=MainModule.from_cfg(cfg)
+            self.node,
+            self._actor_exited,
+            self._actor_exiting,
+            main=MainModule.from_cfg(cfg),
+            passing=_raised.IN_WORKER,  # SIGINT is ignored here: a KeyboardInterrupt is the actor's
         )
         self.controller: Connection | None = None
         self._done = trio.Event()
@@ -114,8 +120,13 @@ class Worker:
         finally:
             self._done.set()
 
-    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str:
-        return await self.host.spawn(p)
+    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str | ActorCrash:
+        # A constructor or on_start that raised answers with its crash (the user's frames only),
+        # not as an error of this operation (whose traceback would be otpmesh's).
+        try:
+            return await self.host.spawn(p)
+        except StartFailed as exc:
+            return exc.crash
 
     async def _stop_actor(self, conn: Connection | None, p: dict[str, Any]) -> object:
         return await self.host.stop(

@@ -6,7 +6,8 @@ Frames (msgpack arrays, see docs/wire.md):
     [0, call_id, actor_id, method, args, kwargs, chain]  the same, from inside an actor
     [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
     [2, call_id, value]                            OK    reply
-    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost')
+    [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost',
+                                                         'badcall')
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
@@ -95,4 +96,6 @@ def remote_error(path: str, msg: list[Any]) -> Exception:
         return ActorDiedError(path, str(message), delivered=False)
     if kind == "lost":  # a relayed call whose actor died after it was delivered (_fanout.py)
         return ActorDiedError(path, str(message))
+    if kind == "badcall":  # its arguments did not bind to the endpoint: the actor never ran it
+        return TypeError(str(message))
     return ActorError(path, str(type_name), str(message), str(tb))

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core._errors import ProtocolError
+from .._core._signature import MAX_NAME, MAX_PARAMS, SIGNATURE_KINDS
 from ._brief import brief
 
 STR: tuple[type, ...] = (str,)
@@ -54,6 +55,37 @@ def strings(data: Any, what: str) -> list[str]:
     if type(data) is not list or not all(type(item) is str for item in data):
         raise ProtocolError(f"malformed {what}: not an array of strings: {brief(data)}")
     return data
+
+
+def endpoints(data: Any, what: str) -> list[Any]:
+    """`data`, checked to be an actor's endpoints as they travel (``Endpoints.to_wire``): each
+    a name, or [name, parameter names, kinds] with at most MAX_PARAMS distinct names of at most
+    MAX_NAME characters and kinds in Python's order (``_core/_signature.py``)."""
+    if type(data) is not list:
+        raise ProtocolError(f"malformed {what}: not an array: {brief(data)}")
+    for entry in data:
+        if type(entry) is str:
+            continue
+        problem = fields_problem(entry, _ENDPOINT_FIELDS) or _signature_problem(entry)
+        if problem is not None:
+            raise ProtocolError(f"malformed {what}: an entry {problem}")
+    return data
+
+
+_ENDPOINT_FIELDS = (STR, LIST, STR)  # name, parameter names, kinds
+
+
+def _signature_problem(entry: list[Any]) -> str | None:
+    _, names, kinds = entry
+    if len(names) > MAX_PARAMS or len(names) != len(kinds):
+        return f"has {len(names)} parameter names for kinds {brief(kinds)} (at most {MAX_PARAMS})"
+    if not all(type(name) is str and len(name) <= MAX_NAME for name in names):
+        return f"has a parameter name that is no string of at most {MAX_NAME}: {brief(names)}"
+    if len(set(names)) != len(names):
+        return f"repeats a parameter name: {brief(names)}"
+    if SIGNATURE_KINDS.fullmatch(kinds) is None:
+        return f"has parameter kinds {brief(kinds)} in no order Python allows"
+    return None
 
 
 def mesh_shape_problem(pairs: Any, count: int) -> str | None:
