@@ -8,8 +8,13 @@ processes with real SIGKILLs, fewer examples."""
 
 from __future__ import annotations
 
+import threading
+from typing import ClassVar
+
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from otpmesh import (
     ALL_SIGNIFICANT,
@@ -21,6 +26,8 @@ from otpmesh import (
     REST_FOR_ONE,
     TEMPORARY,
     TRANSIENT,
+    App,
+    LogKind,
     Mesh,
     Supervisor,
     Worker,
@@ -104,6 +111,145 @@ TestFragileGroup.settings = settings(FAST, max_examples=100)
 TestKilledProcesses = KilledProcesses.TestCase
 TestKilledProcesses.settings = settings(FAST, max_examples=6, stateful_step_count=6)
 TestKilledProcesses = pytest.mark.timeout(120)(TestKilledProcesses)
+
+
+# ---- hangs: a wedged endpoint ended by its progress deadline, a SIGSTOPped process -------------
+
+
+class StuckProcesses(SupervisionMachine):
+    """Real processes whose next endpoint may wedge (its progress deadline ends the actor with
+    ``Hung`` and its process is replaced) or be SIGSTOPped (the heartbeat watchdog kills it):
+    the model predicts each exit and restart."""
+
+    tree = Supervisor(
+        "svc",
+        intensity=20,
+        period=60.0,
+        children=[
+            Worker("a", Member, progress_deadline=0.5),
+            Mesh("pool", Member, shape={"procs": 2}, progress_deadline=0.5, intensity=20),
+        ],
+    )
+    placement = "procs"
+    faults = ("wedge", "hang", "crash")
+    heartbeat_timeout = 0.5
+
+
+TestStuckProcesses = StuckProcesses.TestCase
+TestStuckProcesses.settings = settings(FAST, max_examples=2, stateful_step_count=4)
+TestStuckProcesses = pytest.mark.timeout(120)(TestStuckProcesses)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=1, deadline=None, database=None)
+@given(st.none())
+def test_a_wedge_and_a_hang_end_as_the_model_predicts(_: None) -> None:
+    machine = StuckProcesses()
+    try:
+        machine.inject("svc/a", "wedge")
+        machine.event_log_matches_model()
+        machine.running_workers_answer()
+        machine.call_during_fault("svc/pool/1", "hang", "svc/pool/0")
+        machine.event_log_matches_model()
+        machine.running_workers_answer()
+        exits = machine.app.events.of_kind(LogKind.CHILD_EXITED)
+        assert [(e.child_path, type(e.reason).__name__) for e in exits] == [
+            ("svc/a", "Hung"),
+            ("svc/pool/1", "ProcessExit"),
+        ]
+        assert exits[0].reason.endpoint == "ping"
+        assert "chaos_wedge" in exits[0].reason.stacks
+    finally:
+        machine.teardown()
+
+
+def test_wedge_and_hang_in_process_are_refused_with_the_reason() -> None:
+    class InProcess(SupervisionMachine):
+        tree = Supervisor("s", children=[Worker("w", Member, progress_deadline=1.0)])
+        faults = ("crash", "wedge")
+
+    with pytest.raises(ValueError, match=r"InProcess.faults has \['wedge'\].*placement = 'procs'"):
+        InProcess()
+
+
+def test_a_call_timeout_shorter_than_a_hang_is_refused() -> None:
+    class Impatient(StuckProcesses):
+        call_timeout = 0.6
+
+    with pytest.raises(ValueError, match=r"call_timeout=0.6 s is too short for 'wedge'.*1 s"):
+        Impatient()
+
+
+def test_wedge_without_a_progress_deadline_names_the_workers_that_lack_one() -> None:
+    class NoDeadline(SupervisionMachine):
+        tree = Supervisor(
+            "s",
+            children=[
+                Worker("w", Member, progress_deadline=1.0),
+                Mesh("m", Member, shape={"procs": 2}),
+            ],
+        )
+        placement = "procs"
+        faults = ("wedge",)
+
+    with pytest.raises(ValueError, match=r"\['s/m/0', 's/m/1'\] have no progress_deadline"):
+        NoDeadline()
+
+
+# ---- the per-example hooks ---------------------------------------------------------------------
+
+
+class HookedTree(SupervisionMachine):
+    """Records, per example, when its hooks and rules ran."""
+
+    tree = Supervisor("s", intensity=2, children=[Worker("a", Member), Worker("b", Member)])
+    examples: ClassVar[list[list[str]]] = []
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        HookedTree.examples.append(self.seen)
+        super().__init__()
+
+    async def setup_app(self, app: App) -> None:
+        # The tree has started: its workers answer.
+        self.seen.append(f"setup, {await app.actor('s/a').ping()} answers")
+
+    async def teardown_app(self, app: App) -> None:
+        running = "s/b" in self.running()
+        self.seen.append(f"teardown, s/b {await app.actor('s/b').ping() if running else 'gone'}")
+
+    @rule()
+    def a_rule(self) -> None:
+        self.seen.append("rule")
+
+    @invariant()
+    def set_up_once_before_any_rule(self) -> None:
+        assert self.seen[0] == "setup, s/a answers"
+        assert self.seen.count(self.seen[0]) == 1
+
+
+def test_the_setup_hook_runs_once_per_example_before_any_rule() -> None:
+    HookedTree.examples.clear()
+    run_state_machine_as_test(
+        HookedTree, settings=settings(FAST, max_examples=8, stateful_step_count=5, database=None)
+    )
+    assert len(HookedTree.examples) >= 8
+    for seen in HookedTree.examples:
+        assert seen[0] == "setup, s/a answers"
+        assert seen[-1] in ("teardown, s/b s/b", "teardown, s/b gone")
+        assert seen.count(seen[0]) == 1 and sum(s.startswith("teardown") for s in seen) == 1
+
+
+def test_a_failing_setup_hook_stops_the_app_and_says_so() -> None:
+    class BadSetup(SupervisionMachine):
+        tree = Supervisor("bad", children=[Worker("w", Member)])
+
+        async def setup_app(self, app: App) -> None:
+            raise RuntimeError("no fixtures today")
+
+    with pytest.raises(RuntimeError, match="no fixtures today"):
+        BadSetup()
+    assert not [t for t in threading.enumerate() if t.name == "otpmesh-machine-bad"]
 
 
 # ---- misuse is explained ---------------------------------------------------------------------

@@ -27,7 +27,8 @@ from ._steps import StopSupervisor as StopSupervisor
 from ._steps import TraceEntry as TraceEntry
 
 if TYPE_CHECKING:
-    from ._machine import FAULTS as FAULTS
+    from ._faults import FAULTS as FAULTS
+    from ._faults import HANG_FAULTS as HANG_FAULTS
     from ._machine import SupervisionMachine as SupervisionMachine
     from ._strategies import fault_schedules as fault_schedules
     from ._strategies import owned_trees as owned_trees
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 
 # Names that need hypothesis, and the private module each lives in.
 _LAZY = {
-    "FAULTS": "_machine",
+    "FAULTS": "_faults",
+    "HANG_FAULTS": "_faults",
     "SupervisionMachine": "_machine",
     "fault_schedules": "_strategies",
     "owned_trees": "_strategies",

@@ -29,6 +29,7 @@ from .._controller._tree import TreeContext
 from .._core._errors import SupervisorError
 from .._core._spec import Mesh, Supervisor
 from .._core._supevents import LogEntry, LogKind
+from .._runtime._controller_runtime import Proc
 
 _EXITS = (LogKind.CHILD_EXITED, LogKind.CHILD_TERMINATED)
 
@@ -44,10 +45,12 @@ class AppThread:
         tree: Supervisor | Mesh,
         placement: Literal["local", "procs"],
         wall_timeout: float,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         self.tree = tree
         self.placement = placement
         self.wall_timeout = wall_timeout
+        self.heartbeat_timeout = heartbeat_timeout
         # Frozen until a rule runs (see the module docstring); None: the real clock.
         self.clock = (
             trio.testing.MockClock(autojump_threshold=math.inf) if placement == "local" else None
@@ -91,7 +94,9 @@ class AppThread:
         assert self._stop is not None and self.ended is not None
         self._autojump(True)  # starting takes no time, but stop timeouts may need to fire
         try:
-            async with start(self.tree, placement=self.placement) as app:
+            async with start(
+                self.tree, placement=self.placement, heartbeat_timeout=self.heartbeat_timeout
+            ) as app:
                 self.app = app
                 self._autojump(False)
                 self._ready.set()
@@ -230,10 +235,14 @@ class AppThread:
         if self.placement != "procs" or self.app is None:
             return
         for path in paths:
-            tree = self.holder(path)
-            proc = tree.placement.process(tree.slot(path)) if tree is not None else None
+            proc = self.process(path)
             if proc is not None and proc.pid:
                 self.pids.setdefault(proc.pid, start_time(proc.pid))
+
+    def process(self, path: str) -> Proc | None:
+        """The live worker process that hosts `path` (None in-process, or when it has none)."""
+        tree = self.holder(path)
+        return tree.placement.process(tree.slot(path)) if tree is not None else None
 
     def orphans(self) -> list[int]:
         """The worker processes seen that outlive the app (none should: the fork server reaps

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .._core._exits import ActorCrash, ProcessExit
+from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._supevents import LogEntry, LogKind
 from ._trees import per_tree
 
 
 def reason_key(reason: object) -> object:
     """A reason as the machine compares it: crashes by type and message, process deaths by kind
-    only (the pid and the wording of the death differ from run to run)."""
+    only (the pid and the wording of the death differ from run to run), hangs by kind and the
+    endpoint that hung (the stacks and the time it took differ)."""
     if isinstance(reason, ActorCrash):
         return ("ActorCrash", reason.type_name, reason.message)
     if isinstance(reason, ProcessExit):
         return ("ProcessExit",)
+    if isinstance(reason, Hung):
+        return ("Hung", reason.endpoint)
     if isinstance(reason, tuple | list):
         return tuple(reason_key(r) for r in reason)
     return reason

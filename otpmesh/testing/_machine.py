@@ -9,7 +9,8 @@ checking, after every step, that it does what OTP's rules (``simulate``) say it 
 
     TestRollouts = RolloutMachine.TestCase
 
-The app lives in a trio run of its own across hypothesis's rules: ``_appthread.py``.
+The app lives in a trio run of its own across hypothesis's rules: ``_appthread.py``; the faults
+are ``_faults.py``'s.
 """
 
 from __future__ import annotations
@@ -23,29 +24,20 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from .. import chaos
 from .._controller._app import App
-from .._core._actor import Actor
-from .._core._errors import ActorDiedError, ActorError, CallTimeoutError, SupervisorError
-from .._core._exits import ActorCrash, ProcessExit
-from .._core._reasons import KILLED
+from .._core._errors import ActorDiedError, ActorError, CallTimeoutError
 from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supevents import LogEntry, LogKind
 from ._appthread import AppThread, now
+from ._checks import check_machine
+from ._faults import CLEAR_ERRORS, FAULTS, HANG_FAULTS, model_reason, throw
 from ._logkeys import first_difference, reason_key
 from ._plugin import format_log
 from ._simulate import Simulation, simulate
 from ._steps import Advance, Crash, Step
-from ._trees import check_owned, owned_walk, per_tree
+from ._trees import owned_walk, per_tree
 
 T = TypeVar("T")
-
-#: The faults the machine throws: an exception inside the actor, a clean exit with 'normal' or
-#: 'shutdown', and a kill (SIGKILL of its process under placement="procs").
-FAULTS: tuple[str, ...] = ("crash", "stop_normal", "stop_shutdown", "kill")
-
-#: The errors a call may end with; anything else escaping a call fails the test.
-CLEAR_ERRORS = (ActorError, ActorDiedError, CallTimeoutError, SupervisorError)
 
 
 # ---------------------------------------------------------------- the machine
@@ -70,6 +62,12 @@ class SupervisionMachine(RuleBasedStateMachine):
     child of a running supervisor is alive) and every other one fails fast with
     ``ActorDiedError``; every call ends with a result or a clear otpmesh error; after the example
     no worker process outlives the app. A failure prints the steps, the event log and the model's.
+
+    One app per example: hypothesis creates a machine for each example, and ``__init__`` starts
+    the tree (in a trio run of its own), then awaits ``setup_app(app)``; the rules and invariants
+    follow. When the example ends (hypothesis's ``teardown``), ``teardown_app(app)`` is awaited,
+    then the app is stopped and the model compared once more. Override the two hooks for
+    per-example set-up and clean-up (both run in the app's trio run, time moving).
     """
 
     #: The tree under test (a Supervisor or a Mesh spec): set it in your subclass.
@@ -87,7 +85,8 @@ class SupervisionMachine(RuleBasedStateMachine):
     #: How long a step may take to settle (trio time), and any step in wall-clock time.
     settle_timeout: ClassVar[float] = 30.0
     wall_timeout: ClassVar[float] = 60.0
-    #: The faults to throw, a subset of ``FAULTS``.
+    #: The faults to throw, a subset of ``FAULTS + HANG_FAULTS`` (the hangs, "wedge" and "hang",
+    #: need placement="procs"; "wedge" needs a progress deadline on every worker).
     faults: ClassVar[Sequence[str]] = FAULTS
     #: Clock steps for the ``advance`` rule; None: under MockClock, around the tree's restart
     #: periods (so intensity windows open and close); over real processes, a moment (0.05 s).
@@ -95,10 +94,13 @@ class SupervisionMachine(RuleBasedStateMachine):
     #: A call that times out while its actor runs or restarts means a lost call: a failure,
     #: unless your endpoint may legitimately take longer than ``call_timeout``.
     allow_call_timeouts: ClassVar[bool] = False
+    #: ``otpmesh.start(heartbeat_timeout=)`` (procs): how soon a SIGSTOPped worker ("hang") is
+    #: found and killed. None: the default (``OTPMESH_HEARTBEAT_TIMEOUT``, else 2 s).
+    heartbeat_timeout: ClassVar[float | None] = None
 
     def __init__(self) -> None:
         super().__init__()
-        self._check_class()
+        check_machine(type(self))
         self._workers: list[str] = [
             path for path, spec in owned_walk(self.tree, self.owned) if isinstance(spec, Worker)
         ]
@@ -108,37 +110,28 @@ class SupervisionMachine(RuleBasedStateMachine):
         self._model_tree = self.tree.as_supervisor() if isinstance(self.tree, Mesh) else self.tree
         self._steps: list[Step] = []  # the schedule as the model replays it
         self._journal: list[str] = []  # what the rules did, for the failure report
-        self._runner = AppThread(self.tree, self.placement, self.wall_timeout)
+        self._runner = AppThread(
+            self.tree, self.placement, self.wall_timeout, self.heartbeat_timeout
+        )
         self._last = self._runner.run(now)  # the model's time 0
+        try:
+            if not self._runner.gone():
+                self.run_in_app(self.setup_app)
+        except BaseException:
+            self._runner.close()  # hypothesis calls no teardown when __init__ fails
+            raise
 
-    @classmethod
-    def _check_class(cls) -> None:
-        tree = getattr(cls, "tree", None)
-        if not isinstance(tree, Supervisor | Mesh):
-            raise TypeError(
-                f"{cls.__name__}.tree must be a Supervisor or Mesh spec, not {tree!r}: write "
-                "'tree = Supervisor(\"app\", children=[...])' in the class body"
-            )
-        if cls.placement not in ("local", "procs"):
-            raise ValueError(
-                f"{cls.__name__}.placement must be 'local' or 'procs', not {cls.placement!r}"
-            )
-        unknown = set(cls.faults) - set(FAULTS)
-        if unknown or not cls.faults:
-            raise ValueError(
-                f"{cls.__name__}.faults={list(cls.faults)!r}: use a non-empty subset of {FAULTS}"
-            )
-        check_owned(tree, cls.owned)
-        for path, spec in owned_walk(tree, cls.owned):
-            actor = spec.actor if isinstance(spec, Worker) else None
-            if not (isinstance(actor, type) and issubclass(actor, Actor)):
-                continue  # an import path: the controller need not import it, nor can we check
-            if cls.call_endpoint not in actor.endpoints():
-                raise ValueError(
-                    f"{cls.__name__}.call_endpoint={cls.call_endpoint!r}, but the actor of "
-                    f"{path} ({actor.__name__}) has no such endpoint; name one of "
-                    f"{sorted(actor.endpoints())} that takes no arguments"
-                )
+    async def setup_app(self, app: App) -> None:
+        """Per-example set-up: override it. Awaited once per example, in the app's trio run,
+        after the tree has started and before the first rule or invariant (the run then waits
+        until the tree has settled). Call actors, load state, keep refs on ``self``; do not
+        throw faults or change the tree here (the model does not see it). An exception fails
+        the example, and the app is stopped."""
+
+    async def teardown_app(self, app: App) -> None:
+        """Per-example clean-up: override it. Awaited once per example after its last step,
+        before the app is stopped (its root may have exited already: ``self.running()`` says
+        what the model says runs). An exception fails the example, unless it already fails."""
 
     def _periods(self) -> list[float]:
         if self.placement != "local":
@@ -223,7 +216,11 @@ class SupervisionMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         failing = sys.exc_info()[1] is not None  # already failing: don't mask it
         try:
-            self._runner.close()
+            try:
+                if self._runner.app is not None:
+                    self.run_in_app(self.teardown_app)
+            finally:
+                self._runner.close()
         except Exception:
             if not failing:
                 raise
@@ -245,33 +242,15 @@ class SupervisionMachine(RuleBasedStateMachine):
         with trio.fail_after(self.settle_timeout):
             incarnation = self._runner.incarnation(path)
             logged = len(self.app.events._entries)
-            done = await self._throw(path, fault)
+            done = await throw(self.app, self._runner, path, fault, self._call)
             self._steps.append(Crash(path, self._model_reason(fault)))
             if expect_exit and incarnation is not None:
                 await self._runner.exit_of(path, incarnation, logged)
             await self._runner.settle()
         return str(done)
 
-    async def _throw(self, path: str, fault: str) -> chaos.Fault:
-        if fault == "crash":
-            return await chaos.crash(self.app, path, "chaos")
-        if fault.startswith("stop_"):
-            return await chaos.stop(self.app, path, fault.removeprefix("stop_"))
-        tree = self._runner.holder(path)
-        proc = tree.placement.process(tree.slot(path)) if tree is not None else None
-        done = await chaos.kill(self.app, path)
-        if proc is not None:
-            # The process may host no actor (its child exited and was not restarted): then no
-            # exit shows in the log, but the next step must not find it half dead.
-            await proc.exited.wait()
-        return done
-
     def _model_reason(self, fault: str) -> object:
-        if fault == "crash":
-            return ActorCrash("ChaosCrash", "chaos")
-        if fault.startswith("stop_"):
-            return fault.removeprefix("stop_")
-        return ProcessExit(0, "killed by signal 9") if self.placement == "procs" else KILLED
+        return model_reason(fault, self.placement, self.call_endpoint)
 
     async def _fault_during_call(
         self, path: str, fault: str, expect_exit: bool, callee: str
@@ -395,4 +374,11 @@ class SupervisionMachine(RuleBasedStateMachine):
         )
 
 
-__all__ = ["CLEAR_ERRORS", "FAULTS", "SupervisionMachine", "format_log", "reason_key"]
+__all__ = [
+    "CLEAR_ERRORS",
+    "FAULTS",
+    "HANG_FAULTS",
+    "SupervisionMachine",
+    "format_log",
+    "reason_key",
+]
