@@ -86,8 +86,9 @@ class Owners:
         # made by the incarnation that just ended.
         things = self.owned.pop(path, None)
         if things and self.rt.nursery is not None:
+            if not self._stops:  # a new event only when none is pending: waiters keep theirs
+                self._quiet = trio.Event()
             self._stops += 1
-            self._quiet = trio.Event()
             self._releasing[path] = trio.Event()
             self.rt.nursery.start_soon(self._stop_all, path, things)
 
