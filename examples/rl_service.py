@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import signal
 
+import trio
+
 import otpmesh
 from otpmesh import ONE_FOR_ONE, LogKind, Mesh, Supervisor, Worker
 
@@ -77,6 +79,11 @@ class RolloutService(otpmesh.Actor):
         return self.pool.mesh()
 
 
+async def exited(app: otpmesh.App, path: str) -> None:
+    while not any(e.kind == LogKind.CHILD_EXITED and e.child_path == path for e in app.events):
+        await trio.sleep(0.01)
+
+
 tree = Supervisor("rl", intensity=3, children=[Worker("service", RolloutService, args=(3,))])
 
 
@@ -89,7 +96,8 @@ async def main() -> None:
         victim = await replicas[1].pid()
         os.kill(victim, signal.SIGKILL)
         print(f"SIGKILLed rl/service/replicas/1 (pid {victim})")
-        await app.settled()
+        await exited(app, "rl/service/replicas/1")  # noticed (a socket's end, then the status)
+        await app.settled()  # and restarted
         print("answers:", [await service.generate(f"q{i}") for i in range(3)])
         print("replica 1 is back in pid", await replicas[1].pid())
 
