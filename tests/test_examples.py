@@ -94,7 +94,11 @@ def test_multihost_local_spreads_a_mesh_over_two_hosts_and_survives_losing_one()
 
 def test_process_group_survives_a_sigkill_in_all_reduce_and_restores_from_its_checkpoint() -> None:
     out = _run("process_group.py")
-    assert "the blocked call fails: dp/0 is dead" in out
+    # dp/0 is killed by the group's restart, or (on a loaded host) its all_reduce fails first.
+    assert (
+        "the blocked call fails: dp/0 is dead" in out
+        or "the blocked call fails: dp/0 raised" in out
+    )
     assert "child_exited dp/1: its process" in out and "killed by signal 9" in out
     before = out.split("before: ")[1].splitlines()[0]
     after = out.split("after:  ")[1].splitlines()[0]
