@@ -15,6 +15,7 @@ from .._core._exits import ActorCrash, describe
 from .._core._shape import Shape, all_coords, check_shape, select
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
 from .._node._ask import ask_controller
+from .._node._future import Future, later
 from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime import _run
 from .._runtime._controller_runtime import Proc, Runtime, runtime
@@ -132,13 +133,19 @@ class ProcMesh:
         if not (isinstance(actor, type) and issubclass(actor, Actor)):
             raise TypeError(f"spawn needs an otpmesh.Actor subclass, not {actor!r}")
 
-    async def spawn(
+    def spawn(
         self, name: str, actor: type[Actor] | str, *args: Any, **kwargs: Any
-    ) -> ActorMesh:
+    ) -> Future[ActorMesh]:
         """Start one `actor` per process (its constructor runs there, with `args` and `kwargs`);
-        return the actor mesh. A failed actor stays dead: its calls fail, ``events`` records the
-        exit, and an owner hears of it (``__supervise__``). For actors that restart, use
-        ``spawn_supervised``."""
+        the actor mesh (a Future: await it, or ``.get()`` from sync code). A failed actor stays
+        dead: its calls fail, ``events`` records the exit, and an owner hears of it
+        (``__supervise__``). For actors that restart, use ``spawn_supervised``."""
+        self._check_new(name, actor)
+        return later(f"spawning {name!r}", self._spawn, name, actor, args, kwargs)
+
+    async def _spawn(
+        self, name: str, actor: type[Actor] | str, args: Any, kwargs: Any
+    ) -> ActorMesh:
         self._check_new(name, actor)
         path = self._path(name)
         coords = all_coords(self._shape)
@@ -188,7 +195,7 @@ class ProcMesh:
         self._meshes[name] = mesh
         return mesh
 
-    async def spawn_supervised(
+    def spawn_supervised(
         self,
         name: str,
         actor: type[Actor] | str,
@@ -199,13 +206,14 @@ class ProcMesh:
         restart: Restart = PERMANENT,
         intensity: int = 1,
         period: float = 5.0,
-    ) -> ActorMesh:
+    ) -> Future[ActorMesh]:
         """Start one `actor` per process as a supervisor group: an OTP supervisor over the
         mesh's actors (``strategy``, ``intensity`` restarts per ``period`` s), the same as a
         ``Mesh`` spec in a tree. The constructor's `args` and `kwargs` are given as such, so no
         actor keyword can be mistaken for a supervision setting. ``supervision(name)`` is the
         group: its events, ``settled()``, dynamic children. A group that gives up crashes its
-        owner (an actor that made this proc mesh), whose own supervisor then decides."""
+        owner (an actor that made this proc mesh), whose own supervisor then decides. A Future:
+        await it, or ``.get()`` from sync code."""
         self._check_new(name, actor)
         spec = Mesh(
             name,
@@ -218,6 +226,10 @@ class ProcMesh:
             intensity=intensity,
             period=period,
         )
+        return later(f"spawning {name!r}", self._spawn_supervised, name, spec)
+
+    async def _spawn_supervised(self, name: str, spec: Mesh) -> ActorMesh:
+        self._check_new(name, spec.actor)
         path = self._path(name)
         placement = ProcsPlacement(
             self._rt, {f"{path}/{rank}": p for rank, p in enumerate(self._procs)}
@@ -273,11 +285,14 @@ class ProcMesh:
             for slot in slots:
                 nursery.start_soon(stop_one, slot)
 
-    async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> Future[None]:
         """Stop every process: ask nicely, then SIGKILL what is still running after `timeout`.
         Supervised groups stop their actors first, in OTP order; a process asked nicely stops
         its actors (``on_stop``), then runs its ``atexit`` functions and finalizers as a Python
-        program does at exit (for at most 1 s)."""
+        program does at exit (for at most 1 s). A Future: await it, or ``.get()``."""
+        return later(f"stopping {self.label}", self._stop, timeout)
+
+    async def _stop(self, timeout: float) -> None:
         if self._stopping.is_set():
             raise MeshError(f"{self.label} is already stopped")
         self._stopping.set()
@@ -315,12 +330,18 @@ class ProcMesh:
         return f"ProcMesh({self._shape})"
 
 
-async def proc_mesh(**shape: int) -> ProcMesh | ProcMeshRef:
+def proc_mesh(**shape: int) -> Future[ProcMesh | ProcMeshRef]:
     """Start one worker process per point of `shape` (e.g. ``procs=4``, ``hosts=2, gpus=4``).
+    A Future: ``await`` it (trio, asyncio), or ``.get()`` it from sync code, where the first
+    use starts otpmesh's background run (docs/guides/calling.md, "From sync code").
 
     Inside an actor (in any process of the app) the controller starts them for that actor,
     which owns them: they are stopped when it exits. The result is then a ``ProcMeshRef``."""
     checked = check_shape(shape)
+    return later("proc_mesh", _proc_mesh, checked)
+
+
+async def _proc_mesh(checked: Shape) -> ProcMesh | ProcMeshRef:
     owner = current_path()
     if _run.IN_WORKER:  # a worker's actor: the controller starts them, for it
         found: ProcMeshRef = await ask_controller("procs_start", {"shape": checked, "owner": owner})

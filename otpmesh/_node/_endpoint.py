@@ -1,0 +1,315 @@
+"""Endpoints: the ways to call actors (call, call_one, choose, broadcast, stream, reduce).
+
+Each way returns a Future (``_future.py``) whose coroutine is made only when it is awaited or
+waited for, with the endpoint's timeout or the one ``get(timeout)`` gives. A call that never
+reached a supervised actor (it was restarting) is sent again to its next incarnation; one that
+reached it and lost it reports the failure: every way follows that rule, reductions included.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from .._core._errors import ActorDiedError, CallTimeoutError, MeshError
+from .._core._shape import Coords, Shape, all_coords
+from .._core._signature import Params, bind_error
+from .._core._valuemesh import ValueMesh
+from ._aioloop import bridge
+from ._calls import CallGroup
+from ._future import Future
+from ._node import Node, current_node
+from ._slot import Slot
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _node() -> Node:
+    """This trio run's node: the one the refs and meshes it made call through."""
+    node = current_node()
+    if node is None:
+        raise MeshError(
+            "no otpmesh node is running in this trio run: refs and meshes work inside actors "
+            "and in the run that made them (otpmesh.proc_mesh() or otpmesh.start())"
+        )
+    return node
+
+
+def check_timeout(seconds: float | None) -> float | None:
+    if seconds is not None and (not isinstance(seconds, int | float) or not seconds > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {seconds!r}")
+    return seconds
+
+
+class Target:
+    """What an endpoint calls: the slots and shape of a mesh or ref, and how to name it."""
+
+    __slots__ = ("name", "shape", "single", "slots", "who")
+
+    def __init__(self, name: str, shape: Shape, slots: list[Slot], *, single: bool) -> None:
+        self.name = name  # the mesh's name
+        self.shape = shape
+        self.slots = slots
+        self.single = single  # an actor ref: calling it returns the one value
+        self.who = slots[0].actor_id if single else name
+
+
+class Endpoint:
+    """One endpoint of a mesh or ref; the ways to call it. Each checks its arguments against the
+    endpoint's signature first: TypeError here when they do not bind, and nothing is sent."""
+
+    __slots__ = ("_name", "_owner", "_params", "_timeout")
+
+    def __init__(
+        self, owner: Target, name: str, params: Params | None, timeout: float | None
+    ) -> None:
+        self._owner = owner
+        self._name = name
+        self._timeout = timeout
+        self._params = params
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        params = self._params
+        if params is not None:
+            problem = params.problem(len(args), kwargs)
+            if problem is not None:
+                raise TypeError(bind_error(self._owner.who, self._name, params, problem))
+
+    def with_timeout(self, seconds: float | None) -> Endpoint:
+        """This endpoint with a timeout: on expiry a call raises CallTimeoutError naming actors."""
+        return Endpoint(self._owner, self._name, self._params, check_timeout(seconds))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """On a mesh: ``call`` (a ValueMesh). On an actor ref: ``call_one`` (the value)."""
+        if self._owner.single:
+            return self.call_one(*args, **kwargs)
+        return self.call(*args, **kwargs)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
+        """Call every actor; their values by coordinates. Raises the first error by rank."""
+        self._bind(args, kwargs)
+        return Future(partial(self._begin, Endpoint._call, args, kwargs))
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call the one actor of a single-actor mesh or ref; its value."""
+        self._bind(args, kwargs)
+        if len(self._owner.slots) != 1:
+            raise MeshError(
+                f"call_one on {self._owner.name} of {len(self._owner.slots)} actors: index one "
+                f"actor (mesh[i].{self._name}.call_one(...)) or use .call(...) for all of them"
+            )
+        return Future(partial(self._begin, Endpoint._call_one, args, kwargs))
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call exactly one actor, the one with the fewest calls in flight from this process."""
+        self._bind(args, kwargs)
+        return Future(partial(self._begin, Endpoint._choose, args, kwargs))
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Future[None]:
+        """Send to every actor without waiting for results (FIFO with later calls from here)."""
+        self._bind(args, kwargs)
+        return Future(partial(self._begin, Endpoint._broadcast, args, kwargs))
+
+    def reduce(self, combine: Callable[[R, Any], R], initial: R) -> Reduction[R]:
+        """A reduction of this endpoint's replies on the caller's side, as they arrive:
+        ``await mesh.ep.reduce(operator.add, 0)(x)`` is ``combine(...combine(initial, v1)...,
+        vn)`` over every actor's value, in arrival order (so `combine` should not care about
+        order). Calls are sent and retried as ``call``'s; the first error raises."""
+        if not callable(combine):
+            raise TypeError(
+                f"reduce(combine, initial) needs a function combine(accumulated, value), not "
+                f"{combine!r}; e.g. mesh.{self._name}.reduce(operator.add, 0)(...)"
+            )
+        return Reduction(self, combine, initial)
+
+    def _begin(
+        self,
+        method: Callable[[Endpoint, Any, Any], Awaitable[T]],
+        args: Any,
+        kwargs: Any,
+        timeout: float | None,
+    ) -> Awaitable[T]:
+        """The coroutine of a Future: `method` on this endpoint, or on it with `timeout`."""
+        return method(self if timeout is None else self.with_timeout(timeout), args, kwargs)
+
+    async def _call(self, args: Any, kwargs: Any) -> ValueMesh[Any]:
+        outcomes = await self._outcomes(self._owner.slots, args, kwargs)
+        return ValueMesh(self._owner.shape, [_value(o) for o in outcomes])
+
+    async def _call_one(self, args: Any, kwargs: Any) -> Any:
+        return _value((await self._outcomes(self._owner.slots, args, kwargs))[0])
+
+    async def _choose(self, args: Any, kwargs: Any) -> Any:
+        node = _node()
+        slots = self._owner.slots
+        live = [s for s in slots if s.up and s.dead_reason() is None] or slots
+        least = min(node.inflight.get(s.actor_id, 0) for s in live)
+        candidates = [s for s in live if node.inflight.get(s.actor_id, 0) == least]
+        chosen = candidates[next(_round_robin) % len(candidates)]
+        return _value((await self._outcomes([chosen], args, kwargs))[0])
+
+    async def _broadcast(self, args: Any, kwargs: Any) -> None:
+        await _node().cast(self._owner.slots, self._name, args, kwargs)
+
+    async def _reduce(
+        self, combine: Callable[[R, Any], R], initial: R, args: Any, kwargs: Any
+    ) -> R:
+        slots = self._owner.slots
+        accumulated, error = initial, None
+        async with trio.open_nursery() as nursery:
+            arrivals = self._fan_out(nursery, slots, args, kwargs)
+            for _ in slots:
+                _, outcome = await arrivals.receive()
+                try:
+                    accumulated = combine(accumulated, _value(outcome))
+                except Exception as exc:  # raised below, outside the nursery (not in a group)
+                    error = exc
+                    nursery.cancel_scope.cancel()
+                    break
+        if error is not None:
+            raise error
+        return accumulated
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[Coords, Any]]:
+        """Call every actor; yield (coordinates, value) as replies arrive. Errors raise in turn."""
+        if bridge() is not None:
+            raise MeshError(
+                f"{self._name}.stream() is not available in an asyncio actor's code: use "
+                f"await {self._name}.call(...) (one ValueMesh) or call each actor in its own task"
+            )
+        self._bind(args, kwargs)
+        slots = self._owner.slots
+        coords = all_coords(self._owner.shape)
+        async with trio.open_nursery() as nursery:
+            arrivals = self._fan_out(nursery, slots, args, kwargs)
+            for _ in range(len(slots)):
+                index, outcome = await arrivals.receive()
+                yield coords[index], _value(outcome)
+
+    def _fan_out(
+        self, nursery: trio.Nursery, slots: list[Slot], args: Any, kwargs: Any
+    ) -> trio.MemoryReceiveChannel[tuple[int, tuple[bool, Any]]]:
+        """Call each of `slots` in a task of `nursery`; (index, outcome) pairs as they arrive."""
+        send, receive = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
+
+        async def one(index: int) -> None:
+            try:
+                outcome = (await self._outcomes([slots[index]], args, kwargs))[0]
+            except Exception as exc:  # a timeout: delivered in turn like any error
+                outcome = (False, exc)
+            send.send_nowait((index, outcome))
+
+        for index in range(len(slots)):
+            nursery.start_soon(one, index)
+        return receive
+
+    async def _outcomes(self, slots: list[Slot], args: Any, kwargs: Any) -> list[tuple[bool, Any]]:
+        """(ok, value-or-error) per slot, within this endpoint's timeout."""
+        attempt = _Attempt()
+        if self._timeout is None:
+            return await self._gather(slots, args, kwargs, attempt)
+        with trio.move_on_after(self._timeout):
+            return await self._gather(slots, args, kwargs, attempt)
+        raise CallTimeoutError(attempt.late(), self._name, self._timeout)
+
+    async def _gather(
+        self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt
+    ) -> list[tuple[bool, Any]]:
+        # A call that never reached a supervised actor (it was restarting) is sent again to the
+        # next incarnation; a call that reached it and lost it reports the failure.
+        node = _node()
+        results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
+        todo = list(range(len(slots)))
+        seen = [-1] * len(slots)
+        while todo:
+            attempt.group, attempt.paths = None, [slots[i].actor_id for i in todo]
+            for i in todo:
+                if slots[i].remote and seen[i] >= 0:
+                    await node.resolve(slots[i])
+                else:
+                    await slots[i].wait_up(seen[i])
+                seen[i] = slots[i].version
+            batch = [slots[i] for i in todo]
+            group = await node.call(batch, attempt.paths, self._name, args, kwargs)
+            attempt.group = group
+            try:
+                await group.wait_all()
+            finally:
+                group.forget()
+                node.done(batch)
+                if group.offered and node.channel is not None:
+                    node.channel.drop_offered(group.offered)
+            retry = []
+            for j, i in enumerate(todo):
+                ok, value = group.results[j]
+                if not ok and _resendable(slots[i], value):
+                    retry.append(i)
+                else:
+                    results[i] = (ok, value)
+            todo = retry
+        return results
+
+
+class Reduction(Generic[R]):
+    """``mesh.ep.reduce(combine, initial)``: call it with the endpoint's arguments to get the
+    reduced value (a Future). Its own settings are given apart, so none can be mistaken for an
+    argument of the endpoint."""
+
+    __slots__ = ("_combine", "_endpoint", "_initial")
+
+    def __init__(self, endpoint: Endpoint, combine: Callable[[R, Any], R], initial: R) -> None:
+        self._endpoint, self._combine, self._initial = endpoint, combine, initial
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Future[R]:
+        endpoint = self._endpoint
+        endpoint._bind(args, kwargs)
+        method = partial(_reduce_with, self._combine, self._initial)
+        return Future(partial(endpoint._begin, method, args, kwargs))
+
+    def with_timeout(self, seconds: float | None) -> Reduction[R]:
+        return Reduction(self._endpoint.with_timeout(seconds), self._combine, self._initial)
+
+
+def _reduce_with(
+    combine: Callable[[R, Any], R], initial: R, endpoint: Endpoint, args: Any, kwargs: Any
+) -> Awaitable[R]:
+    return endpoint._reduce(combine, initial, args, kwargs)
+
+
+class _Attempt:
+    """The slots a call is still waiting for, to name them if it times out."""
+
+    __slots__ = ("group", "paths")
+
+    def __init__(self) -> None:
+        self.group: CallGroup | None = None
+        self.paths: list[str] = []
+
+    def late(self) -> list[str]:
+        if self.group is None:
+            return self.paths
+        return [self.group.paths[i] for i in self.group.missing()]
+
+
+def _resendable(slot: Slot, error: Any) -> bool:
+    return (
+        isinstance(error, ActorDiedError)
+        and not error.delivered
+        and slot.supervised
+        and slot.gone is None
+    )
+
+
+def _value(outcome: tuple[bool, Any]) -> Any:
+    ok, value = outcome
+    if ok:
+        return value
+    raise value
+
+
+_round_robin = itertools.count()

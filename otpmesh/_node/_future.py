@@ -1,0 +1,186 @@
+"""Future: what a call returns, awaited from any loop or waited for from plain threads.
+
+A Future is lazy, like the coroutine it replaces: nothing is sent until it is awaited or
+``.get()`` is called. Where it is awaited decides where it runs:
+
+- in a trio run (an actor, ``otpmesh.run``): right there, as a plain coroutine would (no task,
+  no thread: the hot path);
+- in an asyncio actor's code: carried to its process's trio run (``_aioloop.bridge``);
+- in any other asyncio loop (``asyncio.run``, a notebook): in the background run
+  (``_daemon``), its result back through an asyncio future.
+
+``.get()`` blocks the calling thread instead: from a script, a notebook cell, or a worker thread
+of a trio run (an ``@endpoint(blocking=True)``), which reaches its run with
+``trio.from_thread.run``. From a trio run's own thread it refuses at once: blocking there would
+stop the very loop the answer needs.
+
+One Future, one result (as Monarch's): once it has ended, awaiting it again or calling ``.get()``
+returns the same value or raises the same error, and nothing is sent again. A Future that was
+cancelled before it ended may be awaited again (it is sent again).
+
+It is a ``collections.abc.Coroutine`` too, so ``nursery.start_soon(mesh.ep.call, x)`` and
+``asyncio.create_task(mesh.ep.call(x))`` take it as they take a coroutine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from functools import partial
+from typing import Any, TypeVar
+
+import trio
+
+from .._core._errors import CallTimeoutError, MeshError
+from ._aioloop import bridge
+from ._daemon import daemon
+
+T = TypeVar("T")
+
+#: What `.get()` from a trio thread says.
+GET_IN_TRIO = (
+    "Future.get() blocks its thread, and this thread runs a trio loop (an actor, or "
+    "otpmesh.run): the reply could never arrive. Use 'await', or mark the endpoint "
+    "@endpoint(blocking=True) so it runs in a worker thread where .get() may block"
+)
+
+
+class Future(Coroutine[Any, Any, T]):
+    """A call's result to come: ``await fut`` (trio, asyncio) or ``fut.get(timeout=None)`` (a
+    blocking wait, for scripts, notebooks and blocking endpoints)."""
+
+    __slots__ = ("_busy", "_it", "_outcome", "_start")
+
+    def __init__(self, start: Callable[[float | None], Awaitable[T]]) -> None:
+        # start(timeout) makes the coroutine that does the work; timeout None: its own default.
+        self._start = start
+        self._outcome: tuple[bool, Any] | None = None
+        self._busy = False
+        self._it: Generator[Any, Any, T] | None = None
+
+    # ------------------------------------------------------------ await
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        if self._outcome is None:
+            self._claim()
+            try:
+                if trio.lowlevel.in_trio_task():
+                    value = yield from self._start(None).__await__()
+                else:
+                    aio = bridge()
+                    if aio is not None:  # an asyncio actor: the call itself runs in its trio run
+                        value = yield from aio.to_trio(self._start, None).__await__()
+                    else:
+                        run = daemon()
+                        value = yield from run.from_asyncio(partial(self._start, None)).__await__()
+            except Exception as exc:
+                self._settle(False, exc)
+            except BaseException:
+                self._busy = False  # cancelled or interrupted: no result; may be awaited again
+                raise
+            else:
+                self._settle(True, value)
+        return self._result()
+
+    # ------------------------------------------------------------ get
+
+    def get(self, timeout: float | None = None) -> T:
+        """Wait for the result, blocking this thread; `timeout` (seconds) raises
+        CallTimeoutError as ``with_timeout`` does. Not from a trio run's own thread (use await)."""
+        if self._outcome is None:
+            if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+                raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+            if trio.lowlevel.in_trio_run():
+                raise MeshError(GET_IN_TRIO)
+            if bridge() is not None:
+                raise MeshError(
+                    "Future.get() would block this asyncio actor's event loop: use 'await', "
+                    "or mark the endpoint @endpoint(blocking=True)"
+                )
+            self._claim()
+            try:
+                if _in_trio_worker_thread():
+                    value = trio.from_thread.run(self._start, timeout)
+                else:
+                    value = daemon().call(partial(self._start, timeout))
+            except Exception as exc:
+                self._settle(False, exc)
+            except BaseException:
+                self._busy = False
+                raise
+            else:
+                self._settle(True, value)
+        return self._result()
+
+    def done(self) -> bool:
+        """Whether it has ended (awaiting it or ``get()`` then returns at once)."""
+        return self._outcome is not None
+
+    # ------------------------------------------------------------ the Coroutine protocol
+
+    def send(self, value: Any) -> Any:
+        if self._it is None:
+            self._it = self.__await__()
+        return self._it.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._it is None:
+            self._it = self.__await__()
+        if val is None and tb is None:
+            return self._it.throw(typ)
+        return self._it.throw(typ, val, tb)  # pragma: no cover - the old three-argument form
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+
+    # ------------------------------------------------------------ its one result
+
+    def _claim(self) -> None:
+        if self._busy:
+            raise MeshError(
+                "this Future is being awaited already: await it in one place and share the "
+                "value (awaiting it again after it ends returns the same result)"
+            )
+        self._busy = True
+
+    def _settle(self, ok: bool, value: Any) -> None:
+        self._outcome = (ok, value)
+        self._busy = False
+        self._it = None
+
+    def _result(self) -> T:
+        assert self._outcome is not None  # settled before it is read
+        ok, value = self._outcome
+        if ok:
+            result: T = value
+            return result
+        raise value
+
+    def __repr__(self) -> str:
+        state = "done" if self._outcome is not None else "running" if self._busy else "not sent"
+        return f"<otpmesh.Future {state}: {self._start!r}>"
+
+
+def _in_trio_worker_thread() -> bool:
+    """Whether this thread was started by a trio run (``trio.to_thread``), which it can reach."""
+    try:
+        trio.from_thread.check_cancelled()
+    except RuntimeError:
+        return False
+    return True
+
+
+def later(label: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> Future[T]:
+    """A Future that awaits ``fn(*args, **kwargs)``; a ``get(timeout)`` past its time raises
+    CallTimeoutError naming `label`."""
+    return Future(partial(_within, label, fn, args, kwargs))
+
+
+async def _within(
+    label: str, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any, timeout: float | None
+) -> T:
+    if timeout is None:
+        return await fn(*args, **kwargs)
+    with trio.move_on_after(timeout):
+        return await fn(*args, **kwargs)
+    raise CallTimeoutError([label], getattr(fn, "__name__", repr(fn)), timeout)
