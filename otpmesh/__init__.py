@@ -71,7 +71,9 @@ from ._hosts._cluster import cluster as cluster
 from ._node._failure import MeshFailure as MeshFailure
 from ._node._mesh import ActorMesh as ActorMesh
 from ._node._mesh import ActorRef as ActorRef
+from ._node._future import Future as Future
 from ._node._mesh import Endpoint as Endpoint
+from ._node._mesh import Reduction as Reduction
 from ._node._mesh import ValueMesh as ValueMesh
 from ._node._retry import retry as retry
 from ._runtime._pgmember import GroupInfo as GroupInfo

@@ -121,3 +121,12 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
         "child_exited       rl/service #1  (crashed with SupervisorError"
     )
     assert "child_started      rl/service #2" in escalation
+
+
+def test_sync_script_calls_with_get_reduces_and_runs_a_tree_without_an_event_loop() -> None:
+    out = _run("sync_script.py")
+    assert "incr on all: ValueMesh({'procs': 2}, [11, 11])" in out
+    assert "incr on one: 16" in out and "sum of all:  29" in out
+    assert "tree counter: 2" in out
+    pids = [int(p) for p in out.split("pids:")[1].split()[:2] + [out.split("tree pid:")[1]]]
+    assert len(set(pids)) == 3

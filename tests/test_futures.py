@@ -1,0 +1,99 @@
+"""otpmesh.Future: what calls return, awaited in trio or an asyncio actor, or ``.get()`` from a
+thread that may block; one Future, one result."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import otpmesh
+from tests.actors import Echo
+from tests.aio_actors import Rollout
+from tests.conftest import run_trio
+
+
+@pytest.mark.timeout(60)
+def test_a_future_is_lazy_awaited_in_trio_and_keeps_its_one_result() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=2) as procs:
+            mesh = await procs.spawn("w", Echo)
+            record = mesh[0].record(1)
+            assert isinstance(record, otpmesh.Future) and not record.done()
+            assert await mesh[0].history() == []  # not awaited: nothing was sent
+            await record
+            await record  # its result again: not sent twice
+            assert record.done() and await mesh[0].history() == [1]
+            failing = mesh[1].fail("once")
+            with pytest.raises(otpmesh.ActorError, match="once") as first:
+                await failing
+            with pytest.raises(otpmesh.ActorError) as again:
+                await failing
+            assert again.value is first.value
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_future_runs_as_a_task_and_refuses_a_second_await_while_in_flight() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            mesh = await procs.spawn("w", Echo)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mesh.record.call, "from a task")  # a Coroutine to trio
+            assert await mesh[0].history() == ["from a task"]
+            slow = mesh[0].sleep(30)
+
+            async def first() -> None:
+                await slow
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                await trio.testing.wait_all_tasks_blocked()  # in flight from now on
+                with pytest.raises(otpmesh.MeshError, match="being awaited already"):
+                    await slow
+                nursery.cancel_scope.cancel()
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_get_in_a_trio_thread_refuses_with_the_fix_and_nothing_is_sent() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            mesh = await procs.spawn("w", Echo)
+            with pytest.raises(
+                otpmesh.MeshError,
+                match=r"Use 'await', or mark the endpoint @endpoint\(blocking=True\)",
+            ):
+                mesh[0].record("blocked").get()
+            assert await mesh[0].history() == []
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_get_from_a_worker_thread_of_the_run_reaches_the_run() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=2) as procs:
+            mesh = await procs.spawn("w", Echo)
+            values = await trio.to_thread.run_sync(lambda: mesh.echo("t").get())
+            assert values.values() == ["t", "t"]
+
+            def late() -> None:
+                mesh[1].sleep(30).get(timeout=0.5)
+
+            with pytest.raises(otpmesh.CallTimeoutError, match=r"'sleep' on w/1 timed out"):
+                await trio.to_thread.run_sync(late)
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_an_asyncio_actor_awaits_a_future_through_its_trio_run() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=2) as procs:
+            rollouts = await procs.spawn("r", Rollout)
+            assert await rollouts[0].ask(rollouts[1], "hi") == "HI"
+
+    run_trio(body)

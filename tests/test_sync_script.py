@@ -1,0 +1,84 @@
+"""Programs without an event loop (``.get()``) or with asyncio's own (``asyncio.run``): otpmesh
+runs them in its background run, and at exit no worker is left running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import alive
+
+ROOT = Path(__file__).parent.parent
+
+ACTOR = """\
+import asyncio, os
+import otpmesh
+
+class Counter(otpmesh.Actor):
+    def __init__(self, start):
+        self.count = start
+
+    @otpmesh.endpoint
+    async def value(self):
+        self.count += 1
+        return self.count, os.getpid()
+"""
+
+SYNC = (
+    ACTOR
+    + """
+procs = otpmesh.proc_mesh(procs=2).get()
+mesh = procs.spawn("c", Counter, 0).get()
+print("values", [v for v, _ in mesh.value.call().get()])
+print("one", mesh[1].value.call_one().get()[0])
+print("pids", *[p for _, p in mesh.value.call().get()])
+"""  # exits without stopping anything: the background run stops it in order
+)
+
+ASYNCIO = (
+    ACTOR
+    + """
+async def main():
+    procs = await otpmesh.proc_mesh(procs=2)
+    mesh = await procs.spawn("c", Counter, 10)
+    task = asyncio.create_task(mesh[0].value.call_one())  # a Future is a coroutine to asyncio
+    print("values", [v for v, _ in await mesh.value.call()], (await task)[0] > 10)
+    print("pids", *[p for _, p in await mesh.value.call()])
+    await procs.stop()
+
+asyncio.run(main())
+"""
+)
+
+
+def _run(program: str) -> dict[str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=100, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines())
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10  # a worker's exit after its controller's is not instant
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_script_uses_get_and_exits_leaving_no_worker() -> None:
+    out = _run(SYNC)
+    assert out["values"] == "[1, 1]" and out["one"] == "2"
+    assert _gone([int(p) for p in out["pids"].split()])
+
+
+@pytest.mark.timeout(120)
+def test_an_asyncio_program_awaits_futures_in_the_background_run() -> None:
+    out = _run(ASYNCIO)
+    assert out["values"] in ("[11, 11] True", "[12, 11] True")  # the task ran after or before
+    assert _gone([int(p) for p in out["pids"].split()])
