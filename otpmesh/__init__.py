@@ -69,9 +69,9 @@ from ._core._supevents import Outcome as Outcome
 from ._hosts._cluster import Cluster as Cluster
 from ._hosts._cluster import cluster as cluster
 from ._node._failure import MeshFailure as MeshFailure
+from ._node._future import Future as Future
 from ._node._mesh import ActorMesh as ActorMesh
 from ._node._mesh import ActorRef as ActorRef
-from ._node._future import Future as Future
 from ._node._mesh import Endpoint as Endpoint
 from ._node._mesh import Reduction as Reduction
 from ._node._mesh import ValueMesh as ValueMesh

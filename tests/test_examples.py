@@ -128,5 +128,5 @@ def test_sync_script_calls_with_get_reduces_and_runs_a_tree_without_an_event_loo
     assert "incr on all: ValueMesh({'procs': 2}, [11, 11])" in out
     assert "incr on one: 16" in out and "sum of all:  29" in out
     assert "tree counter: 2" in out
-    pids = [int(p) for p in out.split("pids:")[1].split()[:2] + [out.split("tree pid:")[1]]]
+    pids = [int(p) for p in [*out.split("pids:")[1].split()[:2], out.split("tree pid:")[1]]]
     assert len(set(pids)) == 3

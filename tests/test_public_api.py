@@ -6,7 +6,8 @@ import otpmesh
 
 EXPECTED = {
     # actors and meshes
-    "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "ProcMesh", "ValueMesh",
+    "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "Future", "ProcMesh", "Reduction",
+    "ValueMesh",
     "context", "endpoint", "proc_mesh", "run", "retry", "progress",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
