@@ -42,6 +42,7 @@ CELLS = [
     'tree = otpmesh.Supervisor("nb", children=[otpmesh.Worker("greeter", Greeter)])\n'
     "app = await otpmesh.start_background(tree)",
     'first = await app.actor("nb/greeter").hello("cell")\nprint("first", first)',
+    'print("got", app.actor("nb/greeter").hello("sync").get()[0])  # a blocking cell',
     "os.kill(first[1], signal.SIGKILL)\n"
     'second = await app.run(otpmesh.retry, app.actor("nb/greeter").hello, "again")\n'
     'print("second", second, second[1] != first[1])',
@@ -66,6 +67,7 @@ def test_a_notebook_defines_an_actor_in_a_cell_survives_a_sigkill_and_stops() ->
     lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     first = ast.literal_eval(lines["first"])
     assert first[0] == "hello cell" and first[2] == "nb/greeter"
+    assert lines["got"] == "hello sync"
     second, moved = lines["second"].rsplit(" ", 1)
     assert ast.literal_eval(second)[0] == "hello again" and moved == "True"
     assert lines["stopped"] == "False"
