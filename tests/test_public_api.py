@@ -31,8 +31,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_sync",
-    "testing",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned",
+    "bench_sync", "testing",
     "chaos", "rdma",
     "launchers",
 }  # fmt: skip
