@@ -16,6 +16,7 @@ from .._core._shape import Shape, select
 from .._core._signature import Endpoints
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Restart, Strategy
 from .._node._ask import ask_controller
+from .._node._future import Future, later
 from .._node._mesh import ActorMesh
 from .._wire import _codec, _payloads
 from .._wire._brief import brief
@@ -77,15 +78,14 @@ class ProcMeshRef:
             "owner": current_path(),
         }
 
-    async def spawn(
+    def spawn(
         self, name: str, actor: type[Actor] | str, *args: Any, **kwargs: Any
-    ) -> ActorMesh:
-        """As ``ProcMesh.spawn``: one `actor` per process, unsupervised."""
+    ) -> Future[ActorMesh]:
+        """As ``ProcMesh.spawn``: one `actor` per process, unsupervised (a Future)."""
         request = dict(self._target(), name=name, cls=_path(actor), args=list(args), kwargs=kwargs)
-        mesh: ActorMesh = await ask_controller("procs_spawn", request)
-        return with_endpoints(mesh, actor)
+        return later(f"spawning {name!r}", _spawned, request, actor)
 
-    async def spawn_supervised(
+    def spawn_supervised(
         self,
         name: str,
         actor: type[Actor] | str,
@@ -96,7 +96,7 @@ class ProcMeshRef:
         restart: Restart = PERMANENT,
         intensity: int = 1,
         period: float = 5.0,
-    ) -> ActorMesh:
+    ) -> Future[ActorMesh]:
         """As ``ProcMesh.spawn_supervised``: a supervisor group, run by the controller."""
         request = dict(
             self._target(),
@@ -106,12 +106,12 @@ class ProcMeshRef:
             kwargs=dict(kwargs or {}),
             supervision=[str(strategy), str(restart), intensity, period],
         )
-        mesh: ActorMesh = await ask_controller("procs_spawn", request)
-        return with_endpoints(mesh, actor)
+        return later(f"spawning {name!r}", _spawned, request, actor)
 
-    async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> Future[None]:
         """Stop these processes (their actors' ``on_stop`` first), as ``ProcMesh.stop``."""
-        await ask_controller("procs_stop", dict(self._target(), timeout=float(timeout)))
+        request = dict(self._target(), timeout=float(timeout))
+        return later(f"stopping {self!r}", ask_controller, "procs_stop", request)
 
     async def __aenter__(self) -> ProcMeshRef:
         return self
@@ -121,6 +121,11 @@ class ProcMeshRef:
 
     def __repr__(self) -> str:
         return f"ProcMeshRef({self._id!r}, {self._shape})"
+
+
+async def _spawned(request: dict[str, Any], actor: type[Actor] | str) -> ActorMesh:
+    mesh: ActorMesh = await ask_controller("procs_spawn", request)
+    return with_endpoints(mesh, actor)
 
 
 def _path(actor: type[Actor] | str) -> str:
