@@ -16,13 +16,19 @@ from tests.conftest import alive
 ROOT = Path(__file__).parent.parent
 
 ACTOR = """\
-import asyncio, os
+import asyncio, os, sys
 import trio
 import otpmesh
 
 class Counter(otpmesh.Actor):
-    def __init__(self, start):
+    def __init__(self, start, note=None):
         self.count = start
+        self.note = note
+
+    async def on_stop(self, reason):
+        if self.note is not None:
+            with open(self.note, "a") as f:
+                f.write(f"{otpmesh.context().path} stopped\\n")
 
     @otpmesh.endpoint
     async def value(self):
@@ -38,7 +44,7 @@ SYNC = (
     ACTOR
     + """
 procs = otpmesh.proc_mesh(procs=2).get()
-mesh = procs.spawn("c", Counter, 0).get()
+mesh = procs.spawn("c", Counter, 0, note=sys.argv[1]).get()
 print("values", [v for v, _ in mesh.value.call().get()])
 print("one", mesh[1].value.call_one().get()[0])
 try:
@@ -69,9 +75,13 @@ asyncio.run(main())
 )
 
 
-def _run(program: str) -> dict[str, str]:
+def _run(program: str, *args: str) -> dict[str, str]:
     done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=100, cwd=ROOT
+        [sys.executable, "-c", program, *args],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     return dict(line.split(" ", 1) for line in done.stdout.splitlines())
@@ -85,11 +95,15 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_a_sync_script_uses_get_and_exits_leaving_no_worker() -> None:
-    out = _run(SYNC)
+def test_a_sync_script_uses_get_and_at_exit_stops_its_actors_and_leaves_no_worker(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "stopped.txt"
+    out = _run(SYNC, str(notes))
     assert out["values"] == "[1, 1]" and out["one"] == "2"
     assert out["timeout"] == "call to 'nap' on c/0 timed out after 0.5 s"
     assert _gone([int(p) for p in out["pids"].split()])
+    assert sorted(notes.read_text().splitlines()) == ["c/0 stopped", "c/1 stopped"]
 
 
 @pytest.mark.timeout(120)

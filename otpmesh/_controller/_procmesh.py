@@ -15,6 +15,7 @@ from .._core._exits import ActorCrash, describe
 from .._core._shape import Shape, all_coords, check_shape, select
 from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
 from .._node._ask import ask_controller
+from .._node._daemon import current as current_daemon
 from .._node._future import Future, later
 from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime import _run
@@ -318,13 +319,16 @@ class ProcMesh:
     def stopped(self) -> bool:
         return self._stopping.is_set()
 
+    async def stop_unless_stopped(self, timeout: float = STOP_TIMEOUT) -> None:
+        if not self.stopped:
+            await self._stop(timeout)
+
     async def __aenter__(self) -> ProcMesh:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         with trio.CancelScope(shield=True):
-            if not self.stopped:
-                await self.stop()
+            await self.stop_unless_stopped()
 
     def __repr__(self) -> str:
         return f"ProcMesh({self._shape})"
@@ -347,7 +351,11 @@ async def _proc_mesh(checked: Shape) -> ProcMesh | ProcMeshRef:
         found: ProcMeshRef = await ask_controller("procs_start", {"shape": checked, "owner": owner})
         return found
     rt = await runtime()
-    return await start_procs(rt, checked, owner)
+    procs = await start_procs(rt, checked, owner)
+    background = current_daemon()
+    if background is not None:  # a sync script's: stopped in order at exit if it did not
+        background.at_stop(procs.stop_unless_stopped)
+    return procs
 
 
 async def start_procs(rt: Runtime, shape: Shape, owner: str | None) -> ProcMesh:

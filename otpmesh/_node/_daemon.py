@@ -60,6 +60,7 @@ class DaemonRun:
         self._calls: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._hosted: list[Hosted[Any]] = []
+        self._at_stop: list[Callable[[], Awaitable[object]]] = []
         self.pid = os.getpid()
         # A daemon thread: interpreter exit does not wait for it before atexit runs, and
         # stop_at_exit (registered with atexit) stops it in order.
@@ -84,6 +85,8 @@ class DaemonRun:
             await self._stop.wait()
             for hosted in reversed(list(self._hosted)):
                 await self._stop_hosted(hosted)
+            for stop in reversed(self._at_stop):
+                await stop()
             calls.cancel_scope.cancel()
 
     # ------------------------------------------------------------ from other threads
@@ -160,10 +163,14 @@ class DaemonRun:
 
         scope = self.start(afn, settle)
         try:
-            return box.result()
+            either: list[concurrent.futures.Future[Any]] = [box, self.done]
+            concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
         except KeyboardInterrupt:
             self._cancel(scope)
             raise
+        if not box.done():  # the run ended under it (the interpreter is exiting)
+            raise self.stopped_error()
+        return box.result()
 
     async def from_asyncio(self, afn: Callable[[], Awaitable[T]]) -> T:
         """``await afn()`` in the background run, from an asyncio loop of another thread;
@@ -192,6 +199,11 @@ class DaemonRun:
             pass  # ended already: nothing left to cancel
 
     # ------------------------------------------------------------ hosted blocks (apps)
+
+    def at_stop(self, stop: Callable[[], Awaitable[object]]) -> None:
+        """In the background run: ``await stop()`` when the run stops, after its hosted blocks,
+        newest first (a sync script's proc meshes: their actors' ``on_stop`` runs)."""
+        self._at_stop.append(stop)
 
     async def open(self, hosted: Hosted[T]) -> T:
         """In the background run: open `hosted` there and keep it open until
@@ -258,6 +270,14 @@ class DaemonRun:
 
 _lock = threading.Lock()
 _daemon: DaemonRun | None = None
+
+
+def current() -> DaemonRun | None:
+    """The background run, if the calling code runs in it."""
+    run = _daemon
+    if run is None or run.token is None or not trio.lowlevel.in_trio_run():
+        return None
+    return run if trio.lowlevel.current_trio_token() is run.token else None
 
 
 def daemon() -> DaemonRun:
