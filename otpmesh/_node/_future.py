@@ -44,41 +44,48 @@ GET_IN_TRIO = (
 )
 
 
+# A Future's states: not sent yet, in flight, ended with a value, ended with an error.
+_NEW, _BUSY, _OK, _ERROR = range(4)
+
+
 class Future(Coroutine[Any, Any, T]):
     """A call's result to come: ``await fut`` (trio, asyncio) or ``fut.get(timeout=None)`` (a
     blocking wait, for scripts, notebooks and blocking endpoints)."""
 
-    __slots__ = ("_busy", "_it", "_outcome", "_start")
+    # Few objects per call: the pipelined hot path keeps thousands alive at once, and every
+    # one of them is traversed by the garbage collector while it lives.
+    __slots__ = ("_args", "_it", "_start", "_state", "_value")
 
-    def __init__(self, start: Callable[[float | None], Awaitable[T]]) -> None:
-        # start(timeout) makes the coroutine that does the work; timeout None: its own default.
+    def __init__(self, start: Callable[..., Awaitable[T]], *args: Any) -> None:
+        # start(*args, timeout) makes the coroutine that does the work; timeout None: its own.
         self._start = start
-        self._outcome: tuple[bool, Any] | None = None
-        self._busy = False
-        self._it: Generator[Any, Any, T] | None = None
+        self._args = args
+        self._state = _NEW
+        self._value: Any = None
+        self._it: Generator[Any, Any, T] | None = None  # only when driven by send()
 
     # ------------------------------------------------------------ await
 
     def __await__(self) -> Generator[Any, Any, T]:
-        if self._outcome is None:
+        if self._state < _OK:
             self._claim()
             try:
                 if trio.lowlevel.in_trio_task():
-                    value = yield from self._start(None).__await__()
+                    value = yield from self._start(*self._args, None).__await__()
                 else:
                     aio = bridge()
                     if aio is not None:  # an asyncio actor: the call itself runs in its trio run
-                        value = yield from aio.to_trio(self._start, None).__await__()
+                        value = yield from aio.to_trio(self._start, *self._args, None).__await__()
                     else:
-                        run = daemon()
-                        value = yield from run.from_asyncio(partial(self._start, None)).__await__()
+                        run = daemon().from_asyncio(partial(self._start, *self._args, None))
+                        value = yield from run.__await__()
             except Exception as exc:
-                self._settle(False, exc)
+                self._settle(_ERROR, exc)
             except BaseException:
-                self._busy = False  # cancelled or interrupted: no result; may be awaited again
+                self._state = _NEW  # cancelled or interrupted: no result; may be awaited again
                 raise
             else:
-                self._settle(True, value)
+                self._settle(_OK, value)
         return self._result()
 
     # ------------------------------------------------------------ get
@@ -86,7 +93,7 @@ class Future(Coroutine[Any, Any, T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the result, blocking this thread; `timeout` (seconds) raises
         CallTimeoutError as ``with_timeout`` does. Not from a trio run's own thread (use await)."""
-        if self._outcome is None:
+        if self._state < _OK:
             if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
                 raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
             if trio.lowlevel.in_trio_run():
@@ -99,24 +106,25 @@ class Future(Coroutine[Any, Any, T]):
             self._claim()
             try:
                 if _in_trio_worker_thread():
-                    value = trio.from_thread.run(self._start, timeout)
+                    value = trio.from_thread.run(partial(self._start, *self._args, timeout))
                 else:
-                    value = daemon().call(partial(self._start, timeout))
+                    value = daemon().call(partial(self._start, *self._args, timeout))
             except Exception as exc:
-                self._settle(False, exc)
+                self._settle(_ERROR, exc)
             except BaseException:
-                self._busy = False
+                self._state = _NEW
                 raise
             else:
-                self._settle(True, value)
+                self._settle(_OK, value)
         return self._result()
 
     def done(self) -> bool:
         """Whether it has ended (awaiting it or ``get()`` then returns at once)."""
-        return self._outcome is not None
+        return self._state >= _OK
 
     # ------------------------------------------------------------ the Coroutine protocol
 
+    # asyncio.create_task drives it with send/throw (trio awaits it from a coroutine of its own).
     def send(self, value: Any) -> Any:
         if self._it is None:
             self._it = self.__await__()
@@ -136,29 +144,26 @@ class Future(Coroutine[Any, Any, T]):
     # ------------------------------------------------------------ its one result
 
     def _claim(self) -> None:
-        if self._busy:
+        if self._state == _BUSY:
             raise MeshError(
                 "this Future is being awaited already: await it in one place and share the "
                 "value (awaiting it again after it ends returns the same result)"
             )
-        self._busy = True
+        self._state = _BUSY
 
-    def _settle(self, ok: bool, value: Any) -> None:
-        self._outcome = (ok, value)
-        self._busy = False
-        self._it = None
+    def _settle(self, state: int, value: Any) -> None:
+        self._state, self._value, self._it = state, value, None
 
     def _result(self) -> T:
-        assert self._outcome is not None  # settled before it is read
-        ok, value = self._outcome
-        if ok:
-            result: T = value
+        if self._state == _OK:
+            result: T = self._value
             return result
-        raise value
+        raise self._value
 
     def __repr__(self) -> str:
-        state = "done" if self._outcome is not None else "running" if self._busy else "not sent"
-        return f"<otpmesh.Future {state}: {self._start!r}>"
+        state = ("not sent", "running", "done", "failed")[self._state]
+        name = getattr(self._start, "__qualname__", self._start)
+        return f"<otpmesh.Future {state}: {name}>"
 
 
 def _in_trio_worker_thread() -> bool:
@@ -173,7 +178,7 @@ def _in_trio_worker_thread() -> bool:
 def later(label: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> Future[T]:
     """A Future that awaits ``fn(*args, **kwargs)``; a ``get(timeout)`` past its time raises
     CallTimeoutError naming `label`."""
-    return Future(partial(_within, label, fn, args, kwargs))
+    return Future(_within, label, fn, args, kwargs)
 
 
 async def _within(
