@@ -361,3 +361,16 @@ class Waiter(otpmesh.Actor):
     @otpmesh.endpoint
     def ping(self) -> str:
         return "pong"
+
+
+class Asker(otpmesh.Actor):
+    """Calls another actor with ``.get()`` from a worker thread of its trio run (what an
+    ``@endpoint(blocking=True)`` does), for tests/test_futures.py."""
+
+    @otpmesh.endpoint
+    async def echo(self, x: Any) -> Any:
+        return x
+
+    @otpmesh.endpoint
+    async def ask_in_thread(self, peer: Any, x: Any) -> Any:
+        return await trio.to_thread.run_sync(lambda: peer.echo(x).get())

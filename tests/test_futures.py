@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 import otpmesh
-from tests.actors import Echo
+from tests.actors import Asker, Echo
 from tests.aio_actors import Rollout
 from tests.conftest import run_trio
 
@@ -95,5 +95,17 @@ def test_an_asyncio_actor_awaits_a_future_through_its_trio_run() -> None:
         async with await otpmesh.proc_mesh(procs=2) as procs:
             rollouts = await procs.spawn("r", Rollout)
             assert await rollouts[0].ask(rollouts[1], "hi") == "HI"
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_get_in_an_actors_worker_thread_calls_out_and_still_refuses_a_call_cycle() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=2) as procs:
+            askers = await procs.spawn("a", Asker)
+            assert await askers[0].ask_in_thread(askers[1], "x") == "x"
+            with pytest.raises(otpmesh.ActorError, match="DeadlockError: call cycle a/0 -> a/0"):
+                await askers[0].ask_in_thread(askers[0], "me")
 
     run_trio(body)
