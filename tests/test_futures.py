@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 import otpmesh
+from otpmesh._node._future import later
 from tests.actors import Asker, Echo
 from tests.aio_actors import Rollout
 from tests.conftest import run_trio
@@ -107,5 +108,19 @@ def test_get_in_an_actors_worker_thread_calls_out_and_still_refuses_a_call_cycle
             assert await askers[0].ask_in_thread(askers[1], "x") == "x"
             with pytest.raises(otpmesh.ActorError, match="DeadlockError: call cycle a/0 -> a/0"):
                 await askers[0].ask_in_thread(askers[0], "me")
+
+    run_trio(body)
+
+
+def test_a_future_that_is_not_a_call_times_out_saying_what_it_was() -> None:
+    async def body() -> None:
+        waiting = later("waiting for the test", trio.sleep, 30)
+        with pytest.raises(otpmesh.CallTimeoutError, match=r"^waiting for the test timed out"):
+            await trio.to_thread.run_sync(lambda: waiting.get(timeout=0.05))
+        # A call that timed out has ended: its one result is that error (only a cancelled
+        # wait leaves a Future to be awaited again).
+        assert waiting.done()
+        with pytest.raises(otpmesh.CallTimeoutError):
+            await waiting
 
     run_trio(body)

@@ -342,7 +342,11 @@ def proc_mesh(**shape: int) -> Future[ProcMesh | ProcMeshRef]:
     Inside an actor (in any process of the app) the controller starts them for that actor,
     which owns them: they are stopped when it exits. The result is then a ``ProcMeshRef``."""
     checked = check_shape(shape)
-    return later("proc_mesh", _proc_mesh, checked)
+    return later(f"otpmesh.proc_mesh({_shape_words(checked)})", _proc_mesh, checked)
+
+
+def _shape_words(shape: Shape) -> str:
+    return ", ".join(f"{name}={size}" for name, size in shape.items())
 
 
 async def _proc_mesh(checked: Shape) -> ProcMesh | ProcMeshRef:

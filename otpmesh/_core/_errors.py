@@ -59,6 +59,9 @@ class CallTimeoutError(OtpmeshError, TimeoutError):
         self.endpoint = endpoint
         self.timeout = timeout
         shown = ", ".join(actors[:8]) + (f" and {len(actors) - 8} more" if len(actors) > 8 else "")
+        if not actors:  # not a call of actors (a spawn, a stop): `endpoint` says what it was
+            super().__init__(f"{endpoint} timed out after {timeout:g} s")
+            return
         super().__init__(f"call to {endpoint!r} on {shown} timed out after {timeout:g} s")
 
 

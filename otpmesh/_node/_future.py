@@ -175,7 +175,7 @@ def _in_trio_worker_thread() -> bool:
     return True
 
 
-def later(label: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> Future[T]:
+def later(label: str, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Future[T]:
     """A Future that awaits ``fn(*args, **kwargs)``; a ``get(timeout)`` past its time raises
     CallTimeoutError naming `label`."""
     return Future(_within, label, fn, args, kwargs)
@@ -188,4 +188,4 @@ async def _within(
         return await fn(*args, **kwargs)
     with trio.move_on_after(timeout):
         return await fn(*args, **kwargs)
-    raise CallTimeoutError([label], getattr(fn, "__name__", repr(fn)), timeout)
+    raise CallTimeoutError([], label, timeout)
