@@ -93,7 +93,7 @@ class Endpoint:
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
         """Call every actor; their values by coordinates. Raises the first error by rank."""
         self._bind(args, kwargs)
-        return Future(self._begin, Endpoint._call, args, kwargs)
+        return Future(Endpoint._begin, self, Endpoint._call, args, kwargs)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the one actor of a single-actor mesh or ref; its value."""
@@ -103,17 +103,17 @@ class Endpoint:
                 f"call_one on {self._owner.name} of {len(self._owner.slots)} actors: index one "
                 f"actor (mesh[i].{self._name}.call_one(...)) or use .call(...) for all of them"
             )
-        return Future(self._begin, Endpoint._call_one, args, kwargs)
+        return Future(Endpoint._begin, self, Endpoint._call_one, args, kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call exactly one actor, the one with the fewest calls in flight from this process."""
         self._bind(args, kwargs)
-        return Future(self._begin, Endpoint._choose, args, kwargs)
+        return Future(Endpoint._begin, self, Endpoint._choose, args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> Future[None]:
         """Send to every actor without waiting for results (FIFO with later calls from here)."""
         self._bind(args, kwargs)
-        return Future(self._begin, Endpoint._broadcast, args, kwargs)
+        return Future(Endpoint._begin, self, Endpoint._broadcast, args, kwargs)
 
     def reduce(self, combine: Callable[[R, Any], R], initial: R) -> Reduction[R]:
         """A reduction of this endpoint's replies on the caller's side, as they arrive:
@@ -269,7 +269,7 @@ class Reduction(Generic[R]):
         endpoint = self._endpoint
         endpoint._bind(args, kwargs)
         method = partial(_reduce_with, self._combine, self._initial)  # once per reduction
-        return Future(endpoint._begin, method, args, kwargs)
+        return Future(Endpoint._begin, endpoint, method, args, kwargs)
 
     def with_timeout(self, seconds: float | None) -> Reduction[R]:
         return Reduction(self._endpoint.with_timeout(seconds), self._combine, self._initial)
