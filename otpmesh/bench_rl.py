@@ -148,6 +148,7 @@ async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
                 )
                 learner.pop("began")
                 result["learner_sigkill_mid_update"] = learner
+                result["rollout_sigkill_idle"] = await _killed_idle(app, ROLLOUT)
     result["load_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
     return result
 
@@ -184,6 +185,31 @@ async def _before_update(app: otpmesh.App, iteration: int, started: float) -> fl
     return began - started
 
 
+async def _killed_idle(app: otpmesh.App, path: str) -> dict[str, float]:
+    """SIGKILL the actor at `path` while the job is idle (between iterations: nothing else
+    competes for the cores); where its restart's time went."""
+    killed_at = time.time()
+    await chaos.kill(app, path)
+    await app.settled()
+    return _restart(killed_at, (await app.actor(path).clocks())["born"])
+
+
+def _restart(killed_at: float, born: dict[str, float]) -> dict[str, float]:
+    """Where a restart's time went, from an incarnation's birth times (``timed.Clock``)."""
+    figures = {
+        # Negative: the process was forked before the kill (a spare, or at the tree's start),
+        # and the module imported before it too.
+        "kill_to_process_start_s": born["process"] - killed_at,
+        "kill_to_module_imported_s": born["imported"] - killed_at,
+        "kill_to_constructor_s": born["init"] - killed_at,
+        "constructor_and_on_start_s": born["ready"] - born["init"],
+        "kill_to_ready_s": born["ready"] - killed_at,
+    }
+    if "first_reply" in born:
+        figures["kill_to_first_reply_s"] = born["first_reply"] - killed_at
+    return figures
+
+
 async def _killed(
     app: otpmesh.App, train: Any, iteration: int, path: str, held: Path, typical: float
 ) -> dict[str, float]:
@@ -207,21 +233,12 @@ async def _killed(
         await train.run_iteration(app, iteration)
         took = time.perf_counter() - began
     born = (await victim.clocks())["born"]
-    figures = {
+    return {
         "began": started_at,
         "iteration_s": took,
         "extra_s": took - typical,
-        # Negative: the process was forked before the kill (a spare, or at the tree's start),
-        # and the module imported before it too.
-        "kill_to_process_start_s": born["process"] - killed_at,
-        "kill_to_module_imported_s": born["imported"] - killed_at,
-        "kill_to_constructor_s": born["init"] - killed_at,
-        "constructor_and_on_start_s": born["ready"] - born["init"],
-        "kill_to_ready_s": born["ready"] - killed_at,
+        **_restart(killed_at, born),
     }
-    if "first_reply" in born:
-        figures["kill_to_first_reply_s"] = born["first_reply"] - killed_at
-    return figures
 
 
 async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict[str, Any]:
@@ -269,6 +286,7 @@ def table(result: dict[str, Any]) -> Any:
     for key, label in (
         ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
         ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
+        ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
     ):
         row(f"{label}: extra", lambda v, k=key: v[k]["extra_s"], "{:+.3f} s")
         row(

@@ -49,6 +49,7 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     assert set(RESTART_FIGURES) - {"kill_to_first_reply_s"} | {"iteration_s", "extra_s"} == set(
         learner
     )
+    assert set(RESTART_FIGURES) - {"kill_to_first_reply_s"} == set(toy["rollout_sigkill_idle"])
     # The rollout's lost call went to its next incarnation alone; the learner's iteration was
     # re-run whole, after the new learner restored the checkpoint.
     assert "iteration 2 re-run" not in done.stderr
@@ -75,9 +76,11 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
         "weight_sync_share": 0.1,
         "rollout_sigkill_mid_generate": figures | {"extra_before_update_s": 0.125},
         "learner_sigkill_mid_update": figures,
+        "rollout_sigkill_idle": {f: 0.75 for f in RESTART_FIGURES},
     }
     console = Console(width=120, record=True)
     console.print(table({"machine": {"cpus": 2}, "variants": [variant]}))
     text = console.export_text()
     assert "toy (0.02M params)" in text and "1.00 / 2.00" in text and "+0.125 s" in text
     assert "10.0 %" in text  # the weight sync's share
+    assert "rollout SIGKILLed between iterations: extra" in text and "0.750 s" in text
