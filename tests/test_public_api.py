@@ -30,8 +30,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "testing",
-    "chaos", "rdma",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
+    "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 

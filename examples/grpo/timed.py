@@ -63,7 +63,23 @@ class Clock:
         return {"born": self.born, "phases": {str(k): v for k, v in self.phases.items()}}
 
 
-class TimedRollout(Rollout):
+class Clocked:
+    """What every timed actor adds: ``arm`` its next call to block, and read its clock."""
+
+    clock: Clock
+
+    @otpmesh.endpoint
+    def arm(self, held: str) -> None:
+        self.clock.armed = held
+
+    @otpmesh.endpoint
+    def clocks(self) -> dict[str, Any]:
+        return self.clock.report()
+
+
+class TimedRollout(Clocked, Rollout):
+    """A rollout timing its weight read apart from its sampling; armed, it blocks between."""
+
     def __init__(self, config: dict[str, Any]) -> None:
         began = time.time()
         super().__init__(config)
@@ -85,16 +101,10 @@ class TimedRollout(Rollout):
         self.clock.born.setdefault("first_reply", time.time())
         return batch
 
-    @otpmesh.endpoint
-    def arm(self, held: str) -> None:
-        self.clock.armed = held
 
-    @otpmesh.endpoint
-    def clocks(self) -> dict[str, Any]:
-        return self.clock.report()
+class TimedReward(Clocked, RewardModel):
+    """The reward actor timing its scoring (by call: ``score`` is not told the iteration)."""
 
-
-class TimedReward(RewardModel):
     def __init__(self, config: dict[str, Any]) -> None:
         began = time.time()
         super().__init__(config)
@@ -110,12 +120,10 @@ class TimedReward(RewardModel):
         self.scored += 1
         return rewards
 
-    @otpmesh.endpoint
-    def clocks(self) -> dict[str, Any]:
-        return self.clock.report()
 
+class TimedLearner(Clocked, Learner):
+    """The learner timing its update apart from its checkpoint; armed, it blocks between."""
 
-class TimedLearner(Learner):
     def __init__(self, config: dict[str, Any]) -> None:
         began = time.time()
         super().__init__(config)
@@ -145,11 +153,3 @@ class TimedLearner(Learner):
         started = time.perf_counter()
         super().save()
         self.saving = time.perf_counter() - started
-
-    @otpmesh.endpoint
-    def arm(self, held: str) -> None:
-        self.clock.armed = held
-
-    @otpmesh.endpoint
-    def clocks(self) -> dict[str, Any]:
-        return self.clock.report()
