@@ -83,7 +83,9 @@ def test_lost_member_is_called_again_on_its_next_incarnation_and_the_others_run_
         async with otpmesh.start(_tree(journal)) as app:
             mesh = app.mesh("s/m").with_timeout(60)
             before = [r["pid"] for r in (await mesh.ran()).values()]
-            result = await _call_killing(app, mesh.work.with_retry(lost=1), journal, kills=1)
+            # with_timeout keeps the retry (and with_retry the timeout: the next test).
+            work = mesh.work.with_retry(lost=1).with_timeout(60)
+            result = await _call_killing(app, work, journal, kills=1)
             assert isinstance(result, otpmesh.ValueMesh), result
             values = result.values()
             assert [v["value"] for v in values] == [70 + rank for rank in range(MEMBERS)]
@@ -131,6 +133,19 @@ def test_a_member_lost_more_often_than_allowed_reports_its_last_death(tmp_path: 
                 raise error
             ran = sorted(rank for rank, _ in _journal(journal))
             assert ran == [0, 1, 2, 2, 3]  # sent once more, then given up
+
+    run_trio(body, timeout=80)
+
+
+@pytest.mark.timeout(90)
+def test_with_retry_keeps_the_endpoints_timeout(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+
+    async def body() -> None:
+        async with otpmesh.start(_tree(journal)) as app:
+            victim = app.actor(f"s/m/{VICTIM}")
+            with pytest.raises(otpmesh.CallTimeoutError, match=f"s/m/{VICTIM}"):
+                await victim.work.with_timeout(1.0).with_retry(lost=1)(7)  # blocks for ever
 
     run_trio(body, timeout=80)
 
