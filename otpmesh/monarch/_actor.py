@@ -31,6 +31,12 @@ class Actor(native.Actor, loop="asyncio"):
     when the actor stops (``exc`` is None on a normal stop), ``__supervise__`` for failures
     of the meshes it owns."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:  # its arguments are seen as Monarch objects too
+            cls.__init__ = _monarch_init(init)  # type: ignore[method-assign]
+
     async def on_stop(self, reason: object) -> None:
         cleanup = getattr(self, "__cleanup__", None)
         if cleanup is None:
@@ -39,6 +45,14 @@ class Actor(native.Actor, loop="asyncio"):
         result = cleanup(exc)
         if inspect.isawaitable(result):
             await result
+
+
+def _monarch_init(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *to_monarch(args), **to_monarch(kwargs))
+
+    return __init__
 
 
 def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -124,7 +124,7 @@ class Future(Generic[R]):
                 if not box.done():
                     box.set_result(None)
 
-            self._on_done(lambda: loop.call_soon_threadsafe(wake))
+            self._on_done(lambda: _call_soon(loop, wake))
             await box
         return self._result()
 
@@ -132,6 +132,10 @@ class Future(Generic[R]):
         if not self._done.is_set():
             return "<Future pending>"
         return f"<Future {'error ' + repr(self._error) if self._error else repr(self._value)}>"
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    loop.call_soon_threadsafe(fn)
 
 
 def _soon(token: trio.lowlevel.TrioToken, fn: Callable[[], object]) -> None:

@@ -11,20 +11,24 @@ with Monarch's adverbs too.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
+
+import trio
 
 from .._controller._owned import singleton
 from .._controller._procmesh import ProcMesh as NativeProcMesh
 from .._controller._procmesh import proc_mesh
 from .._controller._procref import ProcMeshRef
+from .._core._actor import Actor as NativeActor
 from .._core._shape import Shape, select
 from .._core._valuemesh import ValueMesh as NativeValueMesh
 from .._node._mesh import ActorMesh as NativeActorMesh
 from .._node._mesh import ActorRef
 from ._future import Future, settled
 from ._values import ValueMesh
-from ._where import start
+from ._where import run_token, start
 
 log = logging.getLogger("otpmesh.monarch")
 
@@ -57,6 +61,14 @@ class ActorMesh(Generic[A]):
     def _of(cls, native: NativeMesh) -> ActorMesh[Any]:
         extent = native.shape if isinstance(native, NativeActorMesh) else {}
         return ActorMesh(settled(native), None, extent)
+
+    @classmethod
+    def from_otpmesh(cls, mesh: NativeMesh) -> ActorMesh[Any]:
+        """Monarch's view of an otpmesh mesh or actor: e.g. a declared tree's
+        (``app.mesh("rl/rollouts")``), whose actors its supervisor restarts."""
+        if not isinstance(mesh, NativeActorMesh | ActorRef):
+            raise TypeError(f"from_otpmesh needs an otpmesh ActorMesh or ActorRef, not {mesh!r}")
+        return cls._of(mesh)
 
     async def _resolved(self) -> NativeMesh:
         return await self._native
@@ -234,14 +246,18 @@ class ProcMesh:
         calls made before the actors are up wait for them."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, actor_class, ...): name must be a string, not {name!r}")
-        if not isinstance(actor, type):
-            raise TypeError(f"spawn({name!r}, actor_class, ...): {actor!r} is not a class")
+        if not isinstance(actor, type) or not issubclass(actor, NativeActor):
+            raise TypeError(
+                f"spawn({name!r}, actor_class, ...): {actor!r} is not an Actor class "
+                "(subclass otpmesh.monarch.Actor)"
+            )
+        cls: type[NativeActor] = actor
 
         async def spawn(ready: Ready) -> NativeMesh:
             procs = await self._native
             a, k = await to_native(args), await to_native(kwargs)
             ready()
-            mesh: NativeMesh = await procs.spawn(name, actor, *a, **k)
+            mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
             return mesh
 
         return ActorMesh(start(spawn), actor, self._extent)
@@ -315,7 +331,10 @@ class HostMesh:
 
 
 _this_host = HostMesh()
-_this_proc: ProcMesh | None = None
+#: this_proc()'s mesh, per trio run (a test's run, the client runtime, a worker's).
+_this_procs: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, ProcMesh] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def this_host() -> HostMesh:
@@ -326,10 +345,11 @@ def this_host() -> HostMesh:
 def this_proc() -> ProcMesh:
     """A one-process mesh to spawn actors on. Unlike Monarch, not this very process: otpmesh
     runs actors in processes of their own, so it is one process started on first use."""
-    global _this_proc
-    if _this_proc is None:
-        _this_proc = this_host().spawn_procs()
-    return _this_proc
+    token = run_token()
+    procs = _this_procs.get(token)
+    if procs is None:
+        procs = _this_procs[token] = this_host().spawn_procs()
+    return procs
 
 
 def get_or_spawn_controller(name: str, actor: type[A], *args: Any, **kwargs: Any) -> Future[Any]:

@@ -80,14 +80,7 @@ def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
         future: Future[T] = Future(run.thread)
         _spawn(run, future, fn, args, context)
         return future
-    aio = bridge()
-    if aio is not None:
-        token = aio.token
-    else:
-        try:  # a worker thread of a trio run
-            token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
-        except RuntimeError:
-            token = client().token
+    token = run_token()
     box: list[Future[T]] = []
     ready = threading.Event()
 
@@ -103,6 +96,19 @@ def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
         raise AppStoppedError("otpmesh's runtime in this process has stopped") from None
     ready.wait()
     return box[0]
+
+
+def run_token() -> trio.lowlevel.TrioToken:
+    """The trio run that operations asked for here run in (see the module's docstring)."""
+    if _in_trio():
+        return trio.lowlevel.current_trio_token()
+    aio = bridge()
+    if aio is not None:
+        return aio.token
+    try:  # a worker thread of a trio run
+        return trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
+    except RuntimeError:
+        return client().token
 
 
 def _spawn(

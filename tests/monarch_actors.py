@@ -1,0 +1,96 @@
+"""Monarch-style actors for tests/test_monarch.py, written as a Monarch user writes them (only
+the import changed). Importable by worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from otpmesh.monarch import Actor, ActorMesh, context, current_rank, current_size, endpoint
+
+
+class Counter(Actor):
+    def __init__(self, initial: int) -> None:
+        self.value = initial
+        self.seen: list[int] = []
+
+    @endpoint
+    def incr(self) -> None:
+        self.value += 1
+
+    @endpoint
+    def record(self, i: int) -> None:
+        self.seen.append(i)
+
+    @endpoint
+    def recorded(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    def get_value(self) -> int:
+        return self.value
+
+    @endpoint
+    async def where(self) -> dict[str, Any]:
+        await asyncio.sleep(0)  # asyncio code runs in endpoints, as in Monarch
+        rank = current_rank()
+        return {
+            "rank": rank.rank,
+            "coords": dict(rank),
+            "size": dict(current_size()),
+            "id": context().actor_instance.actor_id,
+        }
+
+    @endpoint
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+
+class Caller(Actor):
+    """Calls other actors from plain and async endpoints, Monarch's way."""
+
+    @endpoint
+    def total_of(self, counters: ActorMesh[Counter]) -> int:
+        # A plain def endpoint blocks on .get(): it runs on the actor's asyncio thread.
+        return sum(counters.get_value.call().get().values())
+
+    @endpoint
+    async def total_awaited(self, counters: ActorMesh[Counter]) -> int:
+        values = await counters.get_value.call()
+        return sum(values.values())
+
+    @endpoint
+    def bump_all(self, counters: ActorMesh[Counter]) -> None:
+        counters.incr.broadcast()
+
+    @endpoint
+    def call_back(self, other: ActorMesh[Any]) -> Any:
+        return other.ask_back.call_one(context().actor_instance.actor_id).get()
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Echo(Actor):
+    """Calls back the actor that called it: a cycle Monarch code can write by mistake."""
+
+    def __init__(self, caller: ActorMesh[Caller]) -> None:
+        self.caller = caller
+
+    @endpoint
+    def ask_back(self, who: str) -> str:
+        return self.caller.ping.call_one().get()
+
+
+class Cleaner(Actor):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"cleanup {exc is None}\n")

@@ -1,0 +1,228 @@
+"""otpmesh.monarch: Monarch programs, changed only in their imports, run here with Monarch's
+semantics (from Monarch's public docs: docs/source/actors.md), on real worker processes.
+
+Most tests drive the API from trio (the test's own run hosts the runtime, so nothing outlives
+it); the sync-script and asyncio-program tests run real programs in a fresh interpreter, as a
+user would, because their client runtime lives as long as the process."""
+
+from __future__ import annotations
+
+import operator
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import monarch
+from otpmesh.monarch import Accumulator, ActorError, ValueMesh, this_host, this_proc
+from tests.conftest import run_program, run_trio
+from tests.monarch_actors import Caller, Cleaner, Counter, Echo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_sync_script_spawns_broadcasts_calls_and_stops(tmp_path: Path) -> None:
+    # Monarch's own first example: no event loop anywhere, .get() on every result.
+    result = run_program(
+        tmp_path / "counter.py",
+        textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {str(ROOT)!r})
+            from otpmesh.monarch import this_host
+            from tests.monarch_actors import Counter
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 4}})
+            counters = procs.spawn("counters", Counter, 0)
+            counters.incr.broadcast()
+            print(counters.get_value.call().get().values())
+            print(counters.slice(gpus=2).where.call_one().get()["rank"])
+            pids = [p for p in os.listdir("/proc") if p.isdigit()]
+            procs.stop().get()
+            print("stopped")
+        """),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[1, 1, 1, 1]", "2", "stopped"]
+
+
+def test_an_asyncio_program_awaits_the_same_futures(tmp_path: Path) -> None:
+    result = run_program(
+        tmp_path / "aio.py",
+        textwrap.dedent(f"""
+            import asyncio, sys
+            sys.path.insert(0, {str(ROOT)!r})
+            from otpmesh.monarch import this_host
+            from tests.monarch_actors import Counter
+
+            async def main():
+                counters = this_host().spawn_procs(per_host={{"procs": 2}}).spawn(
+                    "c", Counter, 5)
+                values = await counters.get_value.call()
+                print(sorted(values.values()))
+                print(await counters.slice(procs=1).get_value.call_one())
+
+            asyncio.run(main())
+        """),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[5, 5]", "5"]
+
+
+def test_an_endpoints_exception_goes_to_its_caller_and_the_actor_keeps_its_state() -> None:
+    async def body() -> None:
+        counters = this_host().spawn_procs(per_host={"procs": 2}).spawn("c", Counter, 0)
+        one = counters.slice(procs=0)
+        await one.incr.call_one()
+        with pytest.raises(ActorError, match="ValueError: no such thing"):
+            await one.fail.call_one("no such thing")
+        with pytest.raises(ActorError, match="no such thing"):
+            await counters.fail.call("no such thing")
+        assert await one.get_value.call_one() == 1  # the same instance: its state kept
+
+    run_trio(body)
+
+
+def test_calls_sent_without_awaiting_arrive_in_order() -> None:
+    async def body() -> None:
+        counter = this_host().spawn_procs().spawn("c", Counter, 0)
+        futures = [counter.record.call_one(i) for i in range(50)]  # sent at once, in order
+        for i in range(50, 60):
+            counter.record.broadcast(i)
+        assert await counter.recorded.call_one() == list(range(60))
+        assert [await f for f in futures] == [None] * 50
+
+    run_trio(body)
+
+
+def test_plain_and_async_endpoints_call_other_actors_and_pass_meshes() -> None:
+    async def body() -> None:
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        counters = procs.spawn("counters", Counter, 3)
+        caller = this_proc().spawn("caller", Caller)
+        # The mesh travels as an argument and is used there with Monarch's adverbs.
+        assert await caller.total_of.call_one(counters) == 6  # .get() in a plain def
+        assert await caller.total_awaited.call_one(counters) == 6
+        await caller.bump_all.call_one(counters)
+        assert (await counters.get_value.call()).values() == [4, 4]
+
+    run_trio(body)
+
+
+def test_a_call_cycle_through_blocking_gets_is_refused_not_hung() -> None:
+    async def body() -> None:
+        caller = this_host().spawn_procs().spawn("caller", Caller)
+        echo = this_proc().spawn("echo", Echo, caller)
+        with pytest.raises(ActorError, match="DeadlockError"):
+            await caller.call_back.call_one(echo)
+        assert await caller.ping.call_one() == "pong"  # it lives on
+
+    run_trio(body)
+
+
+def test_ranks_sizes_and_context_inside_actors() -> None:
+    async def body() -> None:
+        mesh = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}).spawn("m", Counter, 0)
+        where = await mesh.where.call()
+        assert len(where) == 4
+        for point, seen in where:
+            assert seen["rank"] == point.rank
+            assert seen["coords"] == dict(point)
+            assert seen["size"] == {"hosts": 2, "gpus": 2}
+            assert seen["id"].startswith("m")
+
+    run_trio(body)
+
+
+def test_value_mesh_items_slice_flatten_from_indexed_and_bad_points() -> None:
+    vm = ValueMesh({"hosts": 2, "gpus": 2}, [10, 11, 12, 13])
+    assert vm.item(hosts=1, gpus=0) == 12
+    assert [(dict(p), v) for p, v in vm][1] == ({"hosts": 0, "gpus": 1}, 11)
+    assert vm.slice(hosts=1).values() == [12, 13]
+    assert vm.flatten("ranks").extent == {"ranks": 4}
+    assert ValueMesh.from_indexed({"gpus": 2}, {1: "b", 0: "a"}).values() == ["a", "b"]
+    with pytest.raises(ValueError, match="not a point"):
+        vm.item(hosts=5, gpus=0)
+    with pytest.raises(ValueError, match="missing"):
+        ValueMesh.from_indexed({"gpus": 2}, {0: "a"})
+
+
+def test_accumulator_and_stream_over_a_mesh() -> None:
+    async def body() -> None:
+        counters = this_host().spawn_procs(per_host={"procs": 3}).spawn("c", Counter, 2)
+        total = Accumulator(counters.get_value, 0, operator.add)
+        assert await total.accumulate() == 6
+        ranks = sorted([(await f)["rank"] for f in counters.where.stream()])
+        assert ranks == [0, 1, 2]
+
+    run_trio(body)
+
+
+def test_stopped_meshes_refuse_calls_and_a_second_stop(tmp_path: Path) -> None:
+    log = tmp_path / "cleanup.log"
+
+    async def body() -> None:
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        mesh = procs.spawn("cleaners", Cleaner, str(log))
+        assert (await mesh.ping.call()).values() == ["pong", "pong"]
+        await mesh.stop()
+        assert log.read_text().splitlines() == ["cleanup True", "cleanup True"]
+        with pytest.raises(otpmesh.OtpmeshError):
+            await mesh.ping.call()
+        with pytest.raises(otpmesh.OtpmeshError, match="stop"):
+            await mesh.stop()
+        await procs.stop()
+        with pytest.raises(otpmesh.OtpmeshError):
+            await procs.spawn("late", Counter, 0).initialized
+
+    run_trio(body)
+
+
+def test_get_or_spawn_controller_gives_every_caller_the_same_actor() -> None:
+    async def body() -> None:
+        async with otpmesh.start(otpmesh.Supervisor("app", children=[])):
+            first = await monarch.get_or_spawn_controller("counter", Counter, 7)
+            await first.incr.call_one()
+            again = await monarch.get_or_spawn_controller("counter", Counter, 0)
+            assert await again.get_value.call_one() == 8
+
+    run_trio(body)
+
+
+def test_future_get_refuses_to_block_the_trio_thread_and_times_out_elsewhere() -> None:
+    async def body() -> None:
+        counter = this_host().spawn_procs().spawn("c", Counter, 1)
+        future = counter.get_value.call_one()
+        with pytest.raises(RuntimeError, match="use 'await fut'"):
+            future.get()
+        assert await future == 1
+        assert future.get() == 1  # kept: read again at once
+        assert await trio.to_thread.run_sync(counter.get_value.call_one().get) == 1
+
+    run_trio(body)
+
+
+def test_monarch_actors_in_a_declared_tree_restart_after_sigkill() -> None:
+    counters_spec = otpmesh.Mesh("counters", Counter, shape={"procs": 2}, args=(0,))
+    tree = otpmesh.Supervisor("rl", children=[counters_spec])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            counters = monarch.ActorMesh.from_otpmesh(app.mesh("rl/counters"))
+            await counters.incr.call()
+            assert (await counters.get_value.call()).values() == [1, 1]
+            await otpmesh.chaos.kill(app, "rl/counters/1")
+            await app.settled()
+            assert (await counters.get_value.call()).values() == [1, 0]  # a new incarnation
+
+    run_trio(body)
+
+
+def test_what_cannot_carry_over_says_what_to_do_instead() -> None:
+    with pytest.raises(NotImplementedError, match="never pickles"):
+        this_host().spawn_procs(bootstrap=lambda: None)
+    with pytest.raises(NotImplementedError, match="tensor engine"):
+        monarch.endpoint(propagate=lambda x: x)
+    with pytest.raises(TypeError, match=r"use \.call"):
+        monarch.ActorMesh(None, None, {}).ping()  # type: ignore[arg-type]
