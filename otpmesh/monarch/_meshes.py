@@ -234,6 +234,13 @@ class ProcMesh:
         self._native = native
         self._extent = dict(extent)
 
+    @classmethod
+    def from_otpmesh(cls, procs: NativeProcs) -> ProcMesh:
+        """Monarch's view of an otpmesh proc mesh (``await otpmesh.proc_mesh(...)``)."""
+        if not isinstance(procs, NativeProcMesh | ProcMeshRef):
+            raise TypeError(f"from_otpmesh needs an otpmesh ProcMesh, not {procs!r}")
+        return cls(settled(procs), procs.shape)
+
     @property
     def extent(self) -> Shape:
         return dict(self._extent)
@@ -387,7 +394,7 @@ def to_monarch(value: Any) -> Any:
     if isinstance(value, NativeActorMesh | ActorRef):
         return ActorMesh._of(value)
     if isinstance(value, NativeProcMesh | ProcMeshRef):
-        return ProcMesh(settled(value), value.shape)
+        return ProcMesh.from_otpmesh(value)
     if isinstance(value, NativeValueMesh):
         return ValueMesh(value.shape, [to_monarch(v) for v in value.values()])
     if isinstance(value, tuple | list):
