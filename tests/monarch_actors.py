@@ -4,9 +4,18 @@ the import changed). Importable by worker processes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
-from otpmesh.monarch import Actor, ActorMesh, context, current_rank, current_size, endpoint
+from otpmesh.monarch import (
+    Actor,
+    ActorMesh,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+    this_host,
+)
 
 
 class Counter(Actor):
@@ -94,3 +103,48 @@ class Cleaner(Actor):
     def __cleanup__(self, exc: Exception | None) -> None:
         with open(self.path, "a") as f:
             f.write(f"cleanup {exc is None}\n")
+
+
+class ThreadLocal(Actor):
+    """State in a threading.local made by the constructor: Monarch runs the constructor and
+    every endpoint on one thread."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.local.value = 0
+
+    @endpoint
+    def increment(self) -> None:
+        self.local.value += 1
+
+    @endpoint
+    async def increment_async(self) -> None:
+        self.local.value += 1
+
+    @endpoint
+    def value(self) -> int:
+        return self.local.value
+
+    @endpoint
+    def loop_visible(self) -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+
+class Spawner(Actor):
+    """Spawns and calls a mesh from its constructor, blocking on .get() there."""
+
+    def __init__(self) -> None:
+        self.counters = this_host().spawn_procs(per_host={"procs": 2}).spawn("owned", Counter, 4)
+        self.first = sum(self.counters.get_value.call().get().values())
+
+    @endpoint
+    def first_total(self) -> int:
+        return self.first
+
+    @endpoint
+    def rank_text(self) -> str:
+        return str(current_rank())

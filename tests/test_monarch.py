@@ -18,7 +18,7 @@ import otpmesh
 from otpmesh import monarch
 from otpmesh.monarch import Accumulator, ActorError, ValueMesh, this_host, this_proc
 from tests.conftest import run_program, run_trio
-from tests.monarch_actors import Caller, Cleaner, Counter, Echo
+from tests.monarch_actors import Caller, Cleaner, Counter, Echo, Spawner, ThreadLocal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,3 +226,27 @@ def test_what_cannot_carry_over_says_what_to_do_instead() -> None:
         monarch.endpoint(propagate=lambda x: x)
     with pytest.raises(TypeError, match=r"use \.call"):
         monarch.ActorMesh(None, None, {}).ping()  # type: ignore[arg-type]
+
+
+def test_constructor_and_endpoints_share_one_thread_and_sync_ones_see_no_loop() -> None:
+    async def body() -> None:
+        actor = this_host().spawn_procs().spawn("tls", ThreadLocal)
+        for _ in range(2):
+            await actor.increment.call_one()
+            await actor.increment_async.call_one()
+        assert await actor.value.call_one() == 4
+        assert await actor.loop_visible.call_one() is False
+
+    run_trio(body)
+
+
+def test_a_constructor_spawns_and_blocks_on_get_and_ranks_print_as_in_monarch() -> None:
+    async def body() -> None:
+        procs = this_host().spawn_procs(per_host={"hosts": 1, "gpus": 2})
+        assert (procs.size(), procs.size("gpus")) == (2, 2)
+        spawners = procs.spawn("spawners", Spawner)
+        assert (await spawners.first_total.call()).values() == [8, 8]
+        texts = await spawners.rank_text.call()
+        assert texts.flatten("r").slice(r=1).item() == "{'hosts': 0/1, 'gpus': 1/2}"
+
+    run_trio(body)

@@ -11,6 +11,7 @@ tree, chaos and stacks reach it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -69,7 +70,14 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     async def run_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = fn(self, *to_monarch(args), **to_monarch(kwargs))
+        # On the actor's thread (its thread-locals are there), with the loop out of sight, as
+        # Monarch runs a sync endpoint: it may block on .get(); trio carries the call meanwhile.
+        loop = asyncio.get_running_loop()
+        asyncio._set_running_loop(None)
+        try:
+            result = fn(self, *to_monarch(args), **to_monarch(kwargs))
+        finally:
+            asyncio._set_running_loop(loop)
         return await to_native(result)
 
     return run_sync
@@ -159,4 +167,5 @@ def current_size() -> Mapping[str, int]:
 
 
 def current_actor_name() -> str:
-    return context().actor_instance.name
+    """The running actor's own name (its path: each rank's differs)."""
+    return context().actor_instance.actor_id

@@ -41,6 +41,10 @@ class Future(Generic[R]):
         """The thread id of the trio run that settles this future."""
         return self._owner
 
+    def owned_by(self, thread: int) -> None:
+        """Say which thread's trio run settles this future (set once that run takes it on)."""
+        self._owner = thread
+
     # ------------------------------------------------------------ settled by the trio task
 
     def _settle(self, value: Any, error: BaseException | None) -> None:

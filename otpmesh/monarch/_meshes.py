@@ -39,7 +39,12 @@ NativeProcs = NativeProcMesh | ProcMeshRef
 Ready = Callable[[], None]
 
 
-def _size(extent: Shape) -> int:
+def _size(extent: Shape, dim: str | None = None) -> int:
+    """The number of points of `extent`, or its size along `dim`."""
+    if dim is not None:
+        if dim not in extent:
+            raise KeyError(f"no dimension {dim!r} in extent {extent}")
+        return extent[dim]
     size = 1
     for n in extent.values():
         size *= n
@@ -77,8 +82,9 @@ class ActorMesh(Generic[A]):
     def extent(self) -> Shape:
         return dict(self._extent)
 
-    def size(self) -> int:
-        return _size(self._extent)
+    def size(self, dim: str | None = None) -> int:
+        """How many points (actors, processes), or the size along `dim`."""
+        return _size(self._extent, dim)
 
     def __len__(self) -> int:
         return _size(self._extent)
@@ -245,8 +251,9 @@ class ProcMesh:
     def extent(self) -> Shape:
         return dict(self._extent)
 
-    def size(self) -> int:
-        return _size(self._extent)
+    def size(self, dim: str | None = None) -> int:
+        """How many points (actors, processes), or the size along `dim`."""
+        return _size(self._extent, dim)
 
     def spawn(self, name: str, actor: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """One `actor` per process (``actor(*args, **kwargs)`` runs there); returns at once,

@@ -34,6 +34,11 @@ class Point(Mapping[str, int]):
     def __repr__(self) -> str:
         return f"Point({self._coords}, rank={self.rank})"
 
+    def __str__(self) -> str:
+        # Monarch's form: each coordinate out of its size, e.g. {'hosts': 0/1, 'gpus': 1/2}
+        inner = ", ".join(f"{d!r}: {c}/{self.extent.get(d, '?')}" for d, c in self._coords.items())
+        return "{" + inner + "}"
+
 
 class ValueMesh(Generic[R]):
     """One value per point of a mesh, by coordinates. Iterating yields ``(Point, value)``

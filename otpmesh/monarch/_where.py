@@ -81,21 +81,18 @@ def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
         _spawn(run, future, fn, args, context)
         return future
     token = run_token()
-    box: list[Future[T]] = []
-    ready = threading.Event()
+    future = Future(0)  # its owner (the run's thread) is set when the run takes it on
 
     def spawn() -> None:
         run = _this_run()
-        box.append(Future(run.thread))
-        ready.set()
-        _spawn(run, box[0], fn, args, context)
+        future.owned_by(run.thread)
+        _spawn(run, future, fn, args, context)
 
     try:
         token.run_sync_soon(spawn)
     except trio.RunFinishedError:
         raise AppStoppedError("otpmesh's runtime in this process has stopped") from None
-    ready.wait()
-    return box[0]
+    return future
 
 
 def run_token() -> trio.lowlevel.TrioToken:
