@@ -4,12 +4,14 @@ the import changed). Importable by worker processes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
 from otpmesh.monarch import (
     Actor,
     ActorMesh,
+    MeshFailure,
     context,
     current_rank,
     current_size,
@@ -148,3 +150,34 @@ class Spawner(Actor):
     @endpoint
     def rank_text(self) -> str:
         return str(current_rank())
+
+
+class Mortal(Actor):
+    @endpoint
+    def die(self, code: int) -> None:
+        os._exit(code)
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Manager(Actor):
+    """Owns a mesh it spawned; Monarch's __supervise__ hears of its failures."""
+
+    def __init__(self, handle: bool) -> None:
+        self.handle = handle
+        self.failures: list[str] = []
+        self.workers = this_host().spawn_procs(per_host={"procs": 2}).spawn("workers", Mortal)
+
+    @endpoint
+    def break_one(self) -> None:
+        self.workers.slice(procs=1).die.broadcast(3)
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> Any:
+        self.failures.append(str(failure))
+        return 1 if self.handle else None  # any truthy value handles it, as in Monarch

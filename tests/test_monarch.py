@@ -18,7 +18,15 @@ import otpmesh
 from otpmesh import monarch
 from otpmesh.monarch import Accumulator, ActorError, ValueMesh, this_host, this_proc
 from tests.conftest import run_program, run_trio
-from tests.monarch_actors import Caller, Cleaner, Counter, Echo, Spawner, ThreadLocal
+from tests.monarch_actors import (
+    Caller,
+    Cleaner,
+    Counter,
+    Echo,
+    Manager,
+    Spawner,
+    ThreadLocal,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,5 +256,23 @@ def test_a_constructor_spawns_and_blocks_on_get_and_ranks_print_as_in_monarch() 
         assert (await spawners.first_total.call()).values() == [8, 8]
         texts = await spawners.rank_text.call()
         assert texts.flatten("r").slice(r=1).item() == "{'hosts': 0/1, 'gpus': 1/2}"
+
+    run_trio(body)
+
+
+@pytest.mark.parametrize("handle", [True, False])
+def test_a_failure_in_an_owned_mesh_reaches_its_owners_supervise(handle: bool) -> None:
+    async def body() -> None:
+        manager = this_host().spawn_procs().spawn("manager", Manager, handle)
+        await manager.break_one.call_one()
+        if handle:  # handled: the owner lives and has seen it
+            while not (seen := await manager.seen.call_one()):
+                await trio.sleep(0.05)
+            assert "workers/1" in seen[0] and "exited with code 3" in seen[0]
+        else:  # not handled: the owner fails too, and its callers hear of it
+            with pytest.raises(monarch.SupervisionError):
+                while True:
+                    await manager.seen.call_one()
+                    await trio.sleep(0.05)
 
     run_trio(body)

@@ -37,6 +37,9 @@ class Actor(native.Actor, loop="asyncio"):
         init = cls.__dict__.get("__init__")
         if init is not None:  # its arguments are seen as Monarch objects too
             cls.__init__ = _monarch_init(init)  # type: ignore[method-assign]
+        hook = cls.__dict__.get(native.SUPERVISE_HOOK)
+        if hook is not None:
+            setattr(cls, native.SUPERVISE_HOOK, _monarch_supervise(hook))
 
     async def on_stop(self, reason: object) -> None:
         cleanup = getattr(self, "__cleanup__", None)
@@ -54,6 +57,17 @@ def _monarch_init(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *to_monarch(args), **to_monarch(kwargs))
 
     return __init__
+
+
+def _monarch_supervise(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Monarch's contract for ``__supervise__``: any truthy result means handled."""
+    body = _wrap(hook)
+
+    @functools.wraps(hook)
+    async def __supervise__(self: Any, failure: Any) -> bool:
+        return bool(await body(self, failure))
+
+    return __supervise__
 
 
 def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -155,9 +155,10 @@ class Endpoint(Generic[R]):
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """The otpmesh endpoint and arguments, once the mesh is up; then this call may go."""
         ep = (await self._mesh._resolved()).endpoint(self._name)
-        a, k = await to_native(args), await to_native(kwargs)
+        if _holds_monarch(args) or _holds_monarch(kwargs):
+            args, kwargs = await to_native(args), await to_native(kwargs)
         ready()
-        return ep, a, k
+        return ep, args, kwargs
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; the Future's value is a ValueMesh of their results."""
@@ -381,22 +382,37 @@ def get_or_spawn_controller(name: str, actor: type[A], *args: Any, **kwargs: Any
 # ---------------------------------------------------------------- crossing the boundary
 
 
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def _holds_monarch(value: Any) -> bool:
+    """Whether `value` is, or contains, a Monarch mesh (most arguments do not: checked first,
+    at the cost of a type test per element, so they are sent as they are)."""
+    if isinstance(value, _PLAIN):
+        return False
+    if isinstance(value, ActorMesh | ProcMesh):
+        return True
+    if isinstance(value, tuple | list):
+        return any(_holds_monarch(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_monarch(v) for v in value.values())
+    return False
+
+
 async def to_native(value: Any) -> Any:
     """What travels for `value`: Monarch meshes become the otpmesh ones (waiting for them)."""
-    if isinstance(value, str | int | float | bool | bytes | type(None)):
+    if not _holds_monarch(value):
         return value
     if isinstance(value, ActorMesh | ProcMesh):
         return await value._native
     if isinstance(value, tuple | list):
         return type(value)([await to_native(v) for v in value])
-    if isinstance(value, dict):
-        return {k: await to_native(v) for k, v in value.items()}
-    return value
+    return {k: await to_native(v) for k, v in value.items()}
 
 
 def to_monarch(value: Any) -> Any:
     """What Monarch code sees for a received `value`: otpmesh meshes wrapped as Monarch's."""
-    if isinstance(value, str | int | float | bool | bytes | type(None)):
+    if isinstance(value, _PLAIN):
         return value
     if isinstance(value, NativeActorMesh | ActorRef):
         return ActorMesh._of(value)
