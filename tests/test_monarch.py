@@ -24,6 +24,7 @@ from tests.monarch_actors import (
     Counter,
     Echo,
     Manager,
+    Mortal,
     Spawner,
     ThreadLocal,
 )
@@ -261,7 +262,12 @@ def test_a_constructor_spawns_and_blocks_on_get_and_ranks_print_as_in_monarch() 
 
 
 @pytest.mark.parametrize("handle", [True, False])
-def test_a_failure_in_an_owned_mesh_reaches_its_owners_supervise(handle: bool) -> None:
+def test_a_failure_in_an_owned_mesh_reaches_its_owners_supervise(
+    handle: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faults: list[str] = []
+    monkeypatch.setattr(monarch, "unhandled_fault_hook", lambda f: faults.append(str(f)))
+
     async def body() -> None:
         manager = this_host().spawn_procs().spawn("manager", Manager, handle)
         await manager.break_one.call_one()
@@ -269,10 +275,39 @@ def test_a_failure_in_an_owned_mesh_reaches_its_owners_supervise(handle: bool) -
             while not (seen := await manager.seen.call_one()):
                 await trio.sleep(0.05)
             assert "workers/1" in seen[0] and "exited with code 3" in seen[0]
-        else:  # not handled: the owner fails too, and its callers hear of it
+            assert faults == []
+        else:  # not handled: the owner fails too; its callers and the program's hook hear of it
             with pytest.raises(monarch.SupervisionError):
                 while True:
                     await manager.seen.call_one()
                     await trio.sleep(0.05)
+            while not faults:
+                await trio.sleep(0.05)
+            assert "manager/0" in faults[0] and "not handled by its owner" in faults[0]
+
+    run_trio(body)
+
+
+def test_an_unowned_meshs_failure_reaches_the_programs_fault_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    faults: list[str] = []
+    monkeypatch.setattr(
+        monarch, "unhandled_fault_hook", lambda failure: faults.append(str(failure))
+    )
+
+    async def body() -> None:
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        mortals = procs.spawn("mortals", Mortal)
+        mortals.slice(procs=0).die.broadcast(5)
+        while not faults:
+            await trio.sleep(0.05)
+        assert "mortals/0" in faults[0] and "exited with code 5" in faults[0]
+        assert await mortals.slice(procs=1).ping.call_one() == "pong"  # the others live on
+        # A constructor that fails is a fault too (Counter needs an argument).
+        this_host().spawn_procs().spawn("broken", Counter)
+        while len(faults) < 2:
+            await trio.sleep(0.05)
+        assert "broken" in faults[1] and "TypeError" in faults[1]
 
     run_trio(body)

@@ -93,7 +93,9 @@ class ActorHost:
             passing, raised = _raised.split(exc, self._passing)
             if passing is not None:
                 raise
-            crash = ActorCrash.of(raised or exc, skip_frames=1)  # the user's frames only
+            # The user's frames only (an asyncio actor's pass through the loop and _constructed).
+            skip = 3 if runs_on(cls) == ASYNCIO else 1
+            crash = ActorCrash.of(raised or exc, skip_frames=skip)
             log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
             raise StartFailed(crash) from None
         cell = ActorCell(

@@ -9,6 +9,7 @@ docs/guides/from-monarch.md lists what carries over, what differs and why.
 from .._core._errors import ActorDiedError as SupervisionError
 from .._core._errors import ActorError as ActorError
 from .._node._failure import MeshFailure as MeshFailure
+from . import _faults
 from ._accumulate import Accumulator as Accumulator
 from ._accumulate import send as send
 from ._actor import Actor as Actor
@@ -29,6 +30,10 @@ from ._meshes import this_host as this_host
 from ._meshes import this_proc as this_proc
 from ._values import Point as Point
 from ._values import ValueMesh as ValueMesh
+
+#: Called with a MeshFailure when a mesh this program spawned fails and nobody handles it
+#: (Monarch's hook; its default ends the program). Replace it to log or ignore instead.
+unhandled_fault_hook = _faults.default_hook
 
 __all__ = [
     "Accumulator",
@@ -54,4 +59,5 @@ __all__ = [
     "send",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]

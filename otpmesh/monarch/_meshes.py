@@ -22,10 +22,14 @@ from .._controller._procmesh import ProcMesh as NativeProcMesh
 from .._controller._procmesh import proc_mesh
 from .._controller._procref import ProcMeshRef
 from .._core._actor import Actor as NativeActor
+from .._core._errors import SpawnError
 from .._core._shape import Shape, select
 from .._core._valuemesh import ValueMesh as NativeValueMesh
+from .._node._failure import MeshFailure
 from .._node._mesh import ActorMesh as NativeActorMesh
 from .._node._mesh import ActorRef
+from .._runtime._controller_runtime import runtime
+from . import _faults
 from ._future import Future, settled
 from ._values import ValueMesh
 from ._where import run_token, start
@@ -272,7 +276,12 @@ class ProcMesh:
             procs = await self._native
             a, k = await to_native(args), await to_native(kwargs)
             ready()
-            mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
+            try:
+                mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
+            except SpawnError as exc:
+                if isinstance(procs, NativeProcMesh):  # the program's: nobody else to tell
+                    _faults.report(MeshFailure(name, name, -1, str(exc)))
+                raise
             return mesh
 
         return ActorMesh(start(spawn), actor, self._extent)
@@ -340,7 +349,10 @@ class HostMesh:
 
         async def spawn_procs(ready: Ready) -> NativeProcs:
             ready()
-            return await proc_mesh(**extent)
+            procs = await proc_mesh(**extent)
+            if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
+                _faults.listen(await runtime())
+            return procs
 
         return ProcMesh(start(spawn_procs), extent)
 
