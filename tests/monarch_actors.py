@@ -12,10 +12,12 @@ from otpmesh.monarch import (
     Actor,
     ActorMesh,
     MeshFailure,
+    ProcMesh,
     context,
     current_rank,
     current_size,
     endpoint,
+    get_or_spawn_controller,
     this_host,
 )
 
@@ -181,3 +183,18 @@ class Manager(Actor):
     def __supervise__(self, failure: MeshFailure) -> Any:
         self.failures.append(str(failure))
         return 1 if self.handle else None  # any truthy value handles it, as in Monarch
+
+
+class Builder(Actor):
+    """Spawns on a proc mesh it was sent, and finds the app's controller actor."""
+
+    @endpoint
+    def build_on(self, procs: ProcMesh) -> int:
+        counters = procs.spawn("built", Counter, 2)
+        return sum(counters.get_value.call().get().values())
+
+    @endpoint
+    async def controller_value(self) -> int:
+        controller = await get_or_spawn_controller("shared", Counter, 10)
+        await controller.incr.call_one()
+        return await controller.get_value.call_one()

@@ -19,6 +19,7 @@ from otpmesh import monarch
 from otpmesh.monarch import Accumulator, ActorError, ValueMesh, this_host, this_proc
 from tests.conftest import run_program, run_trio
 from tests.monarch_actors import (
+    Builder,
     Caller,
     Cleaner,
     Counter,
@@ -309,5 +310,18 @@ def test_an_unowned_meshs_failure_reaches_the_programs_fault_hook(
         while len(faults) < 2:
             await trio.sleep(0.05)
         assert "broken" in faults[1] and "TypeError" in faults[1]
+
+    run_trio(body)
+
+
+def test_a_proc_mesh_travels_to_an_actor_that_spawns_on_it_and_finds_the_controller() -> None:
+    async def body() -> None:
+        async with otpmesh.start(otpmesh.Supervisor("app", children=[])):
+            procs = this_host().spawn_procs(per_host={"procs": 3})
+            builder = this_host().spawn_procs().spawn("builder", Builder)
+            assert await builder.build_on.call_one(procs.slice(procs=slice(0, 2))) == 4
+            assert await builder.controller_value.call_one() == 11
+            shared = await monarch.get_or_spawn_controller("shared", Counter, 0)
+            assert await shared.get_value.call_one() == 11
 
     run_trio(body)
