@@ -38,9 +38,9 @@ def test_a_sync_script_spawns_broadcasts_calls_and_stops(tmp_path: Path) -> None
     result = run_program(
         tmp_path / "counter.py",
         textwrap.dedent(f"""
-            import os, sys
+            import sys
             sys.path.insert(0, {str(ROOT)!r})
-            from otpmesh.monarch import this_host
+            from otpmesh.monarch import get_or_spawn_controller, this_host
             from tests.monarch_actors import Counter
 
             procs = this_host().spawn_procs(per_host={{"gpus": 4}})
@@ -48,13 +48,16 @@ def test_a_sync_script_spawns_broadcasts_calls_and_stops(tmp_path: Path) -> None
             counters.incr.broadcast()
             print(counters.get_value.call().get().values())
             print(counters.slice(gpus=2).where.call_one().get()["rank"])
-            pids = [p for p in os.listdir("/proc") if p.isdigit()]
             procs.stop().get()
             print("stopped")
+            # The app's one controller actor, from a script that started nothing else yet.
+            c = get_or_spawn_controller("c", Counter, 1).get()
+            c.incr.call_one().get()
+            print(get_or_spawn_controller("c", Counter, 5).get().get_value.call_one().get())
         """),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[1, 1, 1, 1]", "2", "stopped"]
+    assert result.stdout.splitlines() == ["[1, 1, 1, 1]", "2", "stopped", "2"]
 
 
 def test_an_asyncio_program_awaits_the_same_futures(tmp_path: Path) -> None:
