@@ -44,6 +44,10 @@ class Counter(Actor):
         return self.value
 
     @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
     async def where(self) -> dict[str, Any]:
         await asyncio.sleep(0)  # asyncio code runs in endpoints, as in Monarch
         rank = current_rank()

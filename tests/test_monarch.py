@@ -54,10 +54,18 @@ def test_a_sync_script_spawns_broadcasts_calls_and_stops(tmp_path: Path) -> None
             c = get_or_spawn_controller("c", Counter, 1).get()
             c.incr.call_one().get()
             print(get_or_spawn_controller("c", Counter, 5).get().get_value.call_one().get())
+            left = this_host().spawn_procs(per_host={{"procs": 2}}).spawn("left", Counter, 0)
+            print(*left.pid.call().get().values())  # left running: the exit stops them
         """),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["[1, 1, 1, 1]", "2", "stopped", "2"]
+    *lines, pids = result.stdout.splitlines()
+    assert lines == ["[1, 1, 1, 1]", "2", "stopped", "2"]
+    for pid in map(int, pids.split()):
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+        ), f"worker {pid} outlived the script"
 
 
 def test_an_asyncio_program_awaits_the_same_futures(tmp_path: Path) -> None:
