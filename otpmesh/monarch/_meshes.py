@@ -10,6 +10,7 @@ with Monarch's adverbs too.
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Iterator
@@ -97,10 +98,10 @@ class ActorMesh(Generic[A]):
         if name.startswith("_"):
             raise AttributeError(name)
         cls = self._cls
-        if cls is not None and hasattr(cls, "endpoints") and name not in cls.endpoints():
+        if cls is not None and name not in _endpoint_names(cls):
             raise AttributeError(
                 f"{cls.__qualname__} has no endpoint {name!r} (endpoints: "
-                f"{', '.join(sorted(cls.endpoints())) or 'none'})"
+                f"{', '.join(sorted(_endpoint_names(cls))) or 'none'})"
             )
         return Endpoint(self, name)
 
@@ -144,6 +145,13 @@ class ActorMesh(Generic[A]):
     def __repr__(self) -> str:
         name = self._cls.__qualname__ if self._cls is not None else "?"
         return f"<monarch ActorMesh of {name}, extent {self._extent}>"
+
+
+@functools.cache
+def _endpoint_names(cls: type) -> frozenset[str]:
+    """The endpoints of actor class `cls` (classes do not change once defined)."""
+    found = getattr(cls, "endpoints", None)
+    return frozenset(found() if callable(found) else ())
 
 
 class Endpoint(Generic[R]):
