@@ -121,13 +121,7 @@ class ActorMesh(Generic[A]):
     @property
     def initialized(self) -> Future[bool]:
         """Resolves once the actors are up (a failed spawn raises here)."""
-
-        async def up(ready: Ready) -> bool:
-            ready()
-            await self._native
-            return True
-
-        return start(up)
+        return _once_up(self._native)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop these actors (each runs ``__cleanup__``); their processes stay."""
@@ -237,6 +231,17 @@ class Endpoint(Generic[R]):
         )
 
 
+def _once_up(native: Future[Any]) -> Future[bool]:
+    """True once `native` (a mesh being made) is made; its error if it failed."""
+
+    async def up(ready: Ready) -> bool:
+        ready()
+        await native
+        return True
+
+    return start(up)
+
+
 def _log_failure(future: Future[None], name: str) -> None:
     try:
         future.get(0)
@@ -305,12 +310,8 @@ class ProcMesh:
 
     @property
     def initialized(self) -> Future[bool]:
-        async def up(ready: Ready) -> bool:
-            ready()
-            await self._native
-            return True
-
-        return start(up)
+        """Resolves once the processes are up."""
+        return _once_up(self._native)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes, then the processes."""
