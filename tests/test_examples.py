@@ -121,3 +121,12 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
         "child_exited       rl/service #1  (crashed with SupervisorError"
     )
     assert "child_started      rl/service #2" in escalation
+
+
+def test_from_monarch_prints_the_same_through_otpmesh_monarch_and_natively() -> None:
+    through_monarch = _run("from_monarch.py")
+    native = _run("from_monarch.py", "--native")
+    assert through_monarch == native
+    assert "steps: [2, 2, 2, 2]" in native
+    assert "refused: learning rate must be positive, not -1.0" in native
+    assert "rank 3: 3 steps at lr 0.1" in native

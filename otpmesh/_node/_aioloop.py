@@ -67,6 +67,11 @@ class AsyncioThread:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
+    @property
+    def token(self) -> trio.lowlevel.TrioToken:
+        """The trio run this loop sits beside (where calls from its code are made)."""
+        return self._token
+
     def _run(self) -> None:
         _local.thread = self
         asyncio.set_event_loop(self.loop)
