@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -25,6 +26,8 @@ import outcome
 import trio
 
 T = TypeVar("T")
+
+log = logging.getLogger("otpmesh.actor")
 
 #: The name of the asyncio thread (its stack is left out of a process's while it waits idle).
 THREAD_NAME = "otpmesh-asyncio"
@@ -126,6 +129,18 @@ class AsyncioThread:
         return task.result()
 
     # ------------------------------------------------------------ asyncio -> trio
+
+    def soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """From this thread: run ``fn(*args)`` in trio soon, without waiting for it (its
+        errors are logged: nobody waits to hear of them)."""
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%r, run in trio for asyncio code, failed", fn)
+
+        self._token.run_sync_soon(run)
 
     async def to_trio(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """From this thread's asyncio code: await `fn(*args, **kwargs)` run in trio, in the
