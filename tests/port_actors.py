@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -110,3 +111,20 @@ class Producer(otpmesh.Actor):
         assert node is not None
         stats = node.ports.statistics()
         return {"forged": stats.forged, "gone": stats.gone, "sent": stats.sent}
+
+
+class AioLater(otpmesh.Actor, loop="asyncio"):
+    """Ports from asyncio code."""
+
+    @otpmesh.endpoint(reply_port=True)
+    async def ask(self, port: otpmesh.Port[int], x: int) -> None:
+        await asyncio.sleep(0)
+        port.send(x * 2)
+
+    @otpmesh.endpoint
+    async def roundtrip(self, n: int) -> list[int]:
+        port, receiver = otpmesh.Channel[int].open()
+        for i in range(n):
+            port.send(i)
+        port.close()
+        return [value async for value in receiver]

@@ -121,3 +121,12 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
         "child_exited       rl/service #1  (crashed with SupervisorError"
     )
     assert "child_started      rl/service #2" in escalation
+
+
+def test_ports_replies_later_streams_and_fails_a_waiting_caller_on_sigkill() -> None:
+    out = _run("ports.py")
+    for item in (1, 2, 3):
+        assert f"item {item} went in a batch of total 6" in out
+    assert "6 samples from 3 actors: [(0, 0), (0, 0), (1, 0), (1, 1), (2, 0), (2, 2)]" in out
+    assert "item 7: ActorDiedError, delivered=True: " in out and "signal 9" in out
+    assert "restarted, batch now 0 long" in out

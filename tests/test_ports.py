@@ -13,7 +13,7 @@ from otpmesh._node._porttable import ERROR, PortTable
 from otpmesh._wire import _codec
 from otpmesh._wire._frames import PORT, decode_message
 from tests.conftest import run_trio
-from tests.port_actors import Later, Producer
+from tests.port_actors import AioLater, Later, Producer
 
 TREE = Supervisor("s", intensity=10, children=[Worker("later", Later)], strategy=ONE_FOR_ONE)
 
@@ -69,6 +69,17 @@ def test_a_reply_port_travels_to_another_actor_which_replies() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_ports_work_from_an_asyncio_actors_code() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            aio = (await procs.spawn("aio", AioLater))[0]
+            assert await aio.ask(21) == 42
+            assert await aio.roundtrip(5) == [0, 1, 2, 3, 4]
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
 def test_a_channel_port_passed_to_a_mesh_of_four_gets_every_value() -> None:
     async def body() -> None:
         async with await otpmesh.proc_mesh(procs=4) as procs:
@@ -90,6 +101,13 @@ def test_a_channel_port_passed_to_a_mesh_of_four_gets_every_value() -> None:
     run_trio(body)
 
 
+async def _ask_until_it_fails(later: otpmesh.ActorRef, errors: list[BaseException]) -> None:
+    try:
+        await later.ask("never answered")
+    except otpmesh.ActorDiedError as exc:
+        errors.append(exc)
+
+
 @pytest.mark.timeout(90)
 def test_a_reply_port_whose_actor_crashes_or_is_killed_fails_its_caller() -> None:
     async def body() -> None:
@@ -100,13 +118,7 @@ def test_a_reply_port_whose_actor_crashes_or_is_killed_fails_its_caller() -> Non
                 async with trio.open_nursery() as nursery:
                     errors: list[BaseException] = []
 
-                    async def ask() -> None:
-                        try:
-                            await later.ask("never answered")
-                        except otpmesh.ActorDiedError as exc:
-                            errors.append(exc)
-
-                    nursery.start_soon(ask)
+                    nursery.start_soon(_ask_until_it_fails, later, errors)
                     while await later.pending() == 0:
                         await trio.sleep(0.01)
                     if fault == "crash":

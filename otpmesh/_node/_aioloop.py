@@ -130,6 +130,11 @@ class AsyncioThread:
 
     # ------------------------------------------------------------ asyncio -> trio
 
+    def call_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """From this thread: ``fn(*args)`` run in trio, waited for (a quick synchronous
+        operation on trio's side, such as registering a port: the asyncio loop waits for it)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
     def soon(self, fn: Callable[..., object], *args: Any) -> None:
         """From this thread: run ``fn(*args)`` in trio soon, without waiting for it (its
         errors are logged: nobody waits to hear of them)."""

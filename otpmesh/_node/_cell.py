@@ -16,8 +16,8 @@ from .._core._reasons import KILLED
 from .._core._signature import bind_error
 from . import _chain, _raised
 from ._aioloop import ASYNCIO_HINT, asyncio_thread, needs_asyncio
-from ._porttable import ReplyPorts
 from ._ports import Port
+from ._porttable import ReplyPorts
 from ._serving import Serving, chaos_wedge
 
 if TYPE_CHECKING:

@@ -230,6 +230,9 @@ class Channel(Generic[T]):
                 f"Channel.open(capacity={capacity!r}): capacity is how many unread values the "
                 "receiver holds, a positive int"
             )
+        aio = bridge()
+        if aio is not None:  # an asyncio actor's code: the port is registered in trio
+            return aio.call_sync(Channel[T].open, capacity)
         table = _table("Channel.open()")
         receiver: PortReceiver[T] = PortReceiver(capacity)
         port_id = table.register(receiver)
