@@ -36,7 +36,7 @@ from ._channel import TensorChannel
 from ._faults import LinkFaults
 from ._incoming import Incoming, SysHandler
 from ._outgoing import Outgoing
-from ._porttable import PortTable
+from ._porttable import PortTable, set_current_table
 
 log = logging.getLogger("otpmesh.node")
 
@@ -53,6 +53,7 @@ def current_node() -> Node | None:
 
 def set_current_node(node: Node) -> None:
     _CURRENT.set(node)
+    set_current_table(node.ports)  # what Port and Channel use (_ports.py)
 
 
 class Node(Admission, Incoming, Outgoing):

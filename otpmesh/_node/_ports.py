@@ -27,7 +27,16 @@ from .._core._actor import current_path
 from .._core._errors import ActorError, MeshError, PortClosedError, PortOverflowError
 from .._wire import _codec, _payloads
 from ._aioloop import bridge
-from ._porttable import CLOSE, ERROR, MAX_ID, TOKEN_BYTES, VALUE, PortTable, new_token
+from ._porttable import (
+    CLOSE,
+    ERROR,
+    MAX_ID,
+    TOKEN_BYTES,
+    VALUE,
+    PortTable,
+    current_table,
+    new_token,
+)
 
 T = TypeVar("T")
 
@@ -39,16 +48,13 @@ _PORT_FIELDS = (_payloads.STR, _payloads.INT, _payloads.BYTES)
 
 
 def _table(what: str) -> PortTable:
-    # Imported here: the node module imports this layer's table (a cycle at import time).
-    from ._node import current_node
-
-    node = current_node()
-    if node is None:
+    table = current_table()
+    if table is None:
         raise MeshError(
             f"{what} needs an otpmesh node in this trio run: call it inside an actor, or in "
             "the controller inside 'async with otpmesh.start(tree)' (or otpmesh.proc_mesh())"
         )
-    return node.ports
+    return table
 
 
 class Port(Generic[T]):

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from .._wire._connection import Connection
     from .._wire._refusals import RefusalLog
     from .._wire._tensors import Offer
-    from ._calls import Replier, ReplyTo
     from ._channel import TensorChannel
     from ._faults import LinkFaults
 
@@ -49,6 +48,25 @@ MAX_UNSENT = 1024
 MAX_ID = 1 << 64
 
 
+#: Where a call's reply goes (``_calls.ReplyTo``: a connection or a local call group, and the
+#: call id there); opaque here.
+ReplyTo = tuple[Any, int]
+
+_CURRENT: trio.lowlevel.RunVar[PortTable] = trio.lowlevel.RunVar("otpmesh_ports")
+
+
+def current_table() -> PortTable | None:
+    """The port table of this trio run's node (set with it: ``_node.set_current_node``)."""
+    try:
+        return _CURRENT.get()
+    except (LookupError, RuntimeError):  # RuntimeError: not inside a trio run at all
+        return None
+
+
+def set_current_table(table: PortTable) -> None:
+    _CURRENT.set(table)
+
+
 def new_token() -> bytes:
     return secrets.token_bytes(TOKEN_BYTES)
 
@@ -60,6 +78,15 @@ class Sink(Protocol):
 
     def put(self, what: int, value: Any) -> None:
         """One arrival: VALUE with the value, CLOSE, or ERROR with its fields."""
+
+
+class Replier(Protocol):
+    """What answers a call (the node: ``_calls.Replier``)."""
+
+    def reply_ok(self, reply: ReplyTo, value: Any) -> None: ...
+    def reply_error(
+        self, reply: ReplyTo | None, type_name: str, message: str, tb: str, kind: str = "raised"
+    ) -> None: ...
 
 
 class PortNode(Protocol):
