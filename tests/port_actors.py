@@ -23,6 +23,11 @@ class Later(otpmesh.Actor):
     def ask(self, port: otpmesh.Port[str], question: str) -> None:
         self.waiting.append((port, question))
 
+    @otpmesh.endpoint(reply_port=True)
+    async def ask_async(self, port: otpmesh.Port[str], question: str) -> None:
+        await trio.sleep(0)
+        self.waiting.append((port, question))
+
     @otpmesh.endpoint
     def answer(self, suffix: str) -> int:
         waiting, self.waiting = self.waiting, []

@@ -12,6 +12,8 @@ from otpmesh._node._node import current_node
 from otpmesh._node._porttable import ERROR, PortTable
 from otpmesh._wire import _codec
 from otpmesh._wire._frames import PORT, decode_message
+from otpmesh._wire._framing import frame_header
+from otpmesh._wire._handshake import dial
 from tests.conftest import run_trio
 from tests.port_actors import AioLater, Later, Producer
 
@@ -25,16 +27,17 @@ def test_reply_later_answers_the_first_caller_from_another_endpoint() -> None:
             later = (await procs.spawn("later", Later))[0]
             got: list[str] = []
 
-            async def ask() -> None:
-                got.append(await later.ask("why"))
+            async def ask(endpoint: otpmesh.Endpoint, question: str) -> None:
+                got.append(await endpoint(question))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ask)
-                while await later.pending() == 0:
+            async with trio.open_nursery() as nursery:  # a plain def endpoint and an async one
+                nursery.start_soon(ask, later.ask, "why")
+                nursery.start_soon(ask, later.ask_async, "how")
+                while await later.pending() < 2:
                     await trio.sleep(0.01)
-                assert got == []  # the endpoint returned; its caller still waits
-                assert await later.answer("?") == 1
-            assert got == ["why?"]
+                assert got == []  # the endpoints returned; their callers still wait
+                assert await later.answer("?") == 2
+            assert sorted(got) == ["how?", "why?"]
             assert await later.twice(5) == 5  # one reply per call: the second send is dropped
             with pytest.raises(otpmesh.ActorError, match="ValueError: no thanks"):
                 await later.refuse("no thanks")
@@ -148,6 +151,37 @@ def test_a_forged_port_is_refused_and_the_real_one_still_works() -> None:
             stats = node.ports.statistics()
             assert stats.forged == 1 and stats.gone == 1
             assert receiver.statistics().received == 1
+
+    run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_raw_peer_is_refused_a_forged_token_and_closed_for_a_malformed_port_frame() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            later = (await procs.spawn("later", Later))[0]
+            node = current_node()
+            assert node is not None
+            port, receiver = otpmesh.Channel[str].open()
+            addr, port_id, token = port._to_wire()
+            sock, _ = await dial(addr, node.secret_for(addr))  # a peer with the app's secret
+
+            def send(frame: list[object]) -> None:
+                data = msgpack.packb(frame)
+                sock.sendall(frame_header(len(data)) + data)
+
+            send([PORT, port_id, bytes(16), 0, "forged"])
+            send([PORT, port_id, token, 0, "genuine"])  # the same connection: still open
+            assert await receiver.recv() == "genuine"
+            assert node.ports.statistics().forged == 1
+            send([PORT, port_id, b"short", 0, "malformed"])
+            sock.settimeout(30)
+            assert await trio.to_thread.run_sync(sock.recv, 1) == b"", "not closed"
+            sock.close()
+            assert await later.pid() > 0  # the app keeps answering
+            port.send("after")
+            assert await receiver.recv() == "after"
+            assert receiver.statistics().received == 2
 
     run_trio(body)
 
