@@ -94,6 +94,14 @@ class Producer(otpmesh.Actor):
         port.close()
 
     @otpmesh.endpoint
+    def big(self, port: otpmesh.Port[Any], mib: int) -> None:
+        """A tensor large enough for the tensor channel (1 MiB or more), then a small one."""
+        import torch
+
+        port.send(torch.ones(mib << 18))
+        port.send(torch.ones(2))
+
+    @otpmesh.endpoint
     def forge(self, port: otpmesh.Port[str]) -> None:
         """Send on a port with the right owner and id but a guessed token."""
         addr, port_id, token = port._to_wire()

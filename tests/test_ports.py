@@ -111,6 +111,19 @@ async def _ask_until_it_fails(later: otpmesh.ActorRef, errors: list[BaseExceptio
         errors.append(exc)
 
 
+@pytest.mark.timeout(60)
+def test_a_large_tensor_sent_on_a_port_goes_over_the_tensor_channel_in_order() -> None:
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            producer = (await procs.spawn("big", Producer))[0]
+            port, receiver = otpmesh.Channel.open()
+            await producer.big(port, 4)
+            big, small = await receiver.recv(), await receiver.recv()
+            assert (big.numel(), float(big.sum()), small.numel()) == (1 << 20, 1 << 20, 2)
+
+    run_trio(body)
+
+
 @pytest.mark.timeout(90)
 def test_a_reply_port_whose_actor_crashes_or_is_killed_fails_its_caller() -> None:
     async def body() -> None:
