@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgpack
 import pytest
 import trio
@@ -100,6 +102,16 @@ def test_a_channel_port_passed_to_a_mesh_of_four_gets_every_value() -> None:
             # A channel between actors: producers/0 opens it, the others fill it.
             gathered = await producers[0].gather_from(producers.slice(procs=slice(1, 4)), 2)
             assert gathered == [(rank, i) for rank in (1, 2, 3) for i in range(2)]
+            # A receiver nobody holds any more is gone: what is sent to its port is dropped.
+            node = current_node()
+            assert node is not None
+            port, receiver = otpmesh.Channel[tuple[int, int]].open()
+            gone = node.ports.statistics().gone
+            del receiver
+            gc.collect()
+            await producers[1].produce(port, 2)
+            while node.ports.statistics().gone < gone + 2:
+                await trio.sleep(0.01)
 
     run_trio(body)
 

@@ -135,53 +135,53 @@ class PortReceiverStatistics:
     dropped: int
 
 
-class PortReceiver(Generic[T]):
-    """The receiving end of a Channel: ``await recv()``, or ``async for value in receiver``.
-    Lives in the process that opened it; drop it (or ``close`` it) and sends to its port are
-    dropped."""
+class _Inbox:
+    """What a receiver holds, and where its port's arrivals go (its node's PortTable holds it
+    weakly: it lives as long as its receiver)."""
 
-    __slots__ = (
-        "__weakref__",
-        "_capacity",
-        "_dropped",
-        "_ended",
-        "_lot",
-        "_queue",
-        "_received",
-        "token",
-    )
+    __slots__ = ("__weakref__", "capacity", "dropped", "ended", "lot", "queue", "received", "token")
 
     def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._queue: deque[tuple[bool, Any]] = deque()
-        self._ended: Exception | None = None
-        self._lot = trio.lowlevel.ParkingLot()
-        self._received = 0
-        self._dropped = 0
+        self.capacity = capacity
+        self.queue: deque[tuple[bool, Any]] = deque()
+        self.ended: Exception | None = None
+        self.lot = trio.lowlevel.ParkingLot()
+        self.received = 0
+        self.dropped = 0
         self.token = new_token()
 
     def put(self, what: int, value: Any) -> None:
-        """An arrival for this receiver (from its node's PortTable)."""
-        if self._ended is not None:
-            self._dropped += 1
+        if self.ended is not None:
+            self.dropped += 1
             return
         if what == CLOSE:
-            self._ended = PortClosedError("the port was closed by a sender: the stream ended")
-        elif len(self._queue) >= self._capacity:
-            self._dropped += 1
-            self._ended = PortOverflowError(
-                f"more than {self._capacity} values arrived unread: the stream failed there "
+            self.ended = PortClosedError("the port was closed by a sender: the stream ended")
+        elif len(self.queue) >= self.capacity:
+            self.dropped += 1
+            self.ended = PortOverflowError(
+                f"more than {self.capacity} values arrived unread: the stream failed there "
                 "and later values were dropped; read faster, or open the channel with a larger "
                 "capacity (otpmesh.Channel.open(capacity=...))"
             )
         elif what == VALUE:
-            self._received += 1
-            self._queue.append((True, value))
+            self.received += 1
+            self.queue.append((True, value))
         else:
             type_name, message, tb, sender = value
-            self._received += 1
-            self._queue.append((False, ActorError(sender, type_name, message, tb)))
-        self._lot.unpark_all()
+            self.received += 1
+            self.queue.append((False, ActorError(sender, type_name, message, tb)))
+        self.lot.unpark_all()
+
+
+class PortReceiver(Generic[T]):
+    """The receiving end of a Channel: ``await recv()``, or ``async for value in receiver``.
+    Lives in the process that opened it; drop it (or ``close`` it) and sends to its port are
+    dropped. Made by ``Channel.open``."""
+
+    __slots__ = ("_inbox",)
+
+    def __init__(self, inbox: _Inbox) -> None:
+        self._inbox = inbox
 
     async def recv(self) -> T:
         """The next value; raises what a sender sent with ``Port.exception`` (ActorError),
@@ -189,11 +189,12 @@ class PortReceiver(Generic[T]):
         aio = bridge()
         if aio is not None:
             return await aio.to_trio(self.recv)
-        while not self._queue:
-            if self._ended is not None:
-                raise self._ended
-            await self._lot.park()
-        ok, value = self._queue.popleft()
+        inbox = self._inbox
+        while not inbox.queue:
+            if inbox.ended is not None:
+                raise inbox.ended
+            await inbox.lot.park()
+        ok, value = inbox.queue.popleft()
         if ok:
             return value  # type: ignore[no-any-return]
         raise value
@@ -212,13 +213,15 @@ class PortReceiver(Generic[T]):
     def close(self) -> None:
         """Stop receiving: ``recv`` raises PortClosedError once the queued values are read,
         and later sends are dropped."""
-        if self._ended is None:
-            self._ended = PortClosedError("the receiver was closed")
-        self._lot.unpark_all()
+        inbox = self._inbox
+        if inbox.ended is None:
+            inbox.ended = PortClosedError("the receiver was closed")
+        inbox.lot.unpark_all()
 
     def statistics(self) -> PortReceiverStatistics:
+        inbox = self._inbox
         return PortReceiverStatistics(
-            len(self._queue), self._capacity, self._received, self._dropped
+            len(inbox.queue), inbox.capacity, inbox.received, inbox.dropped
         )
 
 
@@ -240,6 +243,6 @@ class Channel(Generic[T]):
         if aio is not None:  # an asyncio actor's code: the port is registered in trio
             return aio.call_sync(Channel[T].open, capacity)
         table = _table("Channel.open()")
-        receiver: PortReceiver[T] = PortReceiver(capacity)
-        port_id = table.register(receiver)
-        return Port(table.address(), port_id, receiver.token), receiver
+        inbox = _Inbox(capacity)
+        port_id = table.register(inbox)
+        return Port(table.address(), port_id, inbox.token), PortReceiver(inbox)
