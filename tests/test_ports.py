@@ -69,6 +69,10 @@ def test_a_reply_port_travels_to_another_actor_which_replies() -> None:
                         except otpmesh.ActorError:  # delegate has not run yet
                             await trio.sleep(0.01)
             assert got == [40]
+            replies = await mesh.twice(3)  # a call to every actor: each one's first value
+            assert replies.values() == [3, 3]
+            await mesh.twice.broadcast(1)  # a cast's reply port drops what is sent on it
+            assert (await mesh.pending()).values() == [0, 0]
 
     run_trio(body)
 
