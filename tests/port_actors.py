@@ -18,6 +18,7 @@ class Later(otpmesh.Actor):
 
     def __init__(self) -> None:
         self.waiting: list[tuple[otpmesh.Port[str], str]] = []
+        self.delegated: tuple[Port[Any], otpmesh.ActorRef, int] | None = None
 
     @otpmesh.endpoint(reply_port=True)
     def ask(self, port: otpmesh.Port[str], question: str) -> None:
@@ -53,14 +54,19 @@ class Later(otpmesh.Actor):
 
     @otpmesh.endpoint(reply_port=True)
     def delegate(self, port: otpmesh.Port[Any], helper: otpmesh.ActorRef, x: int) -> None:
-        """The reply comes from another actor, which was handed the port."""
+        """The reply comes from another actor, which is handed the port (``hand_over``)."""
         assert isinstance(port, Port)
-        self.helper = helper
-        self.port, self.x = port, x
+        self.delegated = (port, helper, x)
 
     @otpmesh.endpoint
-    async def hand_over(self) -> None:
-        await self.helper.reply_on(self.port, self.x * 10)
+    async def hand_over(self) -> bool:
+        """False while no call to ``delegate`` came yet."""
+        if self.delegated is None:
+            return False
+        port, helper, x = self.delegated
+        self.delegated = None
+        await helper.reply_on(port, x * 10)
+        return True
 
     @otpmesh.endpoint
     def reply_on(self, port: otpmesh.Port[int], value: int) -> None:

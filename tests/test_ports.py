@@ -60,14 +60,8 @@ def test_a_reply_port_travels_to_another_actor_which_replies() -> None:
                     got.append(await mesh[0].delegate(mesh[1], 4))
 
                 nursery.start_soon(ask)
-                await trio.sleep(0)
-                with trio.fail_after(30):
-                    while True:
-                        try:
-                            await mesh[0].hand_over()
-                            break
-                        except otpmesh.ActorError:  # delegate has not run yet
-                            await trio.sleep(0.01)
+                while not await mesh[0].hand_over():  # until delegate has run
+                    await trio.sleep(0.01)
             assert got == [40]
             replies = await mesh.twice(3)  # a call to every actor: each one's first value
             assert replies.values() == [3, 3]
