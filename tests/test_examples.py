@@ -130,3 +130,12 @@ def test_from_monarch_prints_the_same_through_otpmesh_monarch_and_natively() -> 
     assert "steps: [2, 2, 2, 2]" in native
     assert "refused: learning rate must be positive, not -1.0" in native
     assert "rank 3: 3 steps at lr 0.1" in native
+
+
+def test_ports_replies_later_streams_and_fails_a_waiting_caller_on_sigkill() -> None:
+    out = _run("ports.py")
+    for item in (1, 2, 3):
+        assert f"item {item} went in a batch of total 6" in out
+    assert "6 samples from 3 actors: [(0, 0), (0, 0), (1, 0), (1, 1), (2, 0), (2, 2)]" in out
+    assert "item 7: ActorDiedError, delivered=True: " in out and "signal 9" in out
+    assert "restarted, batch now 0 long" in out

@@ -19,7 +19,9 @@ EXPECTED = {
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
-    "SupervisorError", "AppStoppedError",
+    "SupervisorError", "AppStoppedError", "PortClosedError", "PortOverflowError",
+    # ports and channels
+    "Channel", "Port", "PortReceiver",
     # actors that own meshes
     "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
     # hosts past this one
