@@ -130,3 +130,21 @@ def test_sync_script_calls_with_get_reduces_and_runs_a_tree_without_an_event_loo
     assert "tree counter: 2" in out
     pids = [int(p) for p in [*out.split("pids:")[1].split()[:2], out.split("tree pid:")[1]]]
     assert len(set(pids)) == 3
+
+
+def test_from_monarch_prints_the_same_through_otpmesh_monarch_and_natively() -> None:
+    through_monarch = _run("from_monarch.py")
+    native = _run("from_monarch.py", "--native")
+    assert through_monarch == native
+    assert "steps: [2, 2, 2, 2]" in native
+    assert "refused: learning rate must be positive, not -1.0" in native
+    assert "rank 3: 3 steps at lr 0.1" in native
+
+
+def test_ports_replies_later_streams_and_fails_a_waiting_caller_on_sigkill() -> None:
+    out = _run("ports.py")
+    for item in (1, 2, 3):
+        assert f"item {item} went in a batch of total 6" in out
+    assert "6 samples from 3 actors: [(0, 0), (0, 0), (1, 0), (1, 1), (2, 0), (2, 2)]" in out
+    assert "item 7: ActorDiedError, delivered=True: " in out and "signal 9" in out
+    assert "restarted, batch now 0 long" in out

@@ -32,6 +32,8 @@ class EndpointInfo:
     let_it_crash: bool
     progress_deadline: float | None = None
     params: Params | None = None
+    #: The endpoint replies through a Port, its first argument, not with its return value.
+    reply_port: bool = False
 
 
 class Actor:
@@ -121,7 +123,10 @@ def endpoint(fn: F, /) -> F: ...
 
 @overload
 def endpoint(
-    *, let_it_crash: bool = True, progress_deadline: float | None = None
+    *,
+    let_it_crash: bool = True,
+    progress_deadline: float | None = None,
+    reply_port: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -131,6 +136,7 @@ def endpoint(
     *,
     let_it_crash: bool = True,
     progress_deadline: float | None = None,
+    reply_port: bool = False,
 ) -> F | Callable[[F], F]:
     """Mark an actor method as an endpoint callable from anywhere.
 
@@ -141,6 +147,9 @@ def endpoint(
     With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
     ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
     ``otpmesh.progress()``, the actor exits as hung.
+    With ``reply_port=True`` the endpoint replies through a Port, its first parameter after
+    ``self`` (callers do not pass it), instead of with its return value: the caller's call
+    returns the first value sent on it, even after the endpoint returned (docs/guides/ports.md).
     """
     if progress_deadline is not None and (
         isinstance(progress_deadline, bool)
@@ -155,12 +164,16 @@ def endpoint(
     def mark(f: F) -> F:
         if not callable(f):
             raise TypeError(f"@endpoint decorates a method, not {f!r}")
+        params = Params.of(f)
+        if reply_port:
+            params = _without_port(f, params)
         info = EndpointInfo(
             f.__name__,
             inspect.iscoroutinefunction(f),
             let_it_crash,
             None if progress_deadline is None else float(progress_deadline),
-            Params.of(f),
+            params,
+            reply_port,
         )
         setattr(f, _ENDPOINT_ATTR, info)
         return f
@@ -168,6 +181,18 @@ def endpoint(
     if fn is not None:
         return mark(fn)
     return mark
+
+
+def _without_port(f: Callable[..., Any], params: Params | None) -> Params | None:
+    """The parameters callers pass to a ``reply_port`` endpoint: all but its port."""
+    if params is None:
+        return None
+    if not params.kinds or params.kinds[0] not in "pa":
+        raise TypeError(
+            f"@endpoint(reply_port=True) on {f.__qualname__}{params}: the endpoint takes its "
+            "reply port as its first parameter after self, e.g. 'def ask(self, port, x)'"
+        )
+    return Params(params.names[1:], params.kinds[1:])
 
 
 @dataclass(frozen=True, slots=True)

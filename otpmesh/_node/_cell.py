@@ -16,6 +16,8 @@ from .._core._reasons import KILLED
 from .._core._signature import bind_error
 from . import _chain, _raised
 from ._aioloop import ASYNCIO_HINT, asyncio_thread, needs_asyncio
+from ._ports import Port
+from ._porttable import ReplyPorts
 from ._serving import Serving, chaos_wedge
 
 if TYPE_CHECKING:
@@ -84,6 +86,8 @@ class ActorCell:
         # An asyncio actor's async code runs in the process's asyncio thread (_aioloop.py).
         self._aio = asyncio_thread() if runs_on(type(instance)) == ASYNCIO else None
         self._token = trio.lowlevel.current_trio_token()
+        # The reply ports of calls to reply_port endpoints not answered yet (_porttable.py).
+        self._replies = ReplyPorts(node.ports, node)
 
     @property
     def alive(self) -> bool:
@@ -93,6 +97,7 @@ class ActorCell:
         """The caller of the call answered at `reply` gave up: cancel it if this actor is
         serving it (an async endpoint is cancelled through trio; a plain-def one cannot be and
         runs to the end), or skip it when its turn comes. True if this actor was serving it."""
+        self._replies.forget(lambda r: r == reply)  # its reply port: nobody waits on it any more
         if self._current is not None and self._current == reply:
             if self._call_scope is not None:
                 self._call_scope.cancel()
@@ -118,6 +123,7 @@ class ActorCell:
     def caller_gone(self, conn: object) -> None:
         """The connection `conn` closed: an async endpoint serving a call from it is cancelled
         (nobody is left to answer it); its queued calls are skipped in turn (_handle_one)."""
+        self._replies.forget(lambda reply: reply[0] is conn)
         current = self._current
         if current is not None and current[0] is conn and self._call_scope is not None:
             self._call_scope.cancel()
@@ -169,6 +175,7 @@ class ActorCell:
                     await self._call_on_stop()
         finally:
             self.exited = True
+            self._replies.fail_all(self.describe_exit())
             self._drain()
             self.finished.set()
             self._on_exit(self)
@@ -270,6 +277,8 @@ class ActorCell:
             return True
         try:
             self._begin(info)
+            if info.reply_port:
+                args = [self._reply_port(reply), *args]
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
             if not self._failed(info, method, exc, reply) and self._idle_scope is not None:
@@ -282,7 +291,7 @@ class ActorCell:
             return True
         finally:
             self.serving = None
-        if reply is not None:
+        if reply is not None and not info.reply_port:
             self.node.reply_ok(reply, result)
         if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
             self._idle_scope.cancel()
@@ -307,6 +316,8 @@ class ActorCell:
             return True
         try:
             self._begin(info)
+            if info.reply_port:
+                args = [self._reply_port(reply), *args]
             result = getattr(self.instance, method)(*args, **kwargs)
             if info.is_async:
                 with trio.CancelScope() as scope:
@@ -323,9 +334,13 @@ class ActorCell:
             return self._ended(method, exc, reply)
         finally:
             self.serving = None
-        if reply is not None:
+        if reply is not None and not info.reply_port:
             self.node.reply_ok(reply, result)
         return True
+
+    def _reply_port(self, reply: ReplyTo | None) -> Port[Any]:
+        """The port a reply_port endpoint replies through (a cast's drops what is sent)."""
+        return Port(*self._replies.open(reply))
 
     async def _run_async(self, coro: Any) -> Any:
         """Await an async method's coroutine on this actor's loop: here in trio, or as an
@@ -390,6 +405,8 @@ class ActorCell:
         crash = ActorCrash.of(exc, skip_frames=skip, endpoint=method)
         # Log and announce the exit before replying: the caller must not see the error before
         # the supervisor can know of the crash.
+        if info.reply_port and reply is not None:
+            self._replies.forget(lambda r: r == reply)  # answered with the error below
         if info.let_it_crash:
             log.error("%s crashed in %s:\n%s", self.ctx.path, method, crash.traceback)
             if self.exit_reason is None:
