@@ -1,10 +1,11 @@
-"""An actor's cell: its instance, its bounded mailbox, the task serving one message at a time."""
+"""An actor's cell: its instance, its bounded mailbox, the task serving one message at a time
+(and the tasks of its concurrent endpoints' calls in flight, in a nursery of its own)."""
 
 from __future__ import annotations
 
 import contextvars
 import logging
-import time
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,17 @@ class ActorCell:
         # what runs now; the task is read for an async endpoint's stack (_runtime/_stacks.py).
         self.progress_deadline = progress_deadline
         self.serving: Serving | None = None
+        # Calls of concurrent endpoints: a mailbox of their own (a busy serial endpoint does
+        # not hold them up), each started in its own task in `_flight_nursery` (opened only
+        # for an actor that has such endpoints), so many in flight, each endpoint's bounded.
+        self.in_flight: set[Serving] = set()
+        self._flight_nursery: trio.Nursery | None = None
+        self._limits = {
+            name: trio.Semaphore(info.concurrent)
+            for name, info in endpoints.items()
+            if info.concurrent
+        }
+        self._flight_send, self._flight_receive = trio.open_memory_channel[Message](capacity)
         self.task: trio.lowlevel.Task | None = None
         self.wedge: tuple[float | None] | None = None  # chaos.wedge: the next endpoint blocks
         # Plain-def endpoints may run in the connection's task; they still see this actor's context.
@@ -85,9 +97,22 @@ class ActorCell:
         self._aio = asyncio_thread() if runs_on(type(instance)) == ASYNCIO else None
         self._token = trio.lowlevel.current_trio_token()
 
+    def mailbox(self, method: str) -> trio.MemorySendChannel[Message]:
+        """Where a message for `method` waits its turn: a concurrent endpoint's own mailbox,
+        or the serial one."""
+        return self._flight_send if method in self._limits else self.send
+
     @property
     def alive(self) -> bool:
         return self.exit_reason is None
+
+    def servings(self) -> list[Serving]:
+        """Every call this actor runs now: the serial one, and concurrent ones in flight."""
+        serving = self.serving
+        return [*([serving] if serving is not None else []), *self.in_flight]
+
+    def serves(self, serving: Serving) -> bool:
+        return serving is self.serving or serving in self.in_flight
 
     def cancel(self, reply: ReplyTo) -> bool:
         """The caller of the call answered at `reply` gave up: cancel it if this actor is
@@ -97,6 +122,10 @@ class ActorCell:
             if self._call_scope is not None:
                 self._call_scope.cancel()
             return True
+        for call in self.in_flight:
+            if call.reply == reply:
+                call.scope.cancel()
+                return True
         self._cancelled[reply] = None
         if len(self._cancelled) > _CANCELLED_MEMORY:
             del self._cancelled[next(iter(self._cancelled))]
@@ -106,14 +135,29 @@ class ActorCell:
         """otpmesh.progress(): the endpoint running now is still moving."""
         serving = self.serving
         if serving is not None:
-            serving.progress_at = time.monotonic()
+            serving.mark()
 
-    def _begin(self, info: EndpointInfo) -> None:
-        deadline = info.progress_deadline or self.progress_deadline
-        self.serving = Serving(info.name, info.is_async, deadline)
+    def _begin(self, info: EndpointInfo) -> Serving:
+        serving = self.serving = self._serving(info)
         if self.wedge is not None:
             (seconds,), self.wedge = self.wedge, None
             chaos_wedge(seconds)
+        return serving
+
+    def _serving(self, info: EndpointInfo) -> Serving:
+        return Serving(info.name, info.is_async, info.progress_deadline or self.progress_deadline)
+
+    def refused(self, method: str, chain: tuple[str, ...], reply: ReplyTo | None) -> bool:
+        """Whether a call from `chain` to `method` would wait on itself, answered so if it
+        would (_chain.py): a serial endpoint's, while this actor is one its chain waits on."""
+        if self.ctx.path not in chain:
+            return False
+        info = self.endpoints.get(method)
+        if info is not None and info.concurrent:
+            return False  # it runs beside whatever keeps the actor busy: re-entrant
+        cycle = [*chain[chain.index(self.ctx.path) :], self.ctx.path]
+        self.node.reply_error(reply, "DeadlockError", _chain.CYCLE_JOIN.join(cycle), "", "deadlock")
+        return True
 
     def caller_gone(self, conn: object) -> None:
         """The connection `conn` closed: an async endpoint serving a call from it is cancelled
@@ -121,6 +165,9 @@ class ActorCell:
         current = self._current
         if current is not None and current[0] is conn and self._call_scope is not None:
             self._call_scope.cancel()
+        for call in self.in_flight:
+            if call.reply is not None and call.reply[0] is conn:
+                call.scope.cancel()
 
     def describe_exit(self) -> str:
         return "running" if self.exit_reason is None else describe(self.exit_reason)
@@ -163,8 +210,16 @@ class ActorCell:
         try:
             with self._kill_scope:
                 with self._serve_scope:
-                    while self.exit_reason is None and await self._serve_batch():
-                        pass
+                    if self._limits:
+                        async with trio.open_nursery() as nursery:
+                            self._flight_nursery = nursery
+                            nursery.start_soon(self._dispatch_concurrent, nursery)
+                            await self._serve()
+                            # Stopping: its calls in flight end with it (callers are told).
+                            nursery.cancel_scope.cancel()
+                    else:
+                        await self._serve()
+                self._flight_nursery = None
                 if self.exit_reason != KILLED:
                     await self._call_on_stop()
         finally:
@@ -172,6 +227,10 @@ class ActorCell:
             self._drain()
             self.finished.set()
             self._on_exit(self)
+
+    async def _serve(self) -> None:
+        while self.exit_reason is None and await self._serve_batch():
+            pass
 
     async def _call_on_stop(self) -> None:
         try:
@@ -243,16 +302,20 @@ class ActorCell:
             self.busy = False
 
     def _drain(self) -> None:
-        self.send.close()
         reason = self.describe_exit()
-        while True:
-            try:
-                _, _, _, reply, _ = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            if reply is not None:
-                self.node.reply_dead(reply, reason)
-        self._receive.close()
+        for send, receive in (
+            (self.send, self._receive),
+            (self._flight_send, self._flight_receive),
+        ):
+            send.close()
+            while True:
+                try:
+                    _, _, _, reply, _ = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if reply is not None:
+                    self.node.reply_dead(reply, reason)
+            receive.close()
 
     def handle_inline(
         self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
@@ -264,7 +327,7 @@ class ActorCell:
         if self._receive.statistics().current_buffer_used:
             return False
         info = self.endpoints.get(method)
-        if info is None or info.is_async:
+        if info is None or info.is_async or info.blocking:
             return False
         if self._bad_call(info, args, kwargs, reply):
             return True
@@ -306,13 +369,19 @@ class ActorCell:
         if self._bad_call(info, args, kwargs, reply):
             return True
         try:
-            self._begin(info)
-            result = getattr(self.instance, method)(*args, **kwargs)
+            serving = self._begin(info)
+            if info.blocking:  # not cancelled by its caller: like any plain def, it runs out
+                result = await self._run_blocking(getattr(self.instance, method), args, kwargs)
+            else:
+                result = getattr(self.instance, method)(*args, **kwargs)
             if info.is_async:
                 with trio.CancelScope() as scope:
                     self._call_scope = scope
                     try:
-                        result = await (result if self._aio is None else self._run_async(result))
+                        if self._aio is not None:
+                            result = await self._run_async(result, serving)
+                        else:
+                            result = await result
                     finally:
                         self._call_scope = None
                 if scope.cancelled_caught:
@@ -327,23 +396,116 @@ class ActorCell:
             self.node.reply_ok(reply, result)
         return True
 
-    async def _run_async(self, coro: Any) -> Any:
+    async def _run_async(self, coro: Any, serving: Serving | None = None) -> Any:
         """Await an async method's coroutine on this actor's loop: here in trio, or as an
-        asyncio task (in this actor's context, its stop request made thread-safe)."""
+        asyncio task (in this actor's context, its stop request made thread-safe), the task
+        recorded on `serving` for its stack (_runtime/_stacks.py)."""
         if self._aio is None:
             return await coro
         context = contextvars.copy_context()
-        context.run(set_context, self.ctx, self._stop_soon, self.progress)
-        return await self._aio.run(coro, context, self._aio_started)
+        mark = self.progress if serving is None else serving.mark
+        context.run(set_context, self.ctx, self._stop_soon, mark)
 
-    def _aio_started(self, task: Any) -> None:
+        def started(task: Any) -> None:
+            if serving is not None:
+                serving.aio_task = task
+
+        return await self._aio.run(coro, context, started)
+
+    async def _run_blocking(self, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run a blocking endpoint in a worker thread, in this task's context (the actor's,
+        and the call chain, for deadlock refusal); from there ``trio.from_thread.run`` reaches
+        this node. A kill or crash abandons the thread: it runs on to its end unseen."""
         serving = self.serving
-        if serving is not None:
-            serving.aio_task = task  # read for its stack (_runtime/_stacks.py)
+
+        def in_thread() -> Any:
+            if serving is not None:
+                serving.thread = threading.get_ident()
+            set_context(self.ctx, self._stop_from_thread, self.progress)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if serving is not None:
+                    serving.thread = None
+
+        return await trio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
+
+    def _stop_from_thread(self, reason: object) -> None:
+        """Actor.stop() from a blocking endpoint's thread: the request runs in trio's (before
+        the endpoint's return is seen, so the actor stops after it)."""
+        trio.from_thread.run_sync(self.request_stop, reason, trio_token=self._token)
 
     def _stop_soon(self, reason: object) -> None:
         """Actor.stop() from the asyncio thread: the request runs in trio's."""
         self._token.run_sync_soon(self.request_stop, reason)
+
+    async def _dispatch_concurrent(self, nursery: trio.Nursery) -> None:
+        """Start the calls of concurrent endpoints in their mailbox's order, each when its
+        endpoint has room for one more in flight."""
+        async for method, args, kwargs, reply, chain in self._flight_receive:
+            if reply is not None:
+                if reply in self._cancelled:
+                    del self._cancelled[reply]
+                    continue  # its caller gave up while it waited in the mailbox
+                if getattr(reply[0], "closed", False):
+                    continue
+            info = self.endpoints[method]
+            if self._bad_call(info, args, kwargs, reply):
+                continue
+            try:
+                await self._limits[method].acquire()
+            except BaseException:
+                if reply is not None:  # the actor ends before this call began
+                    self.node.reply_dead(reply, self.describe_exit())
+                raise
+            await nursery.start(self._serve_concurrent, info, args, kwargs, reply, chain)
+
+    async def _serve_concurrent(
+        self,
+        info: EndpointInfo,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        reply: ReplyTo | None,
+        chain: tuple[str, ...],
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """One call of a concurrent endpoint, in its own task: its body runs up to its first
+        wait before the actor takes its next message (so bodies start in mailbox order)."""
+        serving = self._serving(info)
+        serving.reply, serving.task = reply, trio.lowlevel.current_task()
+        self.in_flight.add(serving)
+        # It keeps no one busy: its calls carry its caller's chain, not this actor (_chain.py).
+        _chain.CHAIN.set(chain)
+        set_context(self.ctx, self.request_stop, serving.mark)
+        try:
+            with trio.CancelScope() as serving.scope:
+                task_status.started()
+                try:
+                    coro = getattr(self.instance, info.name)(*args, **kwargs)
+                    result = await (coro if self._aio is None else self._run_async(coro, serving))
+                except Exception as exc:
+                    if not self._failed(info, info.name, exc, reply):
+                        self._serve_scope.cancel()  # a crash ends every call in flight
+                    return
+                except BaseException as exc:
+                    if not self._ended(info.name, exc, reply):
+                        self._serve_scope.cancel()
+                    return
+            if serving.scope.cancelled_caught:
+                return  # its caller gave up and said so: the actor carries on
+            if reply is not None:
+                self.node.reply_ok(reply, result)
+        except BaseException as exc:
+            # Crashed, killed or stopped from outside mid-call: its caller is told, as for a
+            # serial call (delivered: it may have had effects).
+            if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
+                self.node.reply_error(
+                    reply, "ActorDiedError", self.describe_exit(), "", kind="lost"
+                )
+            raise
+        finally:
+            self.in_flight.discard(serving)
+            self._limits[info.name].release()
 
     def _bad_call(
         self, info: EndpointInfo, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None

@@ -169,36 +169,36 @@ class Watchdog:
     def _next_expiry(self) -> float:
         expiry = math.inf
         for cell in list(self._cells().values()):
-            serving = cell.serving
-            if serving is not None and serving.deadline is not None and not serving.hung:
-                expiry = min(expiry, serving.progress_at + serving.deadline)
+            for serving in cell.servings():
+                if serving.deadline is not None and not serving.hung:
+                    expiry = min(expiry, serving.progress_at + serving.deadline)
         return expiry
 
     def _check(self, now: float) -> None:
         for cell in list(self._cells().values()):
-            serving = cell.serving
-            if (
-                serving is None
-                or serving.deadline is None
-                or serving.hung
-                or now - serving.progress_at <= serving.deadline
-            ):
-                continue
-            serving.hung = True
-            self._hung(cell, serving)
+            for serving in cell.servings():  # each call in flight has its own deadline
+                if (
+                    serving.deadline is None
+                    or serving.hung
+                    or now - serving.progress_at <= serving.deadline
+                ):
+                    continue
+                serving.hung = True
+                self._hung(cell, serving)
+                break  # the actor exits: one reason is enough
 
     @staticmethod
     def _ended(cell: Any, serving: Any, within: float) -> bool:
         """Whether `cell` stopped serving `serving` within `within` seconds."""
         deadline = time.monotonic() + within
-        while cell.serving is serving and not cell.exited:
+        while cell.serves(serving) and not cell.exited:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
         return True
 
     def _hung(self, cell: Any, serving: Any) -> None:
-        stacks = _stacks.actor_stack(cell)
+        stacks = _stacks.actor_stack(cell, serving)
         others = _stacks.thread_stacks(skip=[threading.get_ident()])
         text = _cut(f"{stacks}\n{others}" if others else stacks)
         path = cell.ctx.path
@@ -207,7 +207,7 @@ class Watchdog:
         crashed = threading.Event()
 
         def crash() -> None:
-            if cell.serving is serving:
+            if cell.serves(serving):
                 cell.crash(reason)
             crashed.set()
 
