@@ -323,8 +323,10 @@ def progress() -> None:
     """Say that the running endpoint is still moving: its progress deadline (the child spec's
     ``progress_deadline``, or ``@endpoint(progress_deadline=...)``) starts again from now.
 
-    Call it from the endpoint itself (its task or, for a plain ``def`` endpoint, its thread);
-    outside an actor it raises RuntimeError. It costs a clock read.
+    Call it from the endpoint itself (its task or, for a plain ``def`` endpoint, its thread,
+    a blocking one's worker thread included); it marks the call it is called from, one of
+    several in flight for a concurrent endpoint. Outside an actor it raises RuntimeError. It
+    costs a clock read.
     """
     try:
         mark = _current_progress.get()

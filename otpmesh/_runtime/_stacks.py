@@ -28,6 +28,8 @@ from .._node._aioloop import THREAD_NAME as ASYNCIO_THREAD
 
 # Frames of the cell (and trio's, below an await) are the machinery around an endpoint.
 _CELL_FILE = os.path.join("otpmesh", "_node", "_cell.py")
+# A blocking endpoint's thread: its frames below the function that runs it there.
+_BLOCKING_FILE = os.path.join("otpmesh", "_node", "_blocking.py")
 #: Most frames shown per stack (the innermost ones).
 MAX_FRAMES = 40
 
@@ -57,11 +59,12 @@ def _outward(frame: FrameType | None) -> list[FrameType]:
 
 
 def endpoint_frames_sync(main: FrameType | None) -> list[FrameType]:
-    """A plain-def endpoint's frames, innermost first: the main thread's, up to the cell."""
+    """A plain-def endpoint's frames, innermost first: the main thread's, up to the cell (or
+    a blocking endpoint's thread's, up to the function that runs it there)."""
     frames = _outward(main)
     for i, frame in enumerate(frames):
         code = frame.f_code
-        if code.co_filename.endswith(_CELL_FILE):
+        if code.co_filename.endswith((_CELL_FILE, _BLOCKING_FILE)):
             frames = frames[:i]
             break
     return frames[:MAX_FRAMES]

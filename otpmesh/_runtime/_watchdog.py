@@ -7,7 +7,8 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
   _liveness.py, hears them);
 - it reads requests from the control pipe (``b"s"`` and a sequence number: send the stacks of
   every actor);
-- it watches the endpoint each actor serves (``ActorCell.serving``): one that made no progress
+- it watches the calls each actor serves (``ActorCell.servings()``: the serial one, and those
+  of concurrent endpoints in flight, each with its own deadline): one that made no progress
   for its deadline is hung. For an async endpoint the loop is asked to crash the actor with a
   ``Hung`` reason (the endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual).
   A plain-def endpoint blocks the loop itself, as does an async one the loop does not get back
