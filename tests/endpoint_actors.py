@@ -176,9 +176,7 @@ class Asker(otpmesh.Actor):
         return "pong"
 
 
-class Lenient(otpmesh.Actor, let_it_crash=False):
-    """Every endpoint replies its exception (the class's policy), but `strict`."""
-
+class Counting(otpmesh.Actor):
     def __init__(self) -> None:
         self.count = 0
 
@@ -186,6 +184,11 @@ class Lenient(otpmesh.Actor, let_it_crash=False):
     def bump(self) -> int:
         self.count += 1
         return self.count
+
+
+class Lenient(Counting, let_it_crash=False):
+    """Every endpoint replies its exception (the class's policy, inherited ones too), but
+    `strict`."""
 
     @otpmesh.endpoint
     def fail(self) -> None:
@@ -197,16 +200,8 @@ class Lenient(otpmesh.Actor, let_it_crash=False):
         raise ValueError("strict fail")
 
 
-class Counter(otpmesh.Actor):
+class Counter(Counting):
     """The default policy beside an endpoint that replies."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    @otpmesh.endpoint
-    def bump(self) -> int:
-        self.count += 1
-        return self.count
 
     @otpmesh.endpoint(let_it_crash=False)
     def soft(self) -> None:

@@ -14,8 +14,10 @@ from tests.conftest import run_trio
 from tests.endpoint_actors import AioGather, Gather, Pinger, Progressing
 
 
-def test_ten_calls_in_flight_interleave_each_waiting_for_the_last() -> None:
-    tree = Supervisor("s", children=[Worker("g", Gather)])
+@pytest.mark.parametrize("actor", [Gather, AioGather], ids=["trio", "asyncio"])
+def test_ten_calls_in_flight_interleave_each_waiting_for_the_last(actor: type) -> None:
+    """An asyncio actor runs them as asyncio tasks."""
+    tree = Supervisor("s", children=[Worker("g", actor)])
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
@@ -102,26 +104,35 @@ def test_a_call_cycle_into_a_serial_endpoint_is_still_refused(placement: str) ->
     run_trio(body, timeout=60)
 
 
+async def _holding(
+    g: otpmesh.ActorRef, n: int, nursery: trio.Nursery
+) -> list[otpmesh.ActorDiedError]:
+    """Start `n` calls of g.hold (in flight until the actor ends) and wait until all are;
+    the list fills with their callers' errors."""
+    died: list[otpmesh.ActorDiedError] = []
+
+    async def one() -> None:
+        try:
+            await g.hold()
+        except otpmesh.ActorDiedError as err:
+            died.append(err)
+
+    for _ in range(n):
+        nursery.start_soon(one)
+    while await g.in_flight() < n:
+        await trio.sleep(0.01)
+    return died
+
+
 def test_sigkill_with_ten_calls_in_flight_fails_every_caller_and_the_actor_restarts() -> None:
     tree = Supervisor("s", children=[Worker("g", Gather)])
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
             g = app.actor("s/g")
-            errors: list[BaseException] = []
-
-            async def one() -> None:
-                try:
-                    await g.hold()
-                except otpmesh.ActorDiedError as err:
-                    errors.append(err)
-
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
-                    for _ in range(10):
-                        nursery.start_soon(one)
-                    while await g.in_flight() < 10:
-                        await trio.sleep(0.01)
+                    errors = await _holding(g, 10, nursery)
                     stacks = await app.stacks("s/g")
                     assert stacks.actors["s/g"].count("concurrent endpoint hold:") == 10
                     await chaos.kill(app, "s/g")
@@ -140,20 +151,9 @@ def test_a_crash_in_one_call_ends_every_call_in_flight() -> None:
     async def body() -> None:
         async with otpmesh.start(tree) as app:
             g = app.actor("s/g")
-            died: list[otpmesh.ActorDiedError] = []
-
-            async def one() -> None:
-                try:
-                    await g.hold()
-                except otpmesh.ActorDiedError as err:
-                    died.append(err)
-
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
-                    for _ in range(3):
-                        nursery.start_soon(one)
-                    while await g.in_flight() < 3:
-                        await trio.sleep(0.01)
+                    died = await _holding(g, 3, nursery)
                     with pytest.raises(otpmesh.ActorError, match="boom in a concurrent call"):
                         await g.boom()
             assert len(died) == 3 and all(err.delivered is not False for err in died)
@@ -212,26 +212,6 @@ def test_a_hung_concurrent_call_makes_the_actor_exit_hung() -> None:
             assert exit_.reason.endpoint == "stuck"
             assert "at stuck (" in exit_.reason.stacks
             assert await otpmesh.retry(p.ping) == "pong"
-
-    run_trio(body, timeout=60)
-
-
-def test_an_asyncio_actor_runs_concurrent_calls_as_asyncio_tasks() -> None:
-    tree = Supervisor("s", children=[Worker("g", AioGather)])
-
-    async def body() -> None:
-        async with otpmesh.start(tree) as app:
-            g = app.actor("s/g")
-            got: list[int] = []
-
-            async def one(i: int) -> None:
-                got.append(await g.meet(i, 10))
-
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    for i in range(10):
-                        nursery.start_soon(one, i)
-            assert sorted(got) == list(range(10))
 
     run_trio(body, timeout=60)
 

@@ -121,3 +121,10 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
         "child_exited       rl/service #1  (crashed with SupervisorError"
     )
     assert "child_started      rl/service #2" in escalation
+
+
+def test_serving_engine_batches_concurrent_requests_and_answers_a_bad_one() -> None:
+    out = _run("serving_engine.py")
+    assert "8 answers in 2 batches: ['P0', 'P1', 'P2', 'P3', 'P4', 'P5', 'P6', 'P7']" in out
+    assert "empty prompt -> ValueError; the engine lives: 2 batches so far" in out
+    assert "reloaded: vocabulary of 32000" in out

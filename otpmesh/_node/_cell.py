@@ -17,7 +17,7 @@ from . import _chain, _policy, _raised
 from ._aioloop import asyncio_thread
 from ._blocking import run_blocking
 from ._calls import Message
-from ._flight import Flight
+from ._flight import Flight, drain
 from ._serving import Serving, chaos_wedge
 
 if TYPE_CHECKING:
@@ -266,13 +266,7 @@ class ActorCell:
         try:
             return await self._handle(method, args, kwargs, reply)
         except BaseException as exc:
-            # Killed or crashed from outside mid-message (a Cancelled, or a group of them from a
-            # nursery in the endpoint): its caller still gets an answer, which says the call was
-            # delivered (it may have had effects: never sent again for it).
-            if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
-                self.node.reply_error(
-                    reply, "ActorDiedError", self.describe_exit(), "", kind="lost"
-                )
+            _policy.interrupted(self, exc, reply)  # killed or crashed from outside
             raise
         finally:
             _chain.CHAIN.reset(token)
@@ -295,15 +289,7 @@ class ActorCell:
 
     def _drain(self) -> None:
         reason = self.describe_exit()
-        self.send.close()
-        while True:
-            try:
-                _, _, _, reply, _ = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            if reply is not None:
-                self.node.reply_dead(reply, reason)
-        self._receive.close()
+        drain(self.send, self._receive, self.node, reason)
         self.in_flight.drain(reason)
 
     def handle_inline(

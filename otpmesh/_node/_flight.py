@@ -17,12 +17,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from .._core._actor import EndpointInfo, set_context
-from . import _chain, _policy, _raised
+from . import _chain, _policy
 from ._calls import Message
 from ._serving import Serving
 
 if TYPE_CHECKING:
-    from ._calls import ReplyTo
+    from ._calls import Replier, ReplyTo
+
+
+def drain(
+    send: trio.MemorySendChannel[Message],
+    receive: trio.MemoryReceiveChannel[Message],
+    node: Replier,
+    reason: str,
+) -> None:
+    """Close a mailbox whose actor ended; answer the calls still in it: dead for `reason`."""
+    send.close()
+    while True:
+        try:
+            _, _, _, reply, _ = receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+        if reply is not None:
+            node.reply_dead(reply, reason)
+    receive.close()
 
 
 class Cell(_policy.Cell, Protocol):
@@ -33,7 +51,6 @@ class Cell(_policy.Cell, Protocol):
 
     def request_stop(self, reason: object) -> None: ...
     def skipped(self, reply: ReplyTo | None) -> bool: ...
-    def describe_exit(self) -> str: ...
     def end_calls(self) -> None: ...
     def start_async(
         self, method: str, args: list[Any], kwargs: dict[str, Any], serving: Serving
@@ -75,15 +92,7 @@ class Flight:
 
     def drain(self, reason: str) -> None:
         """The actor ended: calls still waiting in the mailbox are answered `reason`."""
-        self.send.close()
-        while True:
-            try:
-                _, _, _, reply, _ = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            if reply is not None:
-                self._cell.node.reply_dead(reply, reason)
-        self._receive.close()
+        drain(self.send, self._receive, self._cell.node, reason)
 
     async def serve(self, nursery: trio.Nursery) -> None:
         """Start the calls in their mailbox's order, each when its endpoint has room."""
@@ -134,12 +143,7 @@ class Flight:
             if reply is not None:
                 cell.node.reply_ok(reply, result)
         except BaseException as exc:
-            # Crashed, killed or stopped from outside mid-call: its caller is told, as for a
-            # serial call (delivered: it may have had effects).
-            if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
-                cell.node.reply_error(
-                    reply, "ActorDiedError", cell.describe_exit(), "", kind="lost"
-                )
+            _policy.interrupted(cell, exc, reply)  # crashed, stopped or killed from outside
             raise
         finally:
             self.calls.discard(serving)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+import trio
+
 from .._core._actor import ActorContext, EndpointInfo
 from .._core._exits import ActorCrash, describe, ended_by
 from .._core._signature import bind_error
@@ -35,6 +37,15 @@ class Cell(Protocol):
     exit_reason: object
 
     def set_exit(self, reason: object) -> None: ...
+    def describe_exit(self) -> str: ...
+
+
+def interrupted(cell: Cell, exc: BaseException, reply: ReplyTo | None) -> None:
+    """A call was interrupted from outside (`exc`: a Cancelled, or a group of them from a
+    nursery in the endpoint: the actor was killed, crashed or stopped): its caller still gets
+    an answer, which says the call was delivered (it may have had effects: never sent again)."""
+    if reply is not None and _raised.split(exc, (trio.Cancelled,))[0] is not None:
+        cell.node.reply_error(reply, "ActorDiedError", cell.describe_exit(), "", kind="lost")
 
 
 def bad_call(
