@@ -43,6 +43,8 @@ class EndpointInfo:
     concurrent: int = 0
     #: A plain def run in a worker thread, so it may block (``@endpoint(blocking=True)``).
     blocking: bool = False
+    #: The endpoint replies through a Port, its first argument, not with its return value.
+    reply_port: bool = False
 
 
 class Actor:
@@ -151,6 +153,7 @@ def endpoint(
     progress_deadline: float | None = None,
     concurrent: bool | int = False,
     blocking: bool = False,
+    reply_port: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -162,6 +165,7 @@ def endpoint(
     progress_deadline: float | None = None,
     concurrent: bool | int = False,
     blocking: bool = False,
+    reply_port: bool = False,
 ) -> F | Callable[[F], F]:
     """Mark an actor method as an endpoint callable from anywhere.
 
@@ -184,6 +188,10 @@ def endpoint(
     - ``blocking=True`` (a plain ``def`` only): each call runs in a worker thread, one at a
       time like any serial endpoint, so it may block (``time.sleep``, I/O, a call to another
       actor through ``trio.from_thread.run``) while the actor's process serves on.
+    - ``reply_port=True``: the endpoint replies through a Port, its first parameter after
+      ``self`` (callers do not pass it), instead of with its return value: the caller's call
+      returns the first value sent on it, even after the endpoint returned
+      (docs/guides/ports.md).
 
     docs/guides/endpoints.md says what each means for ordering, deadlocks and failures.
     """
@@ -216,12 +224,16 @@ def endpoint(
                 f"@endpoint(blocking=True) on async def {name}: an async endpoint waits by "
                 "awaiting and never needs a thread; drop blocking=True (or make it a plain def)"
             )
+        params = Params.of(f)
+        if reply_port:
+            params = _without_port(f, params)
         info = EndpointInfo(
             f.__name__,
             is_async,
             let_it_crash,
             None if progress_deadline is None else float(progress_deadline),
-            Params.of(f),
+            params,
+            reply_port=reply_port,
             concurrent=limit,
             blocking=bool(blocking),
         )
@@ -245,6 +257,18 @@ def _concurrency(concurrent: bool | int) -> int:
             "calls in flight), False, or a positive int (at most that many)"
         )
     return concurrent
+
+
+def _without_port(f: Callable[..., Any], params: Params | None) -> Params | None:
+    """The parameters callers pass to a ``reply_port`` endpoint: all but its port."""
+    if params is None:
+        return None
+    if not params.kinds or params.kinds[0] not in "pa":
+        raise TypeError(
+            f"@endpoint(reply_port=True) on {f.__qualname__}{params}: the endpoint takes its "
+            "reply port as its first parameter after self, e.g. 'def ask(self, port, x)'"
+        )
+    return Params(params.names[1:], params.kinds[1:])
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,14 @@ trio's low-level primitives (one reschedule per wake-up, no Event or task per ac
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .._wire._connection import Connection
+
+if TYPE_CHECKING:
+    from ._porttable import PortTable
 
 _MISSING: Any = object()
 
@@ -101,6 +104,8 @@ Message = tuple[str, list[Any], dict[str, Any], ReplyTo | None, tuple[str, ...]]
 
 class Replier(Protocol):
     """What answers calls: how an actor's cell replies through its node (``Node`` is one)."""
+
+    ports: PortTable  # where the reply ports of reply_port endpoints live
 
     def reply_ok(self, reply: ReplyTo, value: Any) -> None: ...
     def reply_error(

@@ -18,6 +18,8 @@ from ._aioloop import asyncio_thread
 from ._blocking import run_blocking
 from ._calls import Message
 from ._flight import Flight, drain
+from ._ports import Port
+from ._porttable import ReplyPorts
 from ._serving import Serving, chaos_wedge
 
 if TYPE_CHECKING:
@@ -84,6 +86,8 @@ class ActorCell:
         # An asyncio actor's async code runs in the process's asyncio thread (_aioloop.py).
         self.aio = asyncio_thread() if runs_on(type(instance)) == ASYNCIO else None
         self._token = trio.lowlevel.current_trio_token()
+        # The reply ports of calls to reply_port endpoints not answered yet (_porttable.py).
+        self._replies = ReplyPorts(node.ports, node)
 
     def mailbox(self, method: str) -> trio.MemorySendChannel[Message]:
         """Where a message for `method` waits its turn: a concurrent endpoint's own mailbox,
@@ -106,6 +110,7 @@ class ActorCell:
         """The caller of the call answered at `reply` gave up: cancel it if this actor is
         serving it (an async endpoint is cancelled through trio; a plain-def one cannot be and
         runs to the end), or skip it when its turn comes. True if this actor was serving it."""
+        self._replies.forget(lambda r: r == reply)  # its reply port: nobody waits on it any more
         if self._current is not None and self._current == reply:
             if self._call_scope is not None:
                 self._call_scope.cancel()
@@ -148,6 +153,7 @@ class ActorCell:
     def caller_gone(self, conn: object) -> None:
         """The connection `conn` closed: an async endpoint serving a call from it is cancelled
         (nobody is left to answer it); its queued calls are skipped in turn (_handle_one)."""
+        self._replies.forget(lambda reply: reply[0] is conn)
         current = self._current
         if current is not None and current[0] is conn and self._call_scope is not None:
             self._call_scope.cancel()
@@ -206,6 +212,7 @@ class ActorCell:
                     await self._call_on_stop()
         finally:
             self.exited = True
+            self._replies.fail_all(self.describe_exit())
             self._drain()
             self.finished.set()
             self._on_exit(self)
@@ -308,6 +315,8 @@ class ActorCell:
             return True
         try:
             self._begin(info)
+            if info.reply_port:
+                args = [self._reply_port(reply), *args]
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
             if not _policy.failed(self, info, method, exc, reply) and self._idle_scope is not None:
@@ -320,7 +329,7 @@ class ActorCell:
             return True
         finally:
             self.serving = None
-        if reply is not None:
+        if reply is not None and not info.reply_port:
             self.node.reply_ok(reply, result)
         if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
             self._idle_scope.cancel()
@@ -345,6 +354,8 @@ class ActorCell:
             return True
         try:
             serving = self._begin(info)
+            if info.reply_port:
+                args = [self._reply_port(reply), *args]
             if info.blocking:  # not cancelled by its caller: like any plain def, it runs out
                 fn = getattr(self.instance, method)
                 result = await run_blocking(self.ctx, serving, self.request_stop, fn, args, kwargs)
@@ -368,16 +379,31 @@ class ActorCell:
             return _policy.ended(self, method, exc, reply)
         finally:
             self.serving = None
-        if reply is not None:
+        if reply is not None and not info.reply_port:
             self.node.reply_ok(reply, result)
         return True
 
+    def _reply_port(self, reply: ReplyTo | None) -> Port[Any]:
+        """The port a reply_port endpoint replies through (a cast's drops what is sent)."""
+        return Port(*self._replies.open(reply))
+
+    def forget_port(self, reply: ReplyTo) -> None:
+        """The call answered at `reply` is answered with an error: its reply port is closed."""
+        self._replies.forget(lambda r: r == reply)
+
     def start_async(
-        self, method: str, args: list[Any], kwargs: dict[str, Any], serving: Serving
+        self,
+        info: EndpointInfo,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        serving: Serving,
+        reply: ReplyTo | None,
     ) -> Any:
-        """Call async endpoint `method`: its coroutine, or, in an asyncio actor, the wait for
+        """Call async endpoint `info`: its coroutine, or, in an asyncio actor, the wait for
         its asyncio task (recorded on `serving`)."""
-        coro = getattr(self.instance, method)(*args, **kwargs)
+        if info.reply_port:
+            args = [self._reply_port(reply), *args]
+        coro = getattr(self.instance, info.name)(*args, **kwargs)
         return coro if self.aio is None else self.run_async(coro, serving)
 
     async def run_async(self, coro: Any, serving: Serving | None = None) -> Any:

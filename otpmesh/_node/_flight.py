@@ -53,7 +53,12 @@ class Cell(_policy.Cell, Protocol):
     def skipped(self, reply: ReplyTo | None) -> bool: ...
     def end_calls(self) -> None: ...
     def start_async(
-        self, method: str, args: list[Any], kwargs: dict[str, Any], serving: Serving
+        self,
+        info: EndpointInfo,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        serving: Serving,
+        reply: ReplyTo | None,
     ) -> Any: ...
 
 
@@ -129,7 +134,7 @@ class Flight:
             with trio.CancelScope() as serving.scope:
                 task_status.started()
                 try:
-                    result = await cell.start_async(info.name, args, kwargs, serving)
+                    result = await cell.start_async(info, args, kwargs, serving, reply)
                 except Exception as exc:
                     if not _policy.failed(cell, info, info.name, exc, reply):
                         cell.end_calls()  # a crash ends every call in flight
@@ -140,7 +145,7 @@ class Flight:
                     return
             if serving.scope.cancelled_caught:
                 return  # its caller gave up and said so: the actor carries on
-            if reply is not None:
+            if reply is not None and not info.reply_port:
                 cell.node.reply_ok(reply, result)
         except BaseException as exc:
             _policy.interrupted(cell, exc, reply)  # crashed, stopped or killed from outside

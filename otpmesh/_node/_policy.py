@@ -38,6 +38,7 @@ class Cell(Protocol):
 
     def set_exit(self, reason: object) -> None: ...
     def describe_exit(self) -> str: ...
+    def forget_port(self, reply: ReplyTo) -> None: ...
 
 
 def interrupted(cell: Cell, exc: BaseException, reply: ReplyTo | None) -> None:
@@ -99,6 +100,8 @@ def failed(
     crash = ActorCrash.of(exc, skip_frames=skip, endpoint=method)
     # Log and announce the exit before replying: the caller must not see the error before
     # the supervisor can know of the crash.
+    if info.reply_port and reply is not None:
+        cell.forget_port(reply)  # answered with the error below
     crashes = info.let_it_crash is not False  # None: no policy said, the default
     if crashes:
         log.error("%s crashed in %s:\n%s", cell.ctx.path, method, crash.traceback)

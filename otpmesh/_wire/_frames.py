@@ -12,6 +12,8 @@ Frames (msgpack arrays, see docs/wire.md):
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
     [7, call_id, actor_id]                         CANCEL the caller gave up on that call
+    [8, port_id, token, what, value]               PORT  a value for a port of the receiving
+                                                         node (what: 0 value, 1 close, 2 error)
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from . import _codec
 from ._brief import brief
 from ._tensors import Offer, PendingTensor
 
-CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3}
+CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL, PORT = range(9)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3, PORT: 5}
 _WITH_CALL_ID = frozenset({CALL, OK, ERR, SYS, CANCEL})
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
