@@ -59,6 +59,24 @@ class Gather(otpmesh.Actor):
         return self.started
 
 
+class Relay(otpmesh.Actor):
+    """A concurrent endpoint that replies through its port (Monarch's
+    ``@concurrent_endpoint(explicit_response_port=True)``), after its reply is sent."""
+
+    def __init__(self) -> None:
+        self.go = trio.Event()
+
+    @otpmesh.endpoint(concurrent=True, reply_port=True)
+    async def relay(self, port: otpmesh.Port[int], x: int) -> None:
+        await self.go.wait()
+        port.send(x * 2)
+        await trio.sleep(0)  # still running after the caller has its value
+
+    @otpmesh.endpoint
+    def release(self) -> None:
+        self.go.set()
+
+
 class Pinger(otpmesh.Actor):
     """Re-entrant ping-pong: A.ping -> B.pong -> A.ping_back."""
 

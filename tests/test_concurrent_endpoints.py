@@ -11,7 +11,7 @@ import trio
 import otpmesh
 from otpmesh import LogKind, Supervisor, Worker, chaos
 from tests.conftest import run_trio
-from tests.endpoint_actors import AioGather, Gather, Pinger, Progressing
+from tests.endpoint_actors import AioGather, Gather, Pinger, Progressing, Relay
 
 
 @pytest.mark.parametrize("actor", [Gather, AioGather], ids=["trio", "asyncio"])
@@ -212,6 +212,27 @@ def test_a_hung_concurrent_call_makes_the_actor_exit_hung() -> None:
             assert exit_.reason.endpoint == "stuck"
             assert "at stuck (" in exit_.reason.stacks
             assert await otpmesh.retry(p.ping) == "pong"
+
+    run_trio(body, timeout=60)
+
+
+def test_a_concurrent_endpoint_may_reply_through_its_port() -> None:
+    tree = Supervisor("s", children=[Worker("r", Relay)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            r = app.actor("s/r")
+            got: list[int] = []
+
+            async def one(x: int) -> None:
+                got.append(await r.relay(x))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for x in range(3):
+                        nursery.start_soon(one, x)
+                    await r.release()  # a serial call, answered while they wait
+            assert sorted(got) == [0, 2, 4]
 
     run_trio(body, timeout=60)
 
