@@ -364,13 +364,13 @@ class Waiter(otpmesh.Actor):
 
 
 class Asker(otpmesh.Actor):
-    """Calls another actor with ``.get()`` from a worker thread of its trio run (what an
-    ``@endpoint(blocking=True)`` does), for tests/test_futures.py."""
+    """Calls another actor with ``.get()`` from a blocking endpoint (a worker thread of its
+    trio run), for tests/test_futures.py."""
 
     @otpmesh.endpoint
     async def echo(self, x: Any) -> Any:
         return x
 
-    @otpmesh.endpoint
-    async def ask_in_thread(self, peer: Any, x: Any) -> Any:
-        return await trio.to_thread.run_sync(lambda: peer.echo(x).get())
+    @otpmesh.endpoint(blocking=True)
+    def ask_in_thread(self, peer: Any, x: Any) -> Any:
+        return peer.echo(x).get()

@@ -12,6 +12,7 @@ from otpmesh.monarch import (
     Actor,
     ActorMesh,
     MeshFailure,
+    Port,
     ProcMesh,
     context,
     current_rank,
@@ -202,3 +203,36 @@ class Builder(Actor):
         controller = await get_or_spawn_controller("shared", Counter, 10)
         await controller.incr.call_one()
         return await controller.get_value.call_one()
+
+
+class SendAlot(Actor):
+    @endpoint
+    async def send(self, port: Port[int], n: int) -> None:
+        for i in range(n):
+            port.send(i)
+
+
+class Ported(Actor):
+    """Answers through an explicit response port, now or later."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Port[int]] = []
+
+    @endpoint(explicit_response_port=True)
+    def add(self, port: Port[int], b: int) -> None:
+        port.send(3 + b)
+
+    @endpoint(explicit_response_port=True)
+    def later(self, port: Port[int]) -> None:
+        self.waiting.append(port)
+
+    @endpoint
+    def release(self, value: int) -> int:
+        waiting, self.waiting = self.waiting, []
+        for port in waiting:
+            port.send(value)
+        return len(waiting)
+
+    @endpoint(explicit_response_port=True)
+    def fail(self, port: Port[None]) -> None:
+        raise RuntimeError("never answered")

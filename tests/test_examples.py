@@ -132,6 +132,13 @@ def test_sync_script_calls_with_get_reduces_and_runs_a_tree_without_an_event_loo
     assert len(set(pids)) == 3
 
 
+def test_serving_engine_batches_concurrent_requests_and_answers_a_bad_one() -> None:
+    out = _run("serving_engine.py")
+    assert "8 answers in 2 batches: ['P0', 'P1', 'P2', 'P3', 'P4', 'P5', 'P6', 'P7']" in out
+    assert "empty prompt -> ValueError; the engine lives: 2 batches so far" in out
+    assert "reloaded: vocabulary of 32000" in out
+
+
 def test_from_monarch_prints_the_same_through_otpmesh_monarch_and_natively() -> None:
     through_monarch = _run("from_monarch.py")
     native = _run("from_monarch.py", "--native")

@@ -26,6 +26,7 @@ from tests.monarch_actors import (
     Echo,
     Manager,
     Mortal,
+    Ported,
     Spawner,
     ThreadLocal,
 )
@@ -194,8 +195,10 @@ def test_stopped_meshes_refuse_calls_and_a_second_stop(tmp_path: Path) -> None:
         with pytest.raises(otpmesh.OtpmeshError, match="stop"):
             await mesh.stop()
         await procs.stop()
-        with pytest.raises(otpmesh.OtpmeshError):
+        with pytest.raises(otpmesh.MeshError, match="is stopped"):
             await procs.spawn("late", Counter, 0).initialized
+        with pytest.raises(otpmesh.MeshError, match="already stopped"):
+            await procs.stop()
 
     run_trio(body)
 
@@ -334,5 +337,50 @@ def test_a_proc_mesh_travels_to_an_actor_that_spawns_on_it_and_finds_the_control
             assert await builder.controller_value.call_one() == 11
             shared = await monarch.get_or_spawn_controller("shared", Counter, 0)
             assert await shared.get_value.call_one() == 11
+
+    run_trio(body)
+
+
+def test_a_channels_port_travels_to_an_actor_which_streams_into_it(tmp_path: Path) -> None:
+    # Monarch's sync form: Channel[int].open() and recv().get() from a plain script.
+    result = run_program(
+        tmp_path / "channel.py",
+        textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {str(ROOT)!r})
+            from otpmesh.monarch import Channel, this_host
+            from tests.monarch_actors import SendAlot
+
+            procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+            sender = procs.spawn("send_alot", SendAlot)
+            port, receiver = Channel[int].open()
+            sender.send.broadcast(port, 100)
+            print(all(receiver.recv().get() == i for i in range(100)))
+            procs.stop().get()
+        """),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["True"]
+
+
+def test_explicit_response_ports_answer_now_later_or_crash_the_actor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    faults: list[str] = []
+    monkeypatch.setattr(monarch, "unhandled_fault_hook", lambda f: faults.append(str(f)))
+
+    async def body() -> None:
+        ported = this_host().spawn_procs().spawn("ported", Ported)
+        assert await ported.add.call_one(2) == 5
+        later = ported.later.call_one()  # answered only when release() runs
+        while not await ported.release.call_one(42):
+            await trio.sleep(0.01)
+        assert await later == 42
+        # An exception escaping it: nobody else can answer, so the actor fails (Monarch).
+        with pytest.raises(otpmesh.OtpmeshError, match="never answered"):
+            await ported.fail.call_one()
+        while not faults:
+            await trio.sleep(0.05)
+        assert "ported/0" in faults[0]
 
     run_trio(body)

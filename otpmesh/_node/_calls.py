@@ -97,6 +97,10 @@ class CallGroup:
 #: caller's own group (in this process), and the call id there.
 ReplyTo = tuple[Connection | CallGroup, int]
 
+#: An actor's mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a
+#: cast, the actors waiting on it).
+Message = tuple[str, list[Any], dict[str, Any], ReplyTo | None, tuple[str, ...]]
+
 
 class Replier(Protocol):
     """What answers calls: how an actor's cell replies through its node (``Node`` is one)."""

@@ -137,13 +137,16 @@ class Incoming:
                 why = cell.describe_exit() if cell else self.exited.get(actor_id, "no such actor")
                 self.reply_dead(reply, why)
             return None
+        if chain and cell.refused(method, chain, reply):
+            return None
         if cell.handle_inline(method, args, kwargs, reply):
             return None
         item = (method, args, kwargs, reply, chain)
+        send = cell.mailbox(method)
         try:
-            cell.send.send_nowait(item)
+            send.send_nowait(item)
         except trio.WouldBlock:
-            return cell.send.send(item)
+            return send.send(item)
         except trio.ClosedResourceError:
             if reply is not None:
                 self.reply_dead(reply, cell.describe_exit())

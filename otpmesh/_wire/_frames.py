@@ -7,7 +7,7 @@ Frames (msgpack arrays, see docs/wire.md):
     [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
     [2, call_id, value]                            OK    reply
     [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost',
-                                                         'badcall')
+                                                         'badcall', 'deadlock')
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .._core._errors import ActorDiedError, ActorError, ProtocolError
+from .._core._errors import ActorDiedError, ActorError, DeadlockError, ProtocolError
 from . import _codec
 from ._brief import brief
 from ._tensors import Offer, PendingTensor
@@ -98,6 +98,8 @@ def remote_error(path: str, msg: list[Any]) -> Exception:
         return ActorDiedError(path, str(message), delivered=False)
     if kind == "lost":  # a relayed call whose actor died after it was delivered (_fanout.py)
         return ActorDiedError(path, str(message))
+    if kind == "deadlock":  # a call back into a busy actor, refused as it was delivered
+        return DeadlockError(str(message).split(" -> "))
     if kind == "badcall":  # its arguments did not bind to the endpoint: the actor never ran it
         return TypeError(str(message))
     return ActorError(path, str(type_name), str(message), str(tb))

@@ -28,6 +28,9 @@ from ._meshes import ProcMesh as ProcMesh
 from ._meshes import get_or_spawn_controller as get_or_spawn_controller
 from ._meshes import this_host as this_host
 from ._meshes import this_proc as this_proc
+from ._ports import Channel as Channel
+from ._ports import Port as Port
+from ._ports import PortReceiver as PortReceiver
 from ._values import Point as Point
 from ._values import ValueMesh as ValueMesh
 
@@ -40,6 +43,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "Channel",
     "Context",
     "Endpoint",
     "Future",
@@ -47,6 +51,8 @@ __all__ = [
     "Instance",
     "MeshFailure",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "SupervisionError",
     "ValueMesh",

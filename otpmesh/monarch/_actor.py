@@ -97,6 +97,10 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run_sync
 
 
+#: Monarch's error policy: an endpoint's exception goes back to its caller; the actor lives.
+_REPLY = native.endpoint(let_it_crash=False)
+
+
 @overload
 def endpoint(fn: F, /) -> F: ...
 
@@ -122,11 +126,12 @@ def endpoint(
             "@endpoint(propagate=...) belongs to Monarch's tensor engine, which otpmesh does "
             "not have: return tensors from the endpoint instead"
         )
-    if explicit_response_port:
-        raise NotImplementedError("@endpoint(explicit_response_port=True) is not supported yet")
 
     def mark(f: F) -> F:
-        wrapped: F = native.endpoint(let_it_crash=False)(_wrap(f))  # type: ignore[assignment]
+        # An explicit response port: the endpoint answers through it, whenever it likes; an
+        # exception escaping it crashes the actor (Monarch's rule: nobody else can answer).
+        policy = native.endpoint(reply_port=True) if explicit_response_port else _REPLY
+        wrapped: F = policy(_wrap(f))  # type: ignore[assignment]
         return wrapped
 
     return mark(fn) if fn is not None else mark

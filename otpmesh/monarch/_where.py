@@ -60,7 +60,8 @@ def _this_run() -> Run:
         return run
 
 
-def _in_trio() -> bool:
+def in_trio() -> bool:
+    """Whether the caller runs in a trio task."""
     try:
         trio.lowlevel.current_task()
     except RuntimeError:
@@ -75,7 +76,7 @@ def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
     has to wait for (a mesh being spawned, a connection) stands before its send: the next
     operation from this run starts only then."""
     context = contextvars.copy_context()
-    if _in_trio():
+    if in_trio():
         run = _this_run()
         future: Future[T] = Future(run.thread)
         _spawn(run, future, fn, args, context)
@@ -97,7 +98,7 @@ def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
 
 def run_token() -> trio.lowlevel.TrioToken:
     """The trio run that operations asked for here run in (see the module's docstring)."""
-    if _in_trio():
+    if in_trio():
         return trio.lowlevel.current_trio_token()
     aio = bridge()
     if aio is not None:
