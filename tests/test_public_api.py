@@ -8,7 +8,7 @@ EXPECTED = {
     # actors and meshes
     "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "Future", "ProcMesh", "Reduction",
     "ValueMesh",
-    "context", "endpoint", "proc_mesh", "run", "retry", "progress",
+    "context", "endpoint", "proc_mesh", "run", "retry", "progress", "UNANSWERED",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
     "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp",
@@ -34,7 +34,8 @@ EXPECTED = {
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
     "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
-    "bench_sync", "testing", "chaos", "rdma", "monarch",
+    "bench_monarch", "bench_sync", "monarch",
+    "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 
