@@ -7,9 +7,9 @@ not). Which run that is depends on the calling code:
 - trio code of a run with a node (the controller's, a worker's): that run;
 - a Monarch actor's code, on its process's asyncio thread (``_aioloop``): the run beside it;
 - a worker thread of a trio run (``trio.to_thread``): that run;
-- anything else (a plain script, ``asyncio.run``, a notebook): the **client runtime**, a trio
-  run on a daemon thread of its own, started on first use and stopped in order at exit (its
-  worker processes never outlive the program).
+- anything else (a plain script, ``asyncio.run``, a notebook): otpmesh's background run
+  (``_node/_daemon.py``), a trio run on a daemon thread, started on first use and stopped in
+  order at exit (its worker processes never outlive the program).
 
 Operations started from one thread reach the wire in the order they were asked for, as
 Monarch promises (FIFO per sender): each task waits until the one before it has started, and
@@ -18,7 +18,6 @@ otpmesh sends a call before its first checkpoint once the target's connection is
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable
@@ -28,12 +27,10 @@ import trio
 
 from .._core._errors import AppStoppedError
 from .._node._aioloop import bridge
+from .._node._daemon import daemon
 from ._future import Future
 
 T = TypeVar("T")
-
-#: How long interpreter exit waits for the client runtime to stop its processes.
-EXIT_GRACE = 10.0
 
 
 class Run:
@@ -106,7 +103,10 @@ def run_token() -> trio.lowlevel.TrioToken:
     try:  # a worker thread of a trio run
         return trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
     except RuntimeError:
-        return client().token
+        token = daemon().token
+        if token is None:  # pragma: no cover - set before daemon() returns
+            raise AppStoppedError("otpmesh's background run has stopped") from None
+        return token
 
 
 def _spawn(
@@ -135,58 +135,3 @@ def _spawn(
         future._settle(value, None)
 
     trio.lowlevel.spawn_system_task(task, name=f"otpmesh.monarch:{fn!r}", context=context)
-
-
-# ---------------------------------------------------------------- the client runtime
-
-
-class _Client:
-    """A trio run on a daemon thread, for code that has no runtime of its own."""
-
-    def __init__(self) -> None:
-        self._ready = threading.Event()
-        self._stop: trio.Event | None = None
-        self.token: trio.lowlevel.TrioToken
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="otpmesh-client", daemon=True)
-        self.thread.start()
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-        atexit.register(self.stop)
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:
-            self.error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self.token = trio.lowlevel.current_trio_token()
-        self._ready.set()
-        await self._stop.wait()
-
-    def stop(self) -> None:
-        """End the run: its runtime stops every process it started."""
-        if self._stop is None or not self.thread.is_alive():
-            return
-        try:
-            self.token.run_sync_soon(self._stop.set)
-        except trio.RunFinishedError:
-            return
-        self.thread.join(EXIT_GRACE)
-
-
-_client: _Client | None = None
-_client_lock = threading.Lock()
-
-
-def client() -> _Client:
-    """This process's client runtime, started on first use."""
-    global _client
-    with _client_lock:
-        if _client is None or not _client.thread.is_alive():
-            _client = _Client()
-        return _client
