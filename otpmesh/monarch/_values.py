@@ -3,10 +3,11 @@ what ``call()`` returns), over otpmesh's shapes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
 
-from .._core._shape import Coords, Shape, all_coords, rank_of, select
+from .._core._shape import Coords, Shape, rank_of
+from .._core._valuemesh import ValueMesh as NativeValueMesh
 
 R = TypeVar("R")
 
@@ -40,70 +41,47 @@ class Point(Mapping[str, int]):
         return "{" + inner + "}"
 
 
-class ValueMesh(Generic[R]):
-    """One value per point of a mesh, by coordinates. Iterating yields ``(Point, value)``
-    pairs (Monarch's order: rank order); ``values()`` the values alone."""
+class ValueMesh(NativeValueMesh[R]):
+    """One value per point of a mesh, by coordinates: otpmesh's ValueMesh, with Monarch's
+    differences. Iterating yields ``(Point, value)`` pairs (in rank order), ``values()`` the
+    values alone; a point outside the mesh is a ValueError."""
 
-    __slots__ = ("_shape", "_values")
-
-    def __init__(self, shape: Shape, values: list[R]) -> None:
-        self._shape = dict(shape)
-        self._values = list(values)
+    __slots__ = ()
 
     @property
     def extent(self) -> Shape:
-        return dict(self._shape)
+        return self.shape
 
     def item(self, **coords: int) -> R:
-        """The value at `coords` (every dimension named); no arguments for a one-value mesh.
-        ValueError for a point outside the mesh."""
-        if not coords:
-            if len(self._values) != 1:
-                raise ValueError(
-                    f"item() without coordinates needs a one-value mesh; this one has "
-                    f"{len(self._values)} (extent {self._shape})"
-                )
-            return self._values[0]
+        """The value at `coords` (every dimension named); no arguments for a one-value mesh."""
         try:
-            return self._values[rank_of(self._shape, coords)]
+            return super().item(**coords)
         except (IndexError, KeyError, ValueError) as exc:
-            raise ValueError(f"{coords} is not a point of extent {self._shape}: {exc}") from None
+            raise ValueError(f"{coords} is not a point of extent {self.shape}: {exc}") from None
 
-    def items(self) -> Iterator[tuple[Point, R]]:
-        shape = self._shape
-        return ((Point(c, shape), v) for c, v in zip(all_coords(shape), self._values, strict=True))
+    def items(self) -> Iterator[tuple[Point, R]]:  # type: ignore[override]
+        shape = self.shape
+        return ((Point(c, shape), v) for c, v in super().items())
 
-    def values(self) -> list[R]:
-        return list(self._values)
-
-    def __iter__(self) -> Iterator[tuple[Point, R]]:
+    def __iter__(self) -> Iterator[tuple[Point, R]]:  # type: ignore[override]
         return self.items()
 
-    def __len__(self) -> int:
-        return len(self._values)
-
     def slice(self, **selection: int | slice) -> ValueMesh[R]:
-        """The values of part of the mesh (the same words as ``ActorMesh.slice``)."""
-        shape, ranks = select(self._shape, **selection)
-        return ValueMesh(shape, [self._values[r] for r in ranks])
+        part = super().slice(**selection)
+        return ValueMesh(part.shape, part.values())
 
     def flatten(self, name: str) -> ValueMesh[R]:
-        """The same values along one dimension called `name`."""
-        return ValueMesh({name: len(self._values)}, self._values)
+        return ValueMesh({name: len(self)}, self.values())
 
-    @staticmethod
-    def from_indexed(extent: Shape, indexed: Mapping[int, R]) -> ValueMesh[R]:
-        """A mesh of `extent` from values by rank; every rank must have one."""
-        size = 1
-        for n in extent.values():
-            size *= n
-        missing = [rank for rank in range(size) if rank not in indexed]
-        if missing or len(indexed) != size:
-            raise ValueError(
-                f"from_indexed needs one value for each of the {size} ranks of {extent}; "
-                f"missing {missing[:8]}, extra {sorted(set(indexed) - set(range(size)))[:8]}"
-            )
-        return ValueMesh(extent, [indexed[rank] for rank in range(size)])
-
-    def __repr__(self) -> str:
-        return f"ValueMesh({self._shape}, {self._values!r})"
+    @classmethod
+    def from_indexed(
+        cls, extent: Mapping[str, int], indexed: Mapping[int, R] | Iterable[tuple[int, R]]
+    ) -> ValueMesh[R]:
+        """A mesh of `extent` from values by rank (a mapping, or (rank, value) pairs); every
+        rank exactly once, else ValueError."""
+        pairs = indexed.items() if isinstance(indexed, Mapping) else indexed
+        try:
+            made = super().from_indexed(extent, pairs)
+        except IndexError as exc:
+            raise ValueError(str(exc)) from None
+        return ValueMesh(made.shape, made.values())
