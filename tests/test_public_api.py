@@ -10,7 +10,7 @@ EXPECTED = {
     "context", "endpoint", "proc_mesh", "run", "retry", "progress",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
-    "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp",
+    "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp", "Heal",
     "ONE_FOR_ONE", "ONE_FOR_ALL", "ALL_FOR_ONE", "REST_FOR_ONE", "ESCALATE",
     "PERMANENT", "TRANSIENT", "TEMPORARY", "BRUTAL_KILL", "INFINITY",
     "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT",

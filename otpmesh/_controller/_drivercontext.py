@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._core._healspec import Heal
 from .._core._supevents import Reply
 from .._node._slot import Slot
 from ._events import EventLog
@@ -19,6 +20,7 @@ class DriverContext(Protocol):
 
     events: EventLog
     mesh_shapes: dict[str, dict[str, int]]
+    mesh_heals: dict[str, Heal]
     nursery: trio.Nursery
     placement: Placement
 

@@ -12,6 +12,7 @@ import trio
 
 from .._core._errors import ChildError, SupervisorError
 from .._core._exits import ActorCrash
+from .._core._healspec import Heal
 from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
@@ -62,6 +63,7 @@ class TreeContext:
         self.owners_quiet: Callable[[], Awaitable[None]] | None = None
         self.ended = trio.Event()  # the app's block is over and the tree is stopped
         self.mesh_shapes: dict[str, dict[str, int]] = {}
+        self.mesh_heals: dict[str, Heal] = {}  # meshes whose restarted actors heal from a peer
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
         #: learns (at start, or from start_child) is ours.
@@ -111,6 +113,8 @@ class TreeContext:
             learned.append(path)
             if isinstance(node, Mesh):
                 self.mesh_shapes[path] = dict(node.shape)
+                if isinstance(node.heal, Heal):
+                    self.mesh_heals[path] = node.heal
                 for rank in range(node.size):
                     self.specs[f"{path}/{rank}"] = node.as_supervisor().children[rank]
                     learned.append(f"{path}/{rank}")
