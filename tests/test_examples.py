@@ -121,3 +121,14 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
         "child_exited       rl/service #1  (crashed with SupervisorError"
     )
     assert "child_started      rl/service #2" in escalation
+
+
+def test_peer_heal_restores_a_killed_replica_from_a_peer_and_a_killed_mesh_from_its_fallback() -> (
+    None
+):
+    out = _run("peer_heal.py", "--mb", "8")
+    before = out.split("before:")[1].splitlines()[0].split(", from")[0]
+    healed = out.split("healed:")[1].splitlines()[0]
+    assert healed.split(", from")[0] == before and healed.endswith("from a live peer")
+    for rank in range(4):
+        assert f"rank {rank}:   version 100, sum 2097152.000, from the checkpoint" in out
