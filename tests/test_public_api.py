@@ -31,7 +31,7 @@ EXPECTED = {
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
     "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "testing",
-    "chaos", "rdma",
+    "bench_heal", "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 
