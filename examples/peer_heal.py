@@ -47,7 +47,9 @@ class Rollout(otpmesh.Actor):
 
     @otpmesh.endpoint
     def set_weights(self, seed: int) -> None:
-        self.weights = torch.randn(self.weights.shape, generator=torch.Generator().manual_seed(seed))
+        self.weights = torch.randn(
+            self.weights.shape, generator=torch.Generator().manual_seed(seed)
+        )
         self.version += 1
 
     @otpmesh.endpoint

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from typing import Any
 
 import otpmesh
 from otpmesh import Mesh, Supervisor
+
+from .bench_pgroup import table
 
 KINDS = ("peer", "checkpoint", "constructor")
 
@@ -113,13 +114,7 @@ async def run(trials: int, megabytes: int) -> list[dict[str, float]]:
 
 
 def report(results: list[dict[str, float]]) -> str:
-    lines = [f"{'restore':<13}{'p50 ms':>9}{'min ms':>9}{'max ms':>9}"]
-    for kind in (*KINDS, "save"):
-        values = [r[kind] * 1000 for r in results]
-        lines.append(
-            f"{kind:<13}{statistics.median(values):9.1f}{min(values):9.1f}{max(values):9.1f}"
-        )
-    return "\n".join(lines)
+    return table(results, (*KINDS, "save"), heading="restore")
 
 
 def main() -> None:

@@ -185,7 +185,7 @@ def test_bad_heal_values_are_refused_with_what_to_write() -> None:
         Mesh("m", Replica, heal="checkpoint")
     with pytest.raises(SpecError, match="Heal: timeout=0 is invalid"):
         Heal(timeout=0)
-    with pytest.raises(SpecError, match="heal=.*'retries'.*is invalid"):
+    with pytest.raises(SpecError, match=r"heal=.*'retries'.*is invalid"):
         Mesh("m", Replica, heal={"retries": 3})
 
 
@@ -232,3 +232,14 @@ def test_members_restarted_after_the_exit_are_not_peers() -> None:
     choice.started("0")
     assert choice.peers("1", ["0"]) == []
     assert PeerChoice().peers("1", ["0"]) == []  # a new supervisor: nobody survived
+
+
+@pytest.mark.timeout(120)
+def test_bench_heal_times_peer_checkpoint_and_constructor_restores() -> None:
+    from otpmesh import bench_heal
+
+    results = run_trio(lambda: bench_heal.run(1, 1), timeout=110)  # checks the values itself
+    table = bench_heal.report(results)
+    assert [line.split()[0] for line in table.splitlines()[1:]] == [
+        "peer", "checkpoint", "constructor", "save",
+    ]  # fmt: skip

@@ -32,8 +32,6 @@ class PeerChoice:
         """The members of `running` (ids the supervisor has running) that `child_id` may heal
         from, in the order to ask them."""
         survivors = [
-            c
-            for c in running
-            if c != child_id and self._since.get(c, self._exits) < self._exits
+            c for c in running if c != child_id and self._since.get(c, self._exits) < self._exits
         ]
         return sorted(survivors, key=int)

@@ -12,8 +12,8 @@ import trio
 
 from .._core._errors import ChildError, SupervisorError
 from .._core._exits import ActorCrash
-from .._core._healspec import Heal
 from .._core._giveup import gave_up, give_up_error, root_run
+from .._core._healspec import Heal
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._core._supervisor import ChildInfo

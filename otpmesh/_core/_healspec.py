@@ -57,7 +57,11 @@ class Heal:
         if not isinstance(self.fallback, str) or not self.fallback.isidentifier():
             raise SpecError(where, "fallback", self.fallback, _FALLBACK_ALLOWED)
         t = self.timeout
-        if isinstance(t, bool) or not isinstance(t, int | float) or not (t > 0 and math.isfinite(t)):
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, int | float)
+            or not (t > 0 and math.isfinite(t))
+        ):
             raise SpecError(where, "timeout", t, "a positive number of seconds (per peer asked)")
         object.__setattr__(self, "timeout", float(t))
 
