@@ -109,6 +109,58 @@ def test_a_process_group_mesh_heals_its_new_epoch_from_the_fallback(tmp_path: Pa
     run_trio(body, timeout=80)
 
 
+@pytest.mark.timeout(120)
+def test_a_process_group_heals_its_new_epoch_rank_by_rank_from_another_replica_group() -> None:
+    def group(name: str, other: str) -> Mesh:
+        return Mesh(
+            name,
+            Replica,
+            shape={"procs": 2},
+            args=(1 << 19,),  # 2 MB: over the tensor channel
+            strategy=ONE_FOR_ALL,
+            intensity=3,
+            process_group="gloo",
+            heal=Heal(from_=other),
+        )
+
+    tree = Supervisor("root", children=[group("a", "root/b"), group("b", "root/a")])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            a, b = app.mesh("root/a"), app.mesh("root/b")
+            for rank in range(2):  # each rank its own shard: rank r must heal from rank r
+                await a[rank].train(10 + rank)
+                await b[rank].train(10 + rank)
+            await chaos.kill(app, "root/a/0")  # the epoch breaks: both members of a are killed
+            await _wait_restarted(app, "root/a/1")
+            assert (await a.how()).values() == [("peer", 1, 0)] * 2
+            for rank in range(2):
+                healed, source = await a[rank].snapshot(), await b[rank].snapshot()
+                assert torch.equal(healed["params"], source["params"])
+
+    run_trio(body, timeout=110)
+
+
+def test_heal_from_a_path_that_is_not_a_mesh_of_the_same_shape_is_refused_at_start() -> None:
+    tree = Supervisor(
+        "root",
+        children=[
+            Mesh("a", Replica, shape={"procs": 2}, args=(4,), heal=Heal(from_="root/b")),
+            Mesh("b", Replica, shape={"procs": 3}, args=(4,)),
+        ],
+    )
+
+    async def body() -> None:
+        async with otpmesh.start(tree, placement="local"):
+            pass
+
+    with pytest.raises(SpecError, match=r"from_ names 'root/b'.*shape \{'procs': 3\}"):
+        run_trio(body)
+    with pytest.raises(SpecError, match=r"Heal: from_=\(\) is invalid"):
+        Heal(from_=())
+    assert Heal(from_=["peer", "rl/b"]).from_ == ("peer", "rl/b")
+
+
 @pytest.mark.timeout(60)
 def test_with_fallback_constructor_a_mesh_killed_whole_keeps_its_constructors_state() -> None:
     tree = Supervisor("root", intensity=3, children=[Mesh("m", Replica, args=(4,), heal="peer")])

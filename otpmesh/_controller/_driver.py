@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._exits import describe
+from .._core._healspec import PEER
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._shape import all_coords
 from .._core._spec import Mesh, Shutdown, Supervisor, Worker
@@ -190,13 +191,21 @@ class SupervisorDriver:
         order (path and address of each one up now), and the fallback (_node/_heal.py)."""
         if self.heal is None or command.incarnation <= 1:  # a first start: nothing to heal
             return None
-        running = [c.id for c in self.core.which_children() if c.status is ChildStatus.RUNNING]
-        peers = []
-        for peer in self._peers.peers(command.id, running):
-            slot = self.app.slot(f"{self.path}/{peer}")
-            if slot.up and slot.gone is None:
-                peers.append([slot.actor_id, slot.addr])
-        return {"peers": peers, "fallback": self.heal.fallback, "timeout": self.heal.timeout}
+        peers: list[str] = []
+        for source in self.heal.from_:
+            if source == PEER:
+                running = [
+                    c.id for c in self.core.which_children() if c.status is ChildStatus.RUNNING
+                ]
+                peers += [f"{self.path}/{p}" for p in self._peers.peers(command.id, running)]
+            else:  # another replica group: its member of the same rank holds the same shard
+                peers.append(f"{source}/{command.id}")
+        up = [self.app.slot(p) for p in peers if self.app.has_slot(p)]
+        return {
+            "peers": [[s.actor_id, s.addr] for s in up if s.up and s.gone is None],
+            "fallback": self.heal.fallback,
+            "timeout": self.heal.timeout,
+        }
 
     async def _terminate_child(self, command: TerminateChild) -> None:
         try:

@@ -7,11 +7,19 @@ hide the fallback the spec declared. So: the members the supervisor has running 
 started before the last exit it heard of, lowest rank first (every member holds the same state
 in a replicated mesh; the order only makes the choice reproducible). Pure: the driver tells it
 what happened.
+
+A mesh may also name other meshes to heal from (``Heal(from_="rl/dp_b")``: a replica group of
+its own, typically a process group, none of whose members survives its own failure); there the
+peer is the member of the same rank (the same shard), if it is up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+from .._core._healspec import PEER
+from .._core._spec import Mesh
+from .._core._spec_errors import SpecError
 
 
 class PeerChoice:
@@ -35,3 +43,24 @@ class PeerChoice:
             c for c in running if c != child_id and self._since.get(c, self._exits) < self._exits
         ]
         return sorted(survivors, key=int)
+
+
+def check_sources(path: str, mesh: Mesh, specs: Mapping[str, object]) -> None:
+    """The other meshes `mesh` (at `path`) heals from are meshes of its shape in this tree,
+    started before it (when it is learned, they must be known)."""
+    if mesh.heal is None or isinstance(mesh.heal, str):
+        return
+    for source in mesh.heal.from_:
+        if source == PEER:
+            continue
+        other = specs.get(source)
+        if not isinstance(other, Mesh) or dict(other.shape) != dict(mesh.shape) or source == path:
+            found = "nothing" if other is None else f"{type(other).__name__} {source!r}"
+            raise SpecError(
+                f"Mesh {path!r}",
+                "heal",
+                mesh.heal,
+                "'peer' or the paths of other Meshes of the same shape in the tree",
+                f"from_ names {source!r}, where the tree has {found}"
+                + (f" of shape {dict(other.shape)}" if isinstance(other, Mesh) else ""),
+            )

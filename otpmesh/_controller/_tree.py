@@ -32,6 +32,7 @@ from .._node._mesh import Slot
 from .._node._node import Node
 from ._driver import SupervisorDriver
 from ._events import EventLog
+from ._healpeers import check_sources
 from ._placement import Placement
 
 _OK = (Outcome.OK, Outcome.IGNORED)
@@ -120,6 +121,9 @@ class TreeContext:
                     learned.append(f"{path}/{rank}")
         for path in learned:  # at start, and a child added by start_child: its exits reach us
             self.exit_listeners[path] = self
+            learned_spec = self.specs[path]
+            if isinstance(learned_spec, Mesh):  # the meshes it heals from are known now
+                check_sources(path, learned_spec, self.specs)
 
     # ---------------------------------------------------------------- slots (driver side)
 
@@ -128,6 +132,9 @@ class TreeContext:
         if slot is None:
             slot = self._slots[path] = Slot(path, "", None, supervised=True, up=False)
         return slot
+
+    def has_slot(self, path: str) -> bool:
+        return path in self._slots
 
     def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]:
         prefix = sup_path + "/"

@@ -32,7 +32,8 @@ CONSTRUCTOR = "constructor"
 #: ``heal="peer"``: the shorthand for ``Heal()``.
 PEER = "peer"
 
-_HEAL_ALLOWED = "None, 'peer' or otpmesh.Heal(fallback=..., timeout=...)"
+_HEAL_ALLOWED = "None, 'peer' or otpmesh.Heal(from_=..., fallback=..., timeout=...)"
+_FROM_ALLOWED = "'peer', the path of another Mesh ('rl/dp_b'), or a tuple of them"
 _FALLBACK_ALLOWED = "'constructor' or the name of an async method of the actor taking no arguments"
 
 
@@ -40,28 +41,37 @@ _FALLBACK_ALLOWED = "'constructor' or the name of an async method of the actor t
 class Heal:
     """How a restarted member of a Mesh takes its state from a live peer before it serves.
 
-    The peer is the lowest-ranked member that has been running since before the failure that
-    restarted this one; if its ``state()`` call fails (it died, raised or took longer than
-    ``timeout`` seconds) the next is tried. When none is left (every member restarted together:
-    ``ONE_FOR_ALL``, a process group, the whole mesh restarted by its parent) the ``fallback``
-    runs: ``"constructor"`` keeps what the constructor and ``on_start`` made; the name of an
-    async method of the actor (``"load_checkpoint"``) calls it with no arguments. The first
-    start of a mesh heals nothing: the constructor's state is the state.
+    ``from_`` says where peers are, in the order to ask them: ``"peer"``, this mesh's members
+    that have been running since before the failure that restarted this one, lowest rank
+    first; or the path of another Mesh of the same shape (``"rl/dp_b"``, a replica group of
+    its own), whose member of the *same rank* is asked (it holds the same shard). If a peer's
+    ``state()`` call fails (it died, raised or took longer than ``timeout`` seconds) the next
+    is tried. When none is left (every member restarted together: ``ONE_FOR_ALL``, a process
+    group, the whole mesh restarted by its parent) the ``fallback`` runs: ``"constructor"``
+    keeps what the constructor and ``on_start`` made; the name of an async method of the actor
+    (``"load_checkpoint"``) calls it with no arguments. The first start of a mesh heals
+    nothing: the constructor's state is the state.
     """
 
+    from_: str | tuple[str, ...] = PEER
     fallback: str = CONSTRUCTOR
     timeout: float = 60.0
 
     def __post_init__(self) -> None:
         where = "Heal"
+        sources = (self.from_,) if isinstance(self.from_, str) else self.from_
+        if (
+            not isinstance(sources, tuple | list)
+            or not sources
+            or not all(isinstance(s, str) and s and not s.endswith("/") for s in sources)
+        ):
+            raise SpecError(where, "from_", self.from_, _FROM_ALLOWED)
+        object.__setattr__(self, "from_", tuple(sources))
         if not isinstance(self.fallback, str) or not self.fallback.isidentifier():
             raise SpecError(where, "fallback", self.fallback, _FALLBACK_ALLOWED)
         t = self.timeout
-        if (
-            isinstance(t, bool)
-            or not isinstance(t, int | float)
-            or not (t > 0 and math.isfinite(t))
-        ):
+        number = isinstance(t, int | float) and not isinstance(t, bool)
+        if not (number and t > 0 and math.isfinite(t)):
             raise SpecError(where, "timeout", t, "a positive number of seconds (per peer asked)")
         object.__setattr__(self, "timeout", float(t))
 
