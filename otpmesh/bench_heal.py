@@ -26,8 +26,7 @@ from typing import Any
 
 import otpmesh
 from otpmesh import Mesh, Supervisor
-
-from .bench_pgroup import table
+from otpmesh.bench_pgroup import table
 
 KINDS = ("peer", "checkpoint", "constructor")
 
