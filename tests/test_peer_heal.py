@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,19 +56,25 @@ def test_a_sigkilled_replica_serves_its_peers_current_100mb_bit_exact_from_its_f
     run_trio(body, timeout=170)
 
 
-@pytest.mark.timeout(60)
-def test_every_member_restarted_together_runs_the_declared_fallback(tmp_path: Path) -> None:
+def _restoring(name: str, size: int, tmp_path: Path, params: torch.Tensor, **fields: Any) -> Mesh:
+    """A ONE_FOR_ALL mesh of replicas whose fallback loads a checkpoint of `params` and step."""
     checkpoint = tmp_path / "ckpt.pt"
-    torch.save({"params": torch.arange(8.0), "step": 7}, checkpoint)
-    tree = Mesh(
-        "m",
+    torch.save({"params": params, "step": fields.pop("step")}, checkpoint)
+    return Mesh(
+        name,
         Replica,
-        shape={"procs": 3},
-        args=(8, str(checkpoint)),
+        shape={"procs": size},
+        args=(len(params), str(checkpoint)),
         strategy=ONE_FOR_ALL,
         intensity=3,
         heal=Heal(fallback="load_checkpoint"),
+        **fields,
     )
+
+
+@pytest.mark.timeout(60)
+def test_every_member_restarted_together_runs_the_declared_fallback(tmp_path: Path) -> None:
+    tree = _restoring("m", 3, tmp_path, torch.arange(8.0), step=7)
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
@@ -85,18 +92,7 @@ def test_every_member_restarted_together_runs_the_declared_fallback(tmp_path: Pa
 @pytest.mark.timeout(90)
 def test_a_process_group_mesh_heals_its_new_epoch_from_the_fallback(tmp_path: Path) -> None:
     # No member of a broken epoch survives it (all are killed), so there is no peer to ask.
-    checkpoint = tmp_path / "ckpt.pt"
-    torch.save({"params": torch.ones(4), "step": 3}, checkpoint)
-    tree = Mesh(
-        "dp",
-        Replica,
-        shape={"procs": 2},
-        args=(4, str(checkpoint)),
-        strategy=ONE_FOR_ALL,
-        intensity=3,
-        process_group="gloo",
-        heal=Heal(fallback="load_checkpoint"),
-    )
+    tree = _restoring("dp", 2, tmp_path, torch.ones(4), step=3, process_group="gloo")
 
     async def body() -> None:
         async with otpmesh.start(tree) as app:
