@@ -35,6 +35,8 @@ from ._core._errors import EncodeError as EncodeError
 from ._core._errors import GroupError as GroupError
 from ._core._errors import MeshError as MeshError
 from ._core._errors import OtpmeshError as OtpmeshError
+from ._core._errors import PortClosedError as PortClosedError
+from ._core._errors import PortOverflowError as PortOverflowError
 from ._core._errors import ProtocolError as ProtocolError
 from ._core._errors import SpawnError as SpawnError
 from ._core._errors import StaleEpochError as StaleEpochError
@@ -74,6 +76,9 @@ from ._node._mesh import ActorMesh as ActorMesh
 from ._node._mesh import ActorRef as ActorRef
 from ._node._mesh import Endpoint as Endpoint
 from ._node._mesh import ValueMesh as ValueMesh
+from ._node._ports import Channel as Channel
+from ._node._ports import Port as Port
+from ._node._ports import PortReceiver as PortReceiver
 from ._node._retry import retry as retry
 from ._runtime._pgmember import GroupInfo as GroupInfo
 from ._runtime._pgmember import group as group

@@ -435,7 +435,19 @@ def main(argv: list[str] | None = None) -> None:
         help="only progress deadlines (time past a 0.5 s deadline to the restarted actor's "
         "first reply, plain-def and async) and app.stacks() over 100 processes; about 40 s",
     )
+    parser.add_argument(
+        "--monarch",
+        action="store_true",
+        help="only calls through otpmesh.monarch beside the native API (unicast, broadcast to "
+        "4, pipelined; .get() from a thread beside await); about 30 s",
+    )
     args = parser.parse_args(argv)
+    if args.monarch:
+        from .bench_monarch import monarch_benchmark
+
+        calls, pipelined, _ = iterations(args)
+        print(json.dumps(otpmesh.run(monarch_benchmark, min(calls, 1000), pipelined), indent=2))
+        return
     if args.hangs:
         print(json.dumps(otpmesh.run(hangs_benchmark), indent=2))
         return

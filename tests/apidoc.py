@@ -5,6 +5,7 @@
 
 The public names are the curated re-exports (``from ._x import name as name``) of
 ``otpmesh/__init__.py``, ``otpmesh/rdma/__init__.py`` and ``otpmesh/testing/__init__.py``
+(and ``otpmesh.monarch.__all__``)
 (those needing hypothesis included), ``otpmesh.chaos.__all__``, and the public classes and
 functions of ``otpmesh.launchers``. tests/test_apidoc.py fails
 when the committed page differs from what this script writes, and when a public name has no
@@ -34,7 +35,14 @@ REPO = Path(__file__).resolve().parent.parent
 API_MD = REPO / "docs" / "api.md"
 COMMAND = "python tests/apidoc.py"
 
-MODULES = ("otpmesh", "otpmesh.chaos", "otpmesh.launchers", "otpmesh.rdma", "otpmesh.testing")
+MODULES = (
+    "otpmesh",
+    "otpmesh.chaos",
+    "otpmesh.launchers",
+    "otpmesh.monarch",
+    "otpmesh.rdma",
+    "otpmesh.testing",
+)
 
 # Sections of the otpmesh page, in order; an exported name in none of them goes to "Other".
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -221,6 +221,7 @@ EXT_CODES = [
     _codec.EXT_ARRAY,
     _codec.EXT_CHANNEL_BUFFER,
     _codec.EXT_HUNG,
+    _codec.EXT_PORT,
 ]
 # Every extension whose payload is msgpack (so a nested value inside it is decoded too).
 CONTAINER_CODES = [c for c in EXT_CODES if c not in (_codec.EXT_TENSOR, _codec.EXT_ARRAY)]
@@ -567,6 +568,7 @@ WELL_FORMED: dict[int, Any] = {
     _codec.EXT_ACTOR_REF: ["r", ["echo", ["ping", ["x", "y"], "aK"]], ["r/0", "addr", True], None],
     _codec.EXT_ACTOR_MESH: ["m", [["echo", ["x"], "a"]], [["x", 1]], [["m/0", "addr", False]], 3.0],
     _codec.EXT_CHANNEL_BUFFER: [["ndarray", "<f4", [4, 2]], {"id": 1}],
+    _codec.EXT_PORT: ["\0otpmesh/1/w/0123", 3, b"\x01" * 16],
 }
 
 

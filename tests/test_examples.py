@@ -123,6 +123,31 @@ def test_rl_service_owns_its_replicas_and_escalates_to_its_supervisor() -> None:
     assert "child_started      rl/service #2" in escalation
 
 
+def test_serving_engine_batches_concurrent_requests_and_answers_a_bad_one() -> None:
+    out = _run("serving_engine.py")
+    assert "8 answers in 2 batches: ['P0', 'P1', 'P2', 'P3', 'P4', 'P5', 'P6', 'P7']" in out
+    assert "empty prompt -> ValueError; the engine lives: 2 batches so far" in out
+    assert "reloaded: vocabulary of 32000" in out
+
+
+def test_from_monarch_prints_the_same_through_otpmesh_monarch_and_natively() -> None:
+    through_monarch = _run("from_monarch.py")
+    native = _run("from_monarch.py", "--native")
+    assert through_monarch == native
+    assert "steps: [2, 2, 2, 2]" in native
+    assert "refused: learning rate must be positive, not -1.0" in native
+    assert "rank 3: 3 steps at lr 0.1" in native
+
+
+def test_ports_replies_later_streams_and_fails_a_waiting_caller_on_sigkill() -> None:
+    out = _run("ports.py")
+    for item in (1, 2, 3):
+        assert f"item {item} went in a batch of total 6" in out
+    assert "6 samples from 3 actors: [(0, 0), (0, 0), (1, 0), (1, 1), (2, 0), (2, 2)]" in out
+    assert "item 7: ActorDiedError, delivered=True: " in out and "signal 9" in out
+    assert "restarted, batch now 0 long" in out
+
+
 def test_peer_heal_restores_a_killed_replica_from_a_peer_and_a_killed_mesh_from_its_fallback() -> (
     None
 ):

@@ -19,7 +19,9 @@ EXPECTED = {
     # errors
     "OtpmeshError", "ActorError", "ActorDiedError", "CallTimeoutError", "ChildError",
     "DeadlockError", "EncodeError", "MeshError", "ProtocolError", "SpawnError", "SpecError",
-    "SupervisorError", "AppStoppedError",
+    "SupervisorError", "AppStoppedError", "PortClosedError", "PortOverflowError",
+    # ports and channels
+    "Channel", "Port", "PortReceiver",
     # actors that own meshes
     "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
     # hosts past this one
@@ -30,8 +32,8 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "testing",
-    "bench_heal", "chaos", "rdma",
+    "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
+    "bench_heal", "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 

@@ -70,7 +70,7 @@ class Learner(otpmesh.Actor):
         self.history.append(stats)
         # recovery: begin
         if self.rank == 0:
-            self._save()
+            self.save()
         # recovery: end
         self.flat.copy_(self.core.flat_weights())
         return stats
@@ -85,7 +85,7 @@ class Learner(otpmesh.Actor):
     async def on_stop(self, reason: object) -> None:
         self.buffer.drop()
 
-    def _save(self) -> None:
+    def save(self) -> None:
         """Write the checkpoint atomically: a SIGKILL mid-write leaves the previous one intact."""
         tmp = self.checkpoint.with_suffix(".tmp")
         torch.save({"history": self.history, **self.core.state_dict()}, tmp)

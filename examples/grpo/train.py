@@ -16,9 +16,12 @@ actor; ``--chaos-faults`` of them, aimed at the learner ranks and the rollouts),
 throws each fault at the top of its iteration, once the restarts of the one before are done;
 with the learner group, it also SIGKILLs learner rank 1 in the middle of one update (see
 ``update_under_kill``). The plan is in iterations, not seconds, so the same command throws the
-same faults at the same points on any machine. An iteration that meets a fault is run again,
-whole; a learner fault re-forms the learner group under a new epoch, whose ranks come back from
-the last checkpoint (the reward actor and the rollouts keep running). Every step is
+same faults at the same points on any machine. A rollout (or the reward actor) that dies inside
+its call costs only its own share: its call is sent again to its next incarnation and the other
+rollouts' batches are kept (``with_retry(lost=...)``: sampling is idempotent in the iteration).
+Any other fault re-runs the iteration, whole; a learner fault re-forms the learner group under
+a new epoch, whose ranks come back from the last checkpoint (the reward actor and the rollouts
+keep running). Every step is
 a pure function of (seed, iteration, learner checkpoint), so the curve is the same, bit for bit,
 with and without chaos.
 
@@ -61,6 +64,7 @@ INTENSITY, PERIOD = 20, 10.0
 LEARNER_0 = "rl/learner/0"  # the learner rank that publishes the weights and checkpoints
 CALL_TIMEOUT = 60.0  # seconds; a call made while its actor restarts waits for the new one
 ATTEMPTS = 20  # per iteration, before the program gives up
+LOST = 3  # times one rollout's (or the reward's) lost call is sent again in one iteration
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,8 +119,9 @@ async def grpo_iteration(
         return done  # applied and checkpointed, but a fault ate the reply
     # recovery: end
     weights = await learner.weights()  # a handle; each rollout reads the tensor itself
-    batches = (await rollouts.generate(iteration, weights)).values()
-    rewards = await reward.score(batches)
+    # A rollout that dies mid-call is asked again once restarted; the others' batches are kept.
+    batches = (await rollouts.generate.with_retry(lost=LOST)(iteration, weights)).values()
+    rewards = await reward.score.with_retry(lost=LOST)(batches)
     # coordination: end
     if mid_step is not None:
         return await update_under_kill(app, mid_step, iteration, batches, rewards)

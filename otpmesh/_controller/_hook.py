@@ -52,12 +52,14 @@ class Unsupervised:
         self._events.append(entry)
         if is_normal_exit(reason) or self._stopping():
             return
+        failure = MeshFailure(self._mesh, path, int(rank), describe(reason))
         if self._owner is None:
             log.warning(
                 "%s (unsupervised) exited: %s; it will not be restarted", path, describe(reason)
             )
+            for listener in self._rt.unowned_failures:
+                listener(failure)
             return
-        failure = MeshFailure(self._mesh, path, int(rank), describe(reason))
         if self._rt.nursery is not None:
             self._rt.nursery.start_soon(tell_owner, self._rt, self._owner, failure)
 

@@ -17,7 +17,7 @@ from .._core._shape import check_shape
 from .._core._spec import Mesh, Restart, Strategy, Supervisor, Worker, walk
 from .._node._ask import ask_controller, in_controller
 from .._node._mesh import ActorMesh, ActorRef
-from .._runtime import _controller_runtime
+from .._runtime import _controller_runtime, _run
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
 from ._app import PlacementName, context, endpoints_of
@@ -93,6 +93,8 @@ async def singleton(name: str, actor: type | str, *args: Any, **kwargs: Any) -> 
     ``actor(*args, **kwargs)`` and supervised like any child (restarted if it crashes); later
     calls, from any process, get a ref to the same actor and ignore their arguments."""
     spec = Worker(name, actor, args=args, kwargs=kwargs)
+    if not _run.IN_WORKER:  # in the controller: its runtime may not be started yet
+        await _controller_runtime.runtime()
     found: ActorRef = await ask_controller("singleton", {"spec": spec_to_wire(spec)})
     return found
 

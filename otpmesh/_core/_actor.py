@@ -15,6 +15,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ENDPOINT_ATTR = "__otpmesh_endpoint__"
 _LOOP_ATTR = "__otpmesh_loop__"
+_POLICY_ATTR = "__otpmesh_let_it_crash__"
+
+#: How many calls a ``@endpoint(concurrent=True)`` endpoint serves at once, at most: past it,
+#: the actor's mailbox waits (backpressure, in mailbox order) until one of them ends.
+CONCURRENT_LIMIT = 256
 
 #: The event loops an actor's async code may run on (``class A(Actor, loop="asyncio")``).
 TRIO = "trio"
@@ -29,9 +34,17 @@ class EndpointInfo:
 
     name: str
     is_async: bool
-    let_it_crash: bool
+    #: The error policy: True crashes the actor (the default), False replies the exception to
+    #: the caller; None (as decorated) takes the class's (``class A(Actor, let_it_crash=...)``).
+    let_it_crash: bool | None
     progress_deadline: float | None = None
     params: Params | None = None
+    #: How many calls of it may be in flight at once (0: a serial endpoint).
+    concurrent: int = 0
+    #: A plain def run in a worker thread, so it may block (``@endpoint(blocking=True)``).
+    blocking: bool = False
+    #: The endpoint replies through a Port, its first argument, not with its return value.
+    reply_port: bool = False
 
 
 class Actor:
@@ -48,8 +61,18 @@ class Actor:
     loop="asyncio")`` runs it as asyncio tasks, so it can await asyncio libraries.
     """
 
-    def __init_subclass__(cls, *, loop: str | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls, *, loop: str | None = None, let_it_crash: bool | None = None, **kwargs: Any
+    ) -> None:
         super().__init_subclass__(**kwargs)
+        if let_it_crash is not None:
+            if not isinstance(let_it_crash, bool):
+                raise TypeError(
+                    f"class {cls.__qualname__}(Actor, let_it_crash={let_it_crash!r}): expected "
+                    "True (an endpoint's exception crashes the actor) or False (it goes back "
+                    "to the caller)"
+                )
+            setattr(cls, _POLICY_ATTR, let_it_crash)
         if loop is None:
             return
         if loop not in LOOPS:
@@ -80,7 +103,7 @@ class Actor:
 
     @classmethod
     def endpoints(cls) -> dict[str, EndpointInfo]:
-        """The endpoints of this class, by name."""
+        """The endpoints of this class, by name, each with its error policy settled."""
         found: dict[str, EndpointInfo] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():
@@ -89,6 +112,10 @@ class Actor:
                     found[name] = info
                 elif name in found and callable(value):  # overridden without @endpoint:
                     found[name] = replace(found[name], params=Params.of(value))  # called so
+        default: bool = getattr(cls, _POLICY_ATTR, True)
+        for name, info in found.items():
+            if info.let_it_crash is None:
+                found[name] = replace(info, let_it_crash=default)
         return found
 
 
@@ -121,7 +148,12 @@ def endpoint(fn: F, /) -> F: ...
 
 @overload
 def endpoint(
-    *, let_it_crash: bool = True, progress_deadline: float | None = None
+    *,
+    let_it_crash: bool | None = None,
+    progress_deadline: float | None = None,
+    concurrent: bool | int = False,
+    blocking: bool = False,
+    reply_port: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -129,19 +161,43 @@ def endpoint(
     fn: F | None = None,
     /,
     *,
-    let_it_crash: bool = True,
+    let_it_crash: bool | None = None,
     progress_deadline: float | None = None,
+    concurrent: bool | int = False,
+    blocking: bool = False,
+    reply_port: bool = False,
 ) -> F | Callable[[F], F]:
     """Mark an actor method as an endpoint callable from anywhere.
 
     ``async def`` endpoints run in the actor's task (an asyncio task for an actor declared with
-    ``loop="asyncio"``); plain ``def`` endpoints run inline.
+    ``loop="asyncio"``), one call at a time; plain ``def`` endpoints run inline, on the
+    event loop's thread, so they must not block.
     Every call is checked against the method's signature: arguments that do not bind are a
     TypeError in the caller, naming the actor and the endpoint, and the actor never sees them.
-    With ``let_it_crash=False`` an exception is returned to the caller and the actor lives on.
-    ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it without
-    ``otpmesh.progress()``, the actor exits as hung.
+
+    - ``let_it_crash``: the error policy. True (the default, unless the class says
+      ``class A(Actor, let_it_crash=False)``): an exception crashes the actor and its
+      supervisor restarts it. False: the exception goes back to the caller (a broadcast's is
+      logged) and the actor lives on with its state.
+    - ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it
+      without ``otpmesh.progress()``, the actor exits as hung.
+    - ``concurrent=True`` (an ``async def`` only): each call runs in its own task, started in
+      mailbox order, while the actor goes on to its next message; re-entrant calls into it are
+      not refused as deadlocks. At most ``CONCURRENT_LIMIT`` calls in flight, or N with
+      ``concurrent=N``.
+    - ``blocking=True`` (a plain ``def`` only): each call runs in a worker thread, one at a
+      time like any serial endpoint, so it may block (``time.sleep``, I/O, a call to another
+      actor through ``trio.from_thread.run``) while the actor's process serves on.
+    - ``reply_port=True``: the endpoint replies through a Port, its first parameter after
+      ``self`` (callers do not pass it), instead of with its return value: the caller's call
+      returns the first value sent on it, even after the endpoint returned
+      (docs/guides/ports.md).
+
+    docs/guides/endpoints.md says what each means for ordering, deadlocks and failures.
     """
+    limit = _concurrency(concurrent)
+    if let_it_crash is not None and not isinstance(let_it_crash, bool):
+        raise TypeError(f"@endpoint(let_it_crash={let_it_crash!r}): expected True or False")
     if progress_deadline is not None and (
         isinstance(progress_deadline, bool)
         or not isinstance(progress_deadline, int | float)
@@ -155,12 +211,31 @@ def endpoint(
     def mark(f: F) -> F:
         if not callable(f):
             raise TypeError(f"@endpoint decorates a method, not {f!r}")
+        is_async = inspect.iscoroutinefunction(f)
+        name = getattr(f, "__name__", repr(f))
+        if limit and not is_async:
+            raise TypeError(
+                f"@endpoint(concurrent=...) on {name}: a plain def runs to its end on the "
+                f"event loop, so its calls cannot overlap; write 'async def {name}(...)', or, "
+                "for a plain def that blocks, use @endpoint(blocking=True)"
+            )
+        if blocking and is_async:
+            raise TypeError(
+                f"@endpoint(blocking=True) on async def {name}: an async endpoint waits by "
+                "awaiting and never needs a thread; drop blocking=True (or make it a plain def)"
+            )
+        params = Params.of(f)
+        if reply_port:
+            params = _without_port(f, params)
         info = EndpointInfo(
             f.__name__,
-            inspect.iscoroutinefunction(f),
+            is_async,
             let_it_crash,
             None if progress_deadline is None else float(progress_deadline),
-            Params.of(f),
+            params,
+            reply_port=reply_port,
+            concurrent=limit,
+            blocking=bool(blocking),
         )
         setattr(f, _ENDPOINT_ATTR, info)
         return f
@@ -168,6 +243,32 @@ def endpoint(
     if fn is not None:
         return mark(fn)
     return mark
+
+
+def _concurrency(concurrent: bool | int) -> int:
+    """The cap on calls in flight that ``@endpoint(concurrent=...)`` asks for (0: serial)."""
+    if concurrent is True:
+        return CONCURRENT_LIMIT
+    if concurrent is False:
+        return 0
+    if not isinstance(concurrent, int) or concurrent < 1:
+        raise ValueError(
+            f"@endpoint(concurrent={concurrent!r}): expected True (at most {CONCURRENT_LIMIT} "
+            "calls in flight), False, or a positive int (at most that many)"
+        )
+    return concurrent
+
+
+def _without_port(f: Callable[..., Any], params: Params | None) -> Params | None:
+    """The parameters callers pass to a ``reply_port`` endpoint: all but its port."""
+    if params is None:
+        return None
+    if not params.kinds or params.kinds[0] not in "pa":
+        raise TypeError(
+            f"@endpoint(reply_port=True) on {f.__qualname__}{params}: the endpoint takes its "
+            "reply port as its first parameter after self, e.g. 'def ask(self, port, x)'"
+        )
+    return Params(params.names[1:], params.kinds[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +347,10 @@ def progress() -> None:
     """Say that the running endpoint is still moving: its progress deadline (the child spec's
     ``progress_deadline``, or ``@endpoint(progress_deadline=...)``) starts again from now.
 
-    Call it from the endpoint itself (its task or, for a plain ``def`` endpoint, its thread);
-    outside an actor it raises RuntimeError. It costs a clock read.
+    Call it from the endpoint itself (its task or, for a plain ``def`` endpoint, its thread,
+    a blocking one's worker thread included); it marks the call it is called from, one of
+    several in flight for a concurrent endpoint. Outside an actor it raises RuntimeError. It
+    costs a clock read.
     """
     try:
         mark = _current_progress.get()

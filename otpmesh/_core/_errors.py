@@ -122,3 +122,13 @@ class StaleEpochError(GroupError):
             f"{group}: a member of epoch {epoch} cannot join the group's store, which is at "
             f"epoch {found}; an old epoch's members are fenced off (restart them with the group)"
         )
+
+
+class PortClosedError(OtpmeshError):
+    """Raised by PortReceiver.recv when its stream has ended: a sender closed the port, or the
+    receiver itself was closed; ``async for`` over the receiver ends instead."""
+
+
+class PortOverflowError(OtpmeshError):
+    """Raised by PortReceiver.recv, after the values it holds, when more values arrived than
+    its capacity while nobody read them: the stream failed there and later values were dropped."""

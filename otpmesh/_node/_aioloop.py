@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -25,6 +26,8 @@ import outcome
 import trio
 
 T = TypeVar("T")
+
+log = logging.getLogger("otpmesh.actor")
 
 #: The name of the asyncio thread (its stack is left out of a process's while it waits idle).
 THREAD_NAME = "otpmesh-asyncio"
@@ -66,6 +69,11 @@ class AsyncioThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
+
+    @property
+    def token(self) -> trio.lowlevel.TrioToken:
+        """The trio run this loop sits beside (where calls from its code are made)."""
+        return self._token
 
     def _run(self) -> None:
         _local.thread = self
@@ -126,6 +134,23 @@ class AsyncioThread:
         return task.result()
 
     # ------------------------------------------------------------ asyncio -> trio
+
+    def call_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """From this thread: ``fn(*args)`` run in trio, waited for (a quick synchronous
+        operation on trio's side, such as registering a port: the asyncio loop waits for it)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """From this thread: run ``fn(*args)`` in trio soon, without waiting for it (its
+        errors are logged: nobody waits to hear of them)."""
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%r, run in trio for asyncio code, failed", fn)
+
+        self._token.run_sync_soon(run)
 
     async def to_trio(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """From this thread's asyncio code: await `fn(*args, **kwargs)` run in trio, in the

@@ -7,11 +7,14 @@ trio's low-level primitives (one reschedule per wake-up, no Event or task per ac
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .._wire._connection import Connection
+
+if TYPE_CHECKING:
+    from ._porttable import PortTable
 
 _MISSING: Any = object()
 
@@ -94,9 +97,15 @@ class CallGroup:
 #: caller's own group (in this process), and the call id there.
 ReplyTo = tuple[Connection | CallGroup, int]
 
+#: An actor's mailbox entry: (endpoint name, args, kwargs, where the reply goes or None for a
+#: cast, the actors waiting on it).
+Message = tuple[str, list[Any], dict[str, Any], ReplyTo | None, tuple[str, ...]]
+
 
 class Replier(Protocol):
     """What answers calls: how an actor's cell replies through its node (``Node`` is one)."""
+
+    ports: PortTable  # where the reply ports of reply_port endpoints live
 
     def reply_ok(self, reply: ReplyTo, value: Any) -> None: ...
     def reply_error(

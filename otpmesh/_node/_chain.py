@@ -2,17 +2,21 @@
 
 An actor handles one message at a time, so while its endpoint waits on a call, the actor is
 busy: a call back to it (directly, A -> A, or around a cycle, A -> B -> A) could never be
-answered. Each call carries the chain of actors busy waiting on it; an actor's endpoint runs with
-that chain plus itself, and a call to any actor already in the chain fails at once with
-``DeadlockError`` instead of hanging (OTP's ``gen_server:call`` refuses ``calling_self``).
+answered. Each call carries the chain of actors busy waiting on it; an actor's serial endpoint
+runs with that chain plus itself, and a call to a serial endpoint of any actor already in the
+chain fails at once with ``DeadlockError`` instead of hanging (OTP's ``gen_server:call``
+refuses ``calling_self``).
+
+The actor called decides (``ActorCell.refused``, as the call is delivered), because only it
+knows which of its endpoints are concurrent: a concurrent endpoint's call runs beside whatever
+keeps the actor busy, so a call into it is answered even from inside the chain (re-entrant
+ping-pong), and its own calls carry its caller's chain without adding the actor, which it
+does not keep busy.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
-
-from .._core._errors import DeadlockError
 
 #: The actors busy waiting on the message the current task handles, oldest first (empty
 #: outside actors: the controller's own calls wait on nothing that could call back).
@@ -21,8 +25,5 @@ CHAIN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 )
 
 
-def check(chain: tuple[str, ...], targets: Sequence[str]) -> None:
-    """Raise DeadlockError if a call from `chain` to any of `targets` would wait on itself."""
-    for target in targets:
-        if target in chain:
-            raise DeadlockError([*chain[chain.index(target) :], target])
+#: How a refused call's cycle travels in its ERR frame (kind "deadlock"): its paths, joined.
+CYCLE_JOIN = " -> "

@@ -85,16 +85,21 @@ class ActorHost:
         if problem is not None:  # a class named by import path: not checked with the spec
             raise SpawnError(f"{ctx.path} cannot heal from a peer: {problem}")
 
-        async def run(hook: Coroutine[Any, Any, Any]) -> None:
-            if runs_on(cls) == ASYNCIO:  # on the loop its endpoints will run on
+        async def run(hook: Coroutine[Any, Any, Any]) -> None:  # load_state, the fallback
+            if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
                 await asyncio_thread().run(hook, contextvars.copy_context())
             else:
                 await hook
 
         set_context(ctx)  # this task only: the constructor and on_start see the actor's context
         try:
-            instance = cls(*p["args"], **p["kwargs"])
-            await run(instance.on_start())
+            if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
+                instance = await asyncio_thread().run(
+                    _constructed(cls, p["args"], p["kwargs"]), contextvars.copy_context()
+                )
+            else:
+                instance = cls(*p["args"], **p["kwargs"])
+                await instance.on_start()
             if plan:  # before its cell exists: nothing is served until it is loaded
                 await heal(ctx.path, instance, plan, run)
         except Ignore:
@@ -103,7 +108,9 @@ class ActorHost:
             passing, raised = _raised.split(exc, self._passing)
             if passing is not None:
                 raise
-            crash = ActorCrash.of(raised or exc, skip_frames=1)  # the user's frames only
+            # The user's frames only (an asyncio actor's pass through the loop and _constructed).
+            skip = 3 if runs_on(cls) == ASYNCIO else 1
+            crash = ActorCrash.of(raised or exc, skip_frames=skip)
             log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
             raise StartFailed(crash) from None
         cell = ActorCell(
@@ -176,3 +183,11 @@ class ActorHost:
         self.node.exited[path] = cell.describe_exit()
         self.node.last_exit[path] = (cell.incarnation, cell.exit_reason)
         self._on_exit(path, cell.incarnation, cell.exit_reason)
+
+
+async def _constructed(cls: type[Actor], args: list[Any], kwargs: dict[str, Any]) -> Actor:
+    """An asyncio actor, constructed and started on its asyncio thread: what its constructor
+    makes (thread-locals, asyncio objects) belongs to the thread and loop its code runs on."""
+    instance = cls(*args, **kwargs)
+    await instance.on_start()
+    return instance

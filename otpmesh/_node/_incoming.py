@@ -21,6 +21,7 @@ from .._wire._frames import (
     ERR,
     HELLO,
     OK,
+    PORT,
     REPLIES,
     SYS,
     remote_error,
@@ -31,6 +32,7 @@ from ._calls import CallGroup, ReplyTo
 from ._cell import ActorCell
 from ._channel import TensorChannel
 from ._faults import LinkFaults
+from ._porttable import PortTable
 
 log = logging.getLogger("otpmesh.node")
 
@@ -51,6 +53,7 @@ class Incoming:
     exited: dict[str, str]
     sys_inline: dict[str, Callable[[Any], None]]
     sys_handlers: dict[str, SysHandler]
+    ports: PortTable
     on_hello: Callable[[Connection, Any], None] | None
     cancel_relayed: Callable[[Connection, Any], None] | None
 
@@ -76,6 +79,9 @@ class Incoming:
                 group.deliver(index, True, msg[2])
             else:
                 group.deliver(index, False, remote_error(group.paths[index], msg))
+            return None
+        if kind == PORT:  # a value for one of this process's ports (_porttable.py)
+            self.ports.arrived(conn, msg)
             return None
         if kind == CANCEL:  # the caller gave up on one of its calls on this connection
             if isinstance(msg[2], str):
@@ -131,13 +137,16 @@ class Incoming:
                 why = cell.describe_exit() if cell else self.exited.get(actor_id, "no such actor")
                 self.reply_dead(reply, why)
             return None
+        if chain and cell.refused(method, chain, reply):
+            return None
         if cell.handle_inline(method, args, kwargs, reply):
             return None
         item = (method, args, kwargs, reply, chain)
+        send = cell.mailbox(method)
         try:
-            cell.send.send_nowait(item)
+            send.send_nowait(item)
         except trio.WouldBlock:
-            return cell.send.send(item)
+            return send.send(item)
         except trio.ClosedResourceError:
             if reply is not None:
                 self.reply_dead(reply, cell.describe_exit())

@@ -21,6 +21,7 @@ from .._wire import _codec, _payloads
 from ._aioloop import bridge
 from ._ask import ask_controller
 from ._calls import CallGroup
+from ._lost import NO_RETRY, LostRetry
 from ._node import Node, current_node
 from ._slot import Slot as Slot
 
@@ -190,12 +191,15 @@ class Endpoint:
     """One endpoint of a mesh or ref; the ways to call it. Each checks its arguments against the
     endpoint's signature first: TypeError here when they do not bind, and nothing is sent."""
 
-    __slots__ = ("_name", "_owner", "_params", "_timeout")
+    __slots__ = ("_name", "_owner", "_params", "_retry", "_timeout")
 
-    def __init__(self, owner: _Caller, name: str, timeout: float | None) -> None:
+    def __init__(
+        self, owner: _Caller, name: str, timeout: float | None, retry: LostRetry = NO_RETRY
+    ) -> None:
         self._owner = owner
         self._name = name
         self._timeout = timeout
+        self._retry = retry
         self._params = owner._endpoints.params(name)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -209,7 +213,15 @@ class Endpoint:
 
     def with_timeout(self, seconds: float | None) -> Endpoint:
         """This endpoint with a timeout: on expiry a call raises CallTimeoutError naming actors."""
-        return Endpoint(self._owner, self._name, _check_timeout(seconds))
+        return Endpoint(self._owner, self._name, _check_timeout(seconds), self._retry)
+
+    def with_retry(self, *, lost: int) -> Endpoint:
+        """This endpoint, whose calls send a member's call again to its actor's next incarnation
+        when the call reached the actor and was lost with it (the actor died before it replied),
+        up to `lost` times per member; the other members' results are kept, so nothing that
+        answered runs twice. Only for an endpoint that is safe to run again: idempotent, or its
+        effect lost with the actor. Unsupervised or permanently gone actors fail as before."""
+        return Endpoint(self._owner, self._name, self._timeout, LostRetry(lost))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """On a mesh: ``call`` (a ValueMesh). On an actor ref: ``call_one`` (the value)."""
@@ -302,8 +314,10 @@ class Endpoint:
         self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt
     ) -> list[tuple[bool, Any]]:
         # A call that never reached a supervised actor (it was restarting) is sent again to the
-        # next incarnation; a call that reached it and lost it reports the failure.
+        # next incarnation; a call that reached it and lost it reports the failure, unless
+        # this endpoint was made `with_retry(lost=...)` and the member has re-sends left.
         node = _node()
+        lost = self._retry.budget(len(slots))
         results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
         todo = list(range(len(slots)))
         seen = [-1] * len(slots)
@@ -328,7 +342,7 @@ class Endpoint:
             retry = []
             for j, i in enumerate(todo):
                 ok, value = group.results[j]
-                if not ok and _resendable(slots[i], value):
+                if not ok and (_resendable(slots[i], value) or lost.take(i, slots[i], value)):
                     retry.append(i)
                 else:
                     results[i] = (ok, value)

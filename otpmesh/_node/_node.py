@@ -36,6 +36,7 @@ from ._channel import TensorChannel
 from ._faults import LinkFaults
 from ._incoming import Incoming, SysHandler
 from ._outgoing import Outgoing
+from ._porttable import PortTable, set_current_table
 
 log = logging.getLogger("otpmesh.node")
 
@@ -52,6 +53,7 @@ def current_node() -> Node | None:
 
 def set_current_node(node: Node) -> None:
     _CURRENT.set(node)
+    set_current_table(node.ports)  # what Port and Channel use (_ports.py)
 
 
 class Node(Admission, Incoming, Outgoing):
@@ -123,6 +125,8 @@ class Node(Admission, Incoming, Outgoing):
         #: This node's tensor channel (otpmesh.rdma's, passed in by the process that runs the
         #: node); None: large tensors travel inline.
         self.channel: TensorChannel | None = channel(self) if channel is not None else None
+        #: This process's ports (otpmesh.Channel) and its sends to others' (_porttable.py).
+        self.ports = PortTable(self)
 
     # ---------------------------------------------------------------- serving
 

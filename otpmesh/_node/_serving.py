@@ -8,10 +8,22 @@ from typing import Any
 
 
 class Serving:
-    """The endpoint an actor is running now, read by the worker's watchdog thread
-    (_runtime/_watchdog.py): since when it last made progress, and how long it may go without."""
+    """One call an actor is running now, read by the worker's watchdog thread
+    (_runtime/_watchdog.py): since when it last made progress, and how long it may go without.
+    An actor serves one call at a time, plus those of its concurrent endpoints in flight."""
 
-    __slots__ = ("aio_task", "deadline", "hung", "is_async", "method", "progress_at")
+    __slots__ = (
+        "aio_task",
+        "deadline",
+        "hung",
+        "is_async",
+        "method",
+        "progress_at",
+        "reply",
+        "scope",
+        "task",
+        "thread",
+    )
 
     def __init__(self, method: str, is_async: bool, deadline: float | None) -> None:
         self.method = method
@@ -20,6 +32,17 @@ class Serving:
         self.progress_at = time.monotonic()
         self.hung = False  # the watchdog found it past its deadline (and acts once)
         self.aio_task: Any = None  # an asyncio actor's: the asyncio task running the endpoint
+        # A concurrent call's own trio task (None: the cell's), and a blocking endpoint's
+        # thread while it runs there: where its stack is read (_runtime/_stacks.py).
+        self.task: Any = None
+        self.thread: int | None = None
+        # A concurrent call's: where its reply goes, and the scope its caller's cancel cancels.
+        self.reply: Any = None
+        self.scope: Any = None
+
+    def mark(self) -> None:
+        """otpmesh.progress() for this call: its deadline starts again."""
+        self.progress_at = time.monotonic()
 
 
 def chaos_wedge(seconds: float | None) -> None:

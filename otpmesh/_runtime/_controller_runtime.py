@@ -26,6 +26,7 @@ from .._core._dumpable import make_undumpable
 from .._core._errors import SpawnError
 from .._core._exits import ProcessExit, describe
 from .._core._reasons import SHUTDOWN, is_normal_exit
+from .._node._failure import MeshFailure
 from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
@@ -162,6 +163,9 @@ class Runtime:
         self.exit_listeners: dict[str, ExitListener] = {}
         #: Told of every actor exit after its listener (what an actor owned is stopped with it).
         self.exit_hooks: list[Callable[[str, int, object], None]] = []
+        #: Told of the abnormal exits of actors nobody owns (meshes the controller spawned for
+        #: itself, outside any tree): otpmesh.monarch's unhandled-fault hook listens here.
+        self.unowned_failures: list[Callable[[MeshFailure], None]] = []
         self._fork_server_started = False
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).

@@ -28,6 +28,8 @@ from .._node._aioloop import THREAD_NAME as ASYNCIO_THREAD
 
 # Frames of the cell (and trio's, below an await) are the machinery around an endpoint.
 _CELL_FILE = os.path.join("otpmesh", "_node", "_cell.py")
+# A blocking endpoint's thread: its frames below the function that runs it there.
+_BLOCKING_FILE = os.path.join("otpmesh", "_node", "_blocking.py")
 #: Most frames shown per stack (the innermost ones).
 MAX_FRAMES = 40
 
@@ -57,11 +59,12 @@ def _outward(frame: FrameType | None) -> list[FrameType]:
 
 
 def endpoint_frames_sync(main: FrameType | None) -> list[FrameType]:
-    """A plain-def endpoint's frames, innermost first: the main thread's, up to the cell."""
+    """A plain-def endpoint's frames, innermost first: the main thread's, up to the cell (or
+    a blocking endpoint's thread's, up to the function that runs it there)."""
     frames = _outward(main)
     for i, frame in enumerate(frames):
         code = frame.f_code
-        if code.co_filename.endswith(_CELL_FILE):
+        if code.co_filename.endswith((_CELL_FILE, _BLOCKING_FILE)):
             frames = frames[:i]
             break
     return frames[:MAX_FRAMES]
@@ -86,22 +89,31 @@ def endpoint_frames_async(coro: Any) -> list[FrameType]:
     return list(reversed(chain))[:MAX_FRAMES]
 
 
-def actor_stack(cell: Any) -> str:
-    """What one actor is doing now, as text: the endpoint it serves and where, or 'idle'."""
-    serving = cell.serving
-    if serving is None:
+def actor_stack(cell: Any, first: Any = None) -> str:
+    """What one actor is doing now, as text: each call it serves (the serial one, those of
+    its concurrent endpoints in flight; `first` first) and where, or 'idle'."""
+    servings = cell.servings()
+    if first is not None and first in servings:
+        servings.remove(first)
+        servings.insert(0, first)
+    if not servings:
         return "idle"
+    return "\n".join(_call_stack(cell, serving) for serving in servings)
+
+
+def _call_stack(cell: Any, serving: Any) -> str:
     if serving.is_async:
         # An asyncio actor's endpoint is its asyncio task (_node/_aioloop.py); a trio one's
-        # is the cell's task.
-        aio, task = serving.aio_task, cell.task
+        # is its own task (a concurrent call's) or the cell's.
+        aio, task = serving.aio_task, serving.task or cell.task
         coro = aio.get_coro() if aio is not None else task.coro if task is not None else None
         frames = endpoint_frames_async(coro)
-        kind = "async endpoint"
+        kind = "concurrent endpoint" if serving.task is not None else "async endpoint"
     else:
-        main = sys._current_frames().get(threading.main_thread().ident or 0)
-        frames = endpoint_frames_sync(main)
-        kind = "endpoint"
+        # A blocking endpoint runs in a worker thread; a plain def, on the main thread.
+        thread = serving.thread or threading.main_thread().ident or 0
+        frames = endpoint_frames_sync(sys._current_frames().get(thread))
+        kind = "blocking endpoint" if serving.thread else "endpoint"
     body = format_frames(frames) or ["  (no Python frames: in C code)"]
     return "\n".join([f"{kind} {serving.method}:", *body])
 

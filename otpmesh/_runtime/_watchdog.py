@@ -7,7 +7,8 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
   _liveness.py, hears them);
 - it reads requests from the control pipe (``b"s"`` and a sequence number: send the stacks of
   every actor);
-- it watches the endpoint each actor serves (``ActorCell.serving``): one that made no progress
+- it watches the calls each actor serves (``ActorCell.servings()``: the serial one, and those
+  of concurrent endpoints in flight, each with its own deadline): one that made no progress
   for its deadline is hung. For an async endpoint the loop is asked to crash the actor with a
   ``Hung`` reason (the endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual).
   A plain-def endpoint blocks the loop itself, as does an async one the loop does not get back
@@ -169,36 +170,36 @@ class Watchdog:
     def _next_expiry(self) -> float:
         expiry = math.inf
         for cell in list(self._cells().values()):
-            serving = cell.serving
-            if serving is not None and serving.deadline is not None and not serving.hung:
-                expiry = min(expiry, serving.progress_at + serving.deadline)
+            for serving in cell.servings():
+                if serving.deadline is not None and not serving.hung:
+                    expiry = min(expiry, serving.progress_at + serving.deadline)
         return expiry
 
     def _check(self, now: float) -> None:
         for cell in list(self._cells().values()):
-            serving = cell.serving
-            if (
-                serving is None
-                or serving.deadline is None
-                or serving.hung
-                or now - serving.progress_at <= serving.deadline
-            ):
-                continue
-            serving.hung = True
-            self._hung(cell, serving)
+            for serving in cell.servings():  # each call in flight has its own deadline
+                if (
+                    serving.deadline is None
+                    or serving.hung
+                    or now - serving.progress_at <= serving.deadline
+                ):
+                    continue
+                serving.hung = True
+                self._hung(cell, serving)
+                break  # the actor exits: one reason is enough
 
     @staticmethod
     def _ended(cell: Any, serving: Any, within: float) -> bool:
         """Whether `cell` stopped serving `serving` within `within` seconds."""
         deadline = time.monotonic() + within
-        while cell.serving is serving and not cell.exited:
+        while cell.serves(serving) and not cell.exited:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
         return True
 
     def _hung(self, cell: Any, serving: Any) -> None:
-        stacks = _stacks.actor_stack(cell)
+        stacks = _stacks.actor_stack(cell, serving)
         others = _stacks.thread_stacks(skip=[threading.get_ident()])
         text = _cut(f"{stacks}\n{others}" if others else stacks)
         path = cell.ctx.path
@@ -207,7 +208,7 @@ class Watchdog:
         crashed = threading.Event()
 
         def crash() -> None:
-            if cell.serving is serving:
+            if cell.serves(serving):
                 cell.crash(reason)
             crashed.set()
 

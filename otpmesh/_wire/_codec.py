@@ -18,6 +18,7 @@ Extension types (codes are part of the wire protocol, see docs/wire.md):
                     ["memoryview", format, shape] or ["ndarray", dtype str, shape]; the receiver
                     reads it as a channel tensor and rebuilds that type
    12  hung        msgpack [endpoint, seconds, how, stacks] (an exit reason)
+   16  port        msgpack [owner address, port id, token]: where a Port's values go
 
 Extension values nest (a tuple of tuples, a tensor in a tuple in a value mesh): each one met
 inside another's payload is one level, and at most MAX_NESTING levels travel. The limit is the
@@ -91,6 +92,7 @@ EXT_HUNG = 12
 EXT_PROC_MESH = 13
 EXT_MESH_FAILURE = 14
 EXT_AUTOGRAD = 15
+EXT_PORT = 16
 
 #: How many extension values may nest inside one another (see the module docstring). Each level
 #: is one more msgpack call on the C stack, so the limit is what keeps the stack bounded. Measured
@@ -132,6 +134,7 @@ _UPPER_EXTS: Mapping[int, str] = MappingProxyType(
         EXT_RDMA_BUFFER: "otpmesh.rdma._buffer:RDMABuffer",
         EXT_PROC_MESH: "otpmesh._controller._procref:ProcMeshRef",
         EXT_MESH_FAILURE: "otpmesh._node._failure:MeshFailure",
+        EXT_PORT: "otpmesh._node._ports:Port",
     }
 )
 

@@ -7,11 +7,13 @@ Frames (msgpack arrays, see docs/wire.md):
     [1, actor_id, method, args, kwargs]            CAST  fire-and-forget
     [2, call_id, value]                            OK    reply
     [3, call_id, kind, type, message, traceback]   ERR   reply (kind: 'raised', 'dead', 'lost',
-                                                         'badcall')
+                                                         'badcall', 'deadlock')
     [4, call_id, op, payload]                      SYS   node operation (call_id -1: no reply)
     [5, payload]                                   HELLO a worker or host agent introduces itself
     [6, [reply, ...]]                              REPLIES OK/ERR frames batched by a host agent
     [7, call_id, actor_id]                         CANCEL the caller gave up on that call
+    [8, port_id, token, what, value]               PORT  a value for a port of the receiving
+                                                         node (what: 0 value, 1 close, 2 error)
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .._core._errors import ActorDiedError, ActorError, ProtocolError
+from .._core._errors import ActorDiedError, ActorError, DeadlockError, ProtocolError
 from . import _codec
 from ._brief import brief
 from ._tensors import Offer, PendingTensor
 
-CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL = range(8)
-_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3}
+CALL, CAST, OK, ERR, SYS, HELLO, REPLIES, CANCEL, PORT = range(9)
+_ARITY = {CALL: 6, CAST: 5, OK: 3, ERR: 6, SYS: 4, HELLO: 2, REPLIES: 2, CANCEL: 3, PORT: 5}
 _WITH_CALL_ID = frozenset({CALL, OK, ERR, SYS, CANCEL})
 _P_CALL = _codec.pack(CALL)
 _P_CAST = _codec.pack(CAST)
@@ -96,6 +98,8 @@ def remote_error(path: str, msg: list[Any]) -> Exception:
         return ActorDiedError(path, str(message), delivered=False)
     if kind == "lost":  # a relayed call whose actor died after it was delivered (_fanout.py)
         return ActorDiedError(path, str(message))
+    if kind == "deadlock":  # a call back into a busy actor, refused as it was delivered
+        return DeadlockError(str(message).split(" -> "))
     if kind == "badcall":  # its arguments did not bind to the endpoint: the actor never ran it
         return TypeError(str(message))
     return ActorError(path, str(type_name), str(message), str(tb))

@@ -21,6 +21,7 @@ from ._brief import brief
 
 STR: tuple[type, ...] = (str,)
 INT: tuple[type, ...] = (int,)
+BYTES: tuple[type, ...] = (bytes,)
 BOOL: tuple[type, ...] = (bool,)
 NUMBER: tuple[type, ...] = (int, float)
 OPTIONAL_NUMBER: tuple[type, ...] = (int, float, type(None))
@@ -48,6 +49,11 @@ def fields(data: Any, what: str, types: Sequence[tuple[type, ...]]) -> list[Any]
     if problem is not None:
         raise ProtocolError(f"malformed {what} payload: it {problem}")
     return data  # type: ignore[no-any-return]
+
+
+def malformed(what: str, problem: str) -> ProtocolError:
+    """The error for a payload of `what` whose fields have the right types but `problem`."""
+    return ProtocolError(f"malformed {what} payload: it has {problem}")
 
 
 def strings(data: Any, what: str) -> list[str]:

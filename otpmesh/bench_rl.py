@@ -1,0 +1,332 @@
+"""The GRPO job, measured: ``python -m otpmesh.bench_rl [--small] [--json]``.
+
+Runs the GRPO example (``examples/grpo``: 4 rollouts, a reward actor, a learner; its own task
+and its own controller loop, ``train.run_iteration``) with actors that time their phases
+(``examples/grpo/timed.py``), in two sizes: the toy (a 6K-parameter policy) and a big variant
+(25.2M parameters: 101 MB of weights read by 4 rollouts every iteration). For each it reports,
+as medians over the iterations after the first:
+
+- start: from ``otpmesh.start`` to the end of iteration 0 (fork server, workers, constructors,
+  the first iteration), and the tree alone;
+- one iteration as the controller sees it, and its phases as the actors time them: the weight
+  sync (the slowest rollout's ``read_into``), generate (the slowest rollout's sampling), score,
+  update (without the checkpoint) and checkpoint, with the sync's share of the iteration;
+- a rollout SIGKILLed mid-generate (after its weight read): the extra time of that iteration
+  over the median one, and where the restart's time went (kill to process start, imports,
+  constructor, the kill to the new incarnation ready and to its first reply);
+- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same.
+
+The load average (1 minute) is printed beside every variant, taken before and after it: on a
+shared machine the absolute times say as much about the other jobs as about otpmesh; compare
+the ratios. It must run from a checkout (the example is not part of the installed package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import otpmesh
+from otpmesh import chaos
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One size of the job: the policy's width, the batch, and how many iterations to time."""
+
+    name: str
+    hidden: int
+    prompts_per_rollout: int
+    lr: float
+    iters: int
+
+
+TOY = Variant("toy", hidden=128, prompts_per_rollout=32, lr=1e-2, iters=20)
+# 25.2M parameters; 2 prompts x 8 answers per rollout keep an iteration near a second or two
+# on 2 cores (the learner does 4 batches' forward and backward passes, and Adam over 25M);
+# the toy's learning rate, 1e-2, makes a policy this wide diverge (NaN) within a few steps.
+BIG = Variant("big", hidden=5000, prompts_per_rollout=2, lr=1e-4, iters=6)
+SMALL = (replace(TOY, iters=2),)  # the suite's smoke test: every code path, nothing measured
+VARIANTS = {"toy": TOY, "big": BIG}
+ROLLOUT, LEARNER = "rl/rollouts/1", "rl/learner/0"
+MODULES = ("task", "timed", "train")  # of examples/grpo
+#: Where a SIGKILLed actor's restart went, in the order it happens (see ``_killed``).
+RESTART_FIGURES = (
+    "kill_to_process_start_s",
+    "kill_to_module_imported_s",
+    "kill_to_constructor_s",
+    "constructor_and_on_start_s",
+    "kill_to_ready_s",
+    "kill_to_first_reply_s",
+)
+
+
+def _examples() -> tuple[Any, Any, Any]:
+    """The GRPO example's modules (task, timed, train), from the checkout (imported by name:
+    they are the example's, not this package's)."""
+    try:
+        task, timed, train = (importlib.import_module(f"examples.grpo.{m}") for m in MODULES)
+    except ImportError as err:
+        raise SystemExit(
+            f"otpmesh.bench_rl runs the GRPO example, which lives in the otpmesh checkout "
+            f"(examples/grpo), not in the installed package ({err}): run it from the "
+            f"checkout's root, `cd otpmesh && python -m otpmesh.bench_rl`"
+        ) from None
+    return task, timed, train
+
+
+async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
+    """Start the job, time `variant.iters` iterations, then (with `kills`) one with a rollout
+    SIGKILLed mid-generate and one with the learner SIGKILLed mid-update; return the figures."""
+    task, timed, train = _examples()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench_rl.") as scratch:
+        cfg = task.Config(
+            hidden=variant.hidden,
+            prompts_per_rollout=variant.prompts_per_rollout,
+            lr=variant.lr,
+            learners=1,
+            out_dir=scratch,
+        )
+        tree = train.make_tree(
+            rollout_gpus=cfg.rollouts,
+            learner_ranks=cfg.learners,
+            intensity=train.INTENSITY,
+            period=train.PERIOD,
+            learner=timed.TimedLearner,
+            reward=timed.TimedReward,
+            rollout=timed.TimedRollout,
+            args=(cfg.as_dict(),),
+        )
+        started = time.perf_counter()
+        async with otpmesh.start(tree) as app:
+            tree_up = time.perf_counter() - started
+            walls, starts = [], []
+            for iteration in range(variant.iters):
+                starts.append(time.time())
+                began = time.perf_counter()
+                await train.run_iteration(app, iteration)
+                walls.append(time.perf_counter() - began)
+                if iteration == 0:
+                    start = time.perf_counter() - started
+            phases = await _phases(app, starts)
+            iteration_s = statistics.median(walls[1:] or walls)
+            result: dict[str, Any] = {
+                "variant": variant.name,
+                "parameters": task.flat_size(task.make_policy(cfg)),
+                "iterations_timed": len(walls) - 1 or 1,
+                "start_to_end_of_iteration_0_s": start,
+                "tree_up_s": tree_up,
+                "iteration_s": iteration_s,
+                "phases_s": phases,
+                "weight_sync_share": phases["weight_sync"] / iteration_s,
+            }
+            if kills:
+                held = Path(scratch)
+                rollout = await _killed(
+                    app, train, variant.iters, ROLLOUT, held / "rollout.held", iteration_s
+                )
+                # The update's own time varies most under load, and a rollout kill cannot
+                # delay it: the extra time before the update says what the kill cost.
+                before = await _before_update(app, variant.iters, rollout.pop("began"))
+                rollout["extra_before_update_s"] = before - phases["before_update"]
+                result["rollout_sigkill_mid_generate"] = rollout
+                learner = await _killed(
+                    app, train, variant.iters + 1, LEARNER, held / "learner.held", iteration_s
+                )
+                learner.pop("began")
+                result["learner_sigkill_mid_update"] = learner
+                result["rollout_sigkill_idle"] = await _killed_idle(app, ROLLOUT)
+    result["load_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
+    return result
+
+
+async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
+    """Per phase, the median over iterations 1.. of the slowest actor's time; and the time
+    from an iteration's start to its update's (the weights handle, generate and score)."""
+    rollouts = (await app.mesh("rl/rollouts").clocks()).values()
+    reward = await app.actor("rl/reward").clocks()
+    learner = await app.actor(LEARNER).clocks()
+    timed = range(1, len(starts)) if len(starts) > 1 else range(len(starts))
+
+    def median(clocks: list[dict[str, Any]], phase: str) -> float:
+        return float(
+            statistics.median(max(c["phases"][str(i)][phase] for c in clocks) for i in timed)
+        )
+
+    return {
+        "weight_sync": median(rollouts, "weight_sync"),
+        "generate": median(rollouts, "generate"),
+        "score": median([reward], "score"),
+        "update": median([learner], "update"),
+        "checkpoint": median([learner], "checkpoint"),
+        "before_update": statistics.median(
+            learner["phases"][str(i)]["began"] - starts[i] for i in timed
+        ),
+    }
+
+
+async def _before_update(app: otpmesh.App, iteration: int, started: float) -> float:
+    """Seconds from `started` to the start of update `iteration` (the learner's clock)."""
+    learner = await app.actor(LEARNER).clocks()
+    began: float = learner["phases"][str(iteration)]["began"]
+    return began - started
+
+
+async def _killed_idle(app: otpmesh.App, path: str) -> dict[str, float]:
+    """SIGKILL the actor at `path` while the job is idle (between iterations: nothing else
+    competes for the cores); where its restart's time went."""
+    killed_at = time.time()
+    await chaos.kill(app, path)
+    await app.settled()
+    return _restart(killed_at, (await app.actor(path).clocks())["born"])
+
+
+def _restart(killed_at: float, born: dict[str, float]) -> dict[str, float]:
+    """Where a restart's time went, from an incarnation's birth times (``timed.Clock``)."""
+    figures = {
+        # Negative: the process was forked before the kill (a spare, or at the tree's start),
+        # and the module imported before it too.
+        "kill_to_process_start_s": born["process"] - killed_at,
+        "kill_to_module_imported_s": born["imported"] - killed_at,
+        "kill_to_constructor_s": born["init"] - killed_at,
+        "constructor_and_on_start_s": born["ready"] - born["init"],
+        "kill_to_ready_s": born["ready"] - killed_at,
+    }
+    if "first_reply" in born:
+        figures["kill_to_first_reply_s"] = born["first_reply"] - killed_at
+    return figures
+
+
+async def _killed(
+    app: otpmesh.App, train: Any, iteration: int, path: str, held: Path, typical: float
+) -> dict[str, float]:
+    """Run `iteration` with the actor at `path` SIGKILLed where its ``arm`` makes it block;
+    return the iteration's extra time over `typical` and where the restart's time went."""
+    victim = app.actor(path)
+    await victim.arm(str(held))
+    killed_at = 0.0
+
+    async def kill_when_held() -> None:
+        nonlocal killed_at
+        while not held.exists():  # the actor writes it once it blocks at the chosen point
+            await trio.sleep(0.005)
+        killed_at = time.time()
+        await chaos.kill(app, path)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kill_when_held)
+        started_at = time.time()
+        began = time.perf_counter()
+        await train.run_iteration(app, iteration)
+        took = time.perf_counter() - began
+    born = (await victim.clocks())["born"]
+    return {
+        "began": started_at,
+        "iteration_s": took,
+        "extra_s": took - typical,
+        **_restart(killed_at, born),
+    }
+
+
+async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict[str, Any]:
+    # The learner's first Adam step imports torch._dynamo: preloaded by the fork server, as
+    # examples/grpo/train.py has it, so a restart does not pay for it.
+    os.environ.setdefault("OTPMESH_PRELOAD", "torch,torch._dynamo,torch.distributed")
+    results = []
+    with contextlib.redirect_stdout(sys.stderr):  # the example's own lines: stdout is ours
+        for variant in variants:
+            print(f"otpmesh bench_rl: {variant.name} ({variant.iters} iterations)", flush=True)
+            results.append(await measure(variant, kills))
+    return {"machine": {"cpus": os.cpu_count()}, "variants": results}
+
+
+def table(result: dict[str, Any]) -> Any:
+    """The figures as a rich table: a row per figure, a column per variant."""
+    from rich.table import Table
+
+    variants = result["variants"]
+    out = Table(title=f"GRPO job, otpmesh ({result['machine']['cpus']} CPUs)")
+    out.add_column("figure")
+    for v in variants:
+        out.add_column(f"{v['variant']} ({v['parameters'] / 1e6:.2f}M params)", justify="right")
+
+    def row(label: str, get: Any, fmt: str = "{:.3f} s") -> None:
+        cells = []
+        for v in variants:
+            try:
+                cells.append(fmt.format(get(v)))
+            except KeyError:
+                cells.append("-")
+        out.add_row(label, *cells)
+
+    row(
+        "load (1 min) before / after",
+        lambda v: (v["load_1m"]["before"], v["load_1m"]["after"]),
+        "{0[0]:.2f} / {0[1]:.2f}",
+    )
+    row("start to the end of iteration 0", lambda v: v["start_to_end_of_iteration_0_s"])
+    row("  of which the tree up", lambda v: v["tree_up_s"])
+    row("iteration (median)", lambda v: v["iteration_s"])
+    for phase in ("weight_sync", "generate", "score", "update", "checkpoint", "before_update"):
+        row(f"  {phase.replace('_', ' ')}", lambda v, p=phase: v["phases_s"][p])
+    row("weight sync share", lambda v: 100 * v["weight_sync_share"], "{:.1f} %")
+    for key, label in (
+        ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
+        ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
+        ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
+    ):
+        row(f"{label}: extra", lambda v, k=key: v[k]["extra_s"], "{:+.3f} s")
+        row(
+            "  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], "{:+.3f} s"
+        )
+        for figure in RESTART_FIGURES:
+            row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_rl", description=__doc__)
+    parser.add_argument(
+        "--variant", choices=("toy", "big", "both"), default="both", help="default: both"
+    )
+    parser.add_argument("--iters", type=int, metavar="N", help="iterations timed per variant")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="the toy, 2 iterations and the two kills: a smoke test of the code, not a measurement",
+    )
+    parser.add_argument("--no-kills", action="store_true", help="skip the two SIGKILLs")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    args = parser.parse_args(argv)
+    chosen: tuple[Variant, ...] = (
+        (TOY, BIG) if args.variant == "both" else (VARIANTS[args.variant],)
+    )
+    variants = SMALL if args.small else chosen
+    if args.iters is not None:
+        if args.iters < 1:
+            parser.error(f"--iters takes at least 1 iteration, not {args.iters}")
+        variants = tuple(replace(v, iters=args.iters) for v in variants)
+    result = otpmesh.run(measure_all, variants, not args.no_kills)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,448 @@
+"""Monarch's meshes over otpmesh's: ``HostMesh``, ``ProcMesh``, ``ActorMesh`` and the
+endpoint adverbs (``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``).
+
+Each Monarch mesh holds a Future of the otpmesh mesh it stands for: ``spawn`` returns at once
+(as Monarch's does) and the calls made before the actors are up wait for them, in order.
+What travels between processes is always the otpmesh object (``to_native``); what Monarch
+code receives is wrapped again (``to_monarch``), so a mesh passed to an actor is used there
+with Monarch's adverbs too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from .._controller._owned import singleton
+from .._controller._procmesh import ProcMesh as NativeProcMesh
+from .._controller._procmesh import proc_mesh
+from .._controller._procref import ProcMeshRef
+from .._core._actor import Actor as NativeActor
+from .._core._errors import SpawnError
+from .._core._shape import Shape, select
+from .._core._valuemesh import ValueMesh as NativeValueMesh
+from .._node._failure import MeshFailure
+from .._node._mesh import ActorMesh as NativeActorMesh
+from .._node._mesh import ActorRef
+from .._runtime._controller_runtime import runtime
+from . import _faults
+from ._future import Future, settled
+from ._values import ValueMesh
+from ._where import run_token, start
+
+log = logging.getLogger("otpmesh.monarch")
+
+A = TypeVar("A")
+R = TypeVar("R")
+NativeMesh = NativeActorMesh | ActorRef
+NativeProcs = NativeProcMesh | ProcMeshRef
+Ready = Callable[[], None]
+
+
+def _size(extent: Shape, dim: str | None = None) -> int:
+    """The number of points of `extent`, or its size along `dim`."""
+    if dim is not None:
+        if dim not in extent:
+            raise KeyError(f"no dimension {dim!r} in extent {extent}")
+        return extent[dim]
+    size = 1
+    for n in extent.values():
+        size *= n
+    return size
+
+
+class ActorMesh(Generic[A]):
+    """Actors of one class, one per point of its proc mesh; ``mesh.ep`` is an endpoint with
+    Monarch's adverbs. Index with ``slice(dim=i)``."""
+
+    __slots__ = ("_cls", "_extent", "_native")
+
+    def __init__(self, native: Future[NativeMesh], cls: type | None, extent: Shape) -> None:
+        self._native = native
+        self._cls = cls
+        self._extent = dict(extent)
+
+    @classmethod
+    def _of(cls, native: NativeMesh) -> ActorMesh[Any]:
+        extent = native.shape if isinstance(native, NativeActorMesh) else {}
+        return ActorMesh(settled(native), None, extent)
+
+    @classmethod
+    def from_otpmesh(cls, mesh: NativeMesh) -> ActorMesh[Any]:
+        """Monarch's view of an otpmesh mesh or actor: e.g. a declared tree's
+        (``app.mesh("rl/rollouts")``), whose actors its supervisor restarts."""
+        if not isinstance(mesh, NativeActorMesh | ActorRef):
+            raise TypeError(f"from_otpmesh needs an otpmesh ActorMesh or ActorRef, not {mesh!r}")
+        return cls._of(mesh)
+
+    async def _resolved(self) -> NativeMesh:
+        return await self._native
+
+    @property
+    def extent(self) -> Shape:
+        return dict(self._extent)
+
+    def size(self, dim: str | None = None) -> int:
+        """How many points (actors, processes), or the size along `dim`."""
+        return _size(self._extent, dim)
+
+    def __len__(self) -> int:
+        return _size(self._extent)
+
+    def __getattr__(self, name: str) -> Endpoint[Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        cls = self._cls
+        if cls is not None and name not in _endpoint_names(cls):
+            raise AttributeError(
+                f"{cls.__qualname__} has no endpoint {name!r} (endpoints: "
+                f"{', '.join(sorted(_endpoint_names(cls))) or 'none'})"
+            )
+        return Endpoint(self, name)
+
+    def slice(self, **selection: int | slice) -> ActorMesh[A]:
+        """Part of the mesh: ``gpus=0`` drops the dimension, ``gpus=slice(0, 2)`` keeps part."""
+        extent, _ = select(self._extent, **selection)  # checked here, at once
+
+        async def sliced(ready: Ready) -> NativeMesh:
+            ready()
+            native = await self._native
+            if not isinstance(native, NativeActorMesh):
+                return native
+            return native.slice(**selection)
+
+        return ActorMesh(start(sliced), self._cls, extent)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves once the actors are up (a failed spawn raises here)."""
+        return _once_up(self._native)
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop these actors (each runs ``__cleanup__``); their processes stay."""
+
+        async def stop(ready: Ready) -> None:
+            native = await self._native
+            ready()
+            if isinstance(native, NativeActorMesh):
+                await native.stop()
+            else:
+                raise ValueError(f"{native!r} is one actor of a tree: its supervisor stops it")
+
+        return start(stop)
+
+    def __repr__(self) -> str:
+        name = self._cls.__qualname__ if self._cls is not None else "?"
+        return f"<monarch ActorMesh of {name}, extent {self._extent}>"
+
+
+@functools.cache
+def _endpoint_names(cls: type) -> frozenset[str]:
+    """The endpoints of actor class `cls` (classes do not change once defined)."""
+    found = getattr(cls, "endpoints", None)
+    return frozenset(found() if callable(found) else ())
+
+
+class Endpoint(Generic[R]):
+    """One endpoint of an actor mesh, with Monarch's adverbs. Every adverb sends at once."""
+
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh, self._name = mesh, name
+
+    async def _prepare(
+        self, ready: Ready, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """The otpmesh endpoint and arguments, once the mesh is up; then this call may go."""
+        ep = (await self._mesh._resolved()).endpoint(self._name)
+        if _holds_monarch(args) or _holds_monarch(kwargs):
+            args, kwargs = await to_native(args), await to_native(kwargs)
+        ready()
+        return ep, args, kwargs
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Call every actor; the Future's value is a ValueMesh of their results."""
+
+        async def call(ready: Ready) -> ValueMesh[R]:
+            ep, a, k = await self._prepare(ready, args, kwargs)
+            values: NativeValueMesh[Any] = await ep.call(*a, **k)
+            return ValueMesh(values.shape, [to_monarch(v) for v in values.values()])
+
+        return start(call)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the one actor of this mesh (a slice to one point, or a one-actor mesh)."""
+
+        async def call_one(ready: Ready) -> R:
+            ep, a, k = await self._prepare(ready, args, kwargs)
+            return to_monarch(await ep.call_one(*a, **k))  # type: ignore[no-any-return]
+
+        return start(call_one)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call one actor of the mesh, the least busy one."""
+
+        async def choose(ready: Ready) -> R:
+            ep, a, k = await self._prepare(ready, args, kwargs)
+            return to_monarch(await ep.choose(*a, **k))  # type: ignore[no-any-return]
+
+        return start(choose)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Call every actor; one Future per actor, the k-th holding the k-th reply to arrive."""
+        futures: list[Future[R]] = []
+
+        async def stream(ready: Ready) -> None:
+            ep, a, k = await self._prepare(ready, args, kwargs)
+            index = 0
+            try:
+                async for _coords, value in ep.stream(*a, **k):
+                    futures[index]._settle(to_monarch(value), None)
+                    index += 1
+            except BaseException as exc:
+                for future in futures[index:]:
+                    future._settle(None, exc)
+                raise
+
+        driver = start(stream)
+        futures.extend(Future(driver.owner) for _ in range(self._mesh.size()))
+        return iter(futures)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor without waiting (FIFO with later messages from this sender)."""
+
+        async def broadcast(ready: Ready) -> None:
+            ep, a, k = await self._prepare(ready, args, kwargs)
+            await ep.broadcast(*a, **k)
+
+        future = start(broadcast)
+        future._on_done(lambda: _log_failure(future, self._name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"an endpoint is not called directly: use .call(...), .call_one(...), "
+            f".choose(...), .stream(...) or .broadcast(...) on {self._name}"
+        )
+
+
+def _once_up(native: Future[Any]) -> Future[bool]:
+    """True once `native` (a mesh being made) is made; its error if it failed."""
+
+    async def up(ready: Ready) -> bool:
+        ready()
+        await native
+        return True
+
+    return start(up)
+
+
+def _log_failure(future: Future[None], name: str) -> None:
+    try:
+        future.get(0)
+    except Exception as exc:
+        log.warning("broadcast of %s failed: %s", name, exc)
+
+
+class ProcMesh:
+    """Processes, one per point of its extent; ``spawn`` starts actors on them."""
+
+    __slots__ = ("_extent", "_native")
+
+    def __init__(self, native: Future[NativeProcs], extent: Shape) -> None:
+        self._native = native
+        self._extent = dict(extent)
+
+    @classmethod
+    def from_otpmesh(cls, procs: NativeProcs) -> ProcMesh:
+        """Monarch's view of an otpmesh proc mesh (``await otpmesh.proc_mesh(...)``)."""
+        if not isinstance(procs, NativeProcMesh | ProcMeshRef):
+            raise TypeError(f"from_otpmesh needs an otpmesh ProcMesh, not {procs!r}")
+        return cls(settled(procs), procs.shape)
+
+    @property
+    def extent(self) -> Shape:
+        return dict(self._extent)
+
+    def size(self, dim: str | None = None) -> int:
+        """How many points (actors, processes), or the size along `dim`."""
+        return _size(self._extent, dim)
+
+    def spawn(self, name: str, actor: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """One `actor` per process (``actor(*args, **kwargs)`` runs there); returns at once,
+        calls made before the actors are up wait for them."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spawn(name, actor_class, ...): name must be a string, not {name!r}")
+        if not isinstance(actor, type) or not issubclass(actor, NativeActor):
+            raise TypeError(
+                f"spawn({name!r}, actor_class, ...): {actor!r} is not an Actor class "
+                "(subclass otpmesh.monarch.Actor)"
+            )
+        cls: type[NativeActor] = actor
+
+        async def spawn(ready: Ready) -> NativeMesh:
+            procs = await self._native
+            a, k = await to_native(args), await to_native(kwargs)
+            ready()
+            try:
+                mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
+            except SpawnError as exc:
+                if isinstance(procs, NativeProcMesh):  # the program's: nobody else to tell
+                    _faults.report(MeshFailure(name, name, -1, str(exc)))
+                raise
+            return mesh
+
+        return ActorMesh(start(spawn), actor, self._extent)
+
+    def slice(self, **selection: int | slice) -> ProcMesh:
+        extent, _ = select(self._extent, **selection)
+
+        async def sliced(ready: Ready) -> NativeProcs:
+            ready()
+            return (await self._native).slice(**selection)
+
+        return ProcMesh(start(sliced), extent)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves once the processes are up."""
+        return _once_up(self._native)
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every actor on these processes, then the processes."""
+
+        async def stop(ready: Ready) -> None:
+            procs = await self._native
+            ready()
+            await procs.stop()
+
+        return start(stop)
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<monarch ProcMesh, extent {self._extent}>"
+
+
+class HostMesh:
+    """The hosts processes are spawned on. ``this_host()`` is the one running this code."""
+
+    __slots__ = ()
+
+    @property
+    def extent(self) -> Shape:
+        return {}
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], None] | None = None,
+        name: str | None = None,
+    ) -> ProcMesh:
+        """Processes on this host, one per point of `per_host` (e.g. ``{"gpus": 4}``)."""
+        if bootstrap is not None:
+            raise NotImplementedError(
+                "spawn_procs(bootstrap=...): otpmesh sends no functions between processes "
+                "(it never pickles); run set-up code in the actor's constructor instead"
+            )
+        extent = dict(per_host) if per_host else {"procs": 1}
+
+        async def spawn_procs(ready: Ready) -> NativeProcs:
+            ready()
+            procs = await proc_mesh(**extent)
+            if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
+                _faults.listen(await runtime())
+            return procs
+
+        return ProcMesh(start(spawn_procs), extent)
+
+
+_this_host = HostMesh()
+#: this_proc()'s mesh, per trio run (a test's run, the client runtime, a worker's).
+_this_procs: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, ProcMesh] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def this_host() -> HostMesh:
+    """The host running this code."""
+    return _this_host
+
+
+def this_proc() -> ProcMesh:
+    """A one-process mesh to spawn actors on. Unlike Monarch, not this very process: otpmesh
+    runs actors in processes of their own, so it is one process started on first use."""
+    token = run_token()
+    procs = _this_procs.get(token)
+    if procs is None:
+        procs = _this_procs[token] = this_host().spawn_procs()
+    return procs
+
+
+def get_or_spawn_controller(name: str, actor: type[A], *args: Any, **kwargs: Any) -> Future[Any]:
+    """The app's one actor called `name`, spawned on first use with ``actor(*args, **kwargs)``
+    (later calls get the same one); supervised, restarted if it crashes."""
+
+    async def get(ready: Ready) -> ActorMesh[A]:
+        ready()
+        ref = await singleton(name, actor, *await to_native(args), **await to_native(kwargs))
+        return ActorMesh(settled(ref), actor, {})
+
+    return start(get)
+
+
+# ---------------------------------------------------------------- crossing the boundary
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def _holds_monarch(value: Any) -> bool:
+    """Whether `value` is, or contains, a Monarch mesh (most arguments do not: checked first,
+    at the cost of a type test per element, so they are sent as they are)."""
+    if isinstance(value, _PLAIN):
+        return False
+    if isinstance(value, ActorMesh | ProcMesh):
+        return True
+    if isinstance(value, tuple | list):
+        return any(_holds_monarch(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_monarch(v) for v in value.values())
+    return False
+
+
+async def to_native(value: Any) -> Any:
+    """What travels for `value`: Monarch meshes become the otpmesh ones (waiting for them)."""
+    if not _holds_monarch(value):
+        return value
+    if isinstance(value, ActorMesh | ProcMesh):
+        return await value._native
+    if isinstance(value, tuple | list):
+        return type(value)([await to_native(v) for v in value])
+    return {k: await to_native(v) for k, v in value.items()}
+
+
+def to_monarch(value: Any) -> Any:
+    """What Monarch code sees for a received `value`: otpmesh meshes wrapped as Monarch's."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, NativeActorMesh | ActorRef):
+        return ActorMesh._of(value)
+    if isinstance(value, NativeProcMesh | ProcMeshRef):
+        return ProcMesh.from_otpmesh(value)
+    if isinstance(value, NativeValueMesh):
+        return ValueMesh(value.shape, [to_monarch(v) for v in value.values()])
+    if isinstance(value, tuple | list):
+        return type(value)(to_monarch(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_monarch(v) for k, v in value.items()}
+    return value
