@@ -229,3 +229,12 @@ class Counter(Counting):
     @otpmesh.endpoint
     def hard(self) -> None:
         raise RuntimeError("hard fail")
+
+
+class Answerable(Counting):
+    """Monarch's rule: an exception goes back to a caller; a broadcast's crashes the actor."""
+
+    @otpmesh.endpoint(let_it_crash=otpmesh.UNANSWERED)
+    def picky(self) -> None:
+        self.count += 1
+        raise LookupError("picky fail")

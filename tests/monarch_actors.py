@@ -14,6 +14,7 @@ from otpmesh.monarch import (
     MeshFailure,
     Port,
     ProcMesh,
+    concurrent_endpoint,
     context,
     current_rank,
     current_size,
@@ -236,3 +237,25 @@ class Ported(Actor):
     @endpoint(explicit_response_port=True)
     def fail(self, port: Port[None]) -> None:
         raise RuntimeError("never answered")
+
+
+class Gate(Actor):
+    """Monarch's concurrent-endpoint example: waiters block until another call releases them."""
+
+    def __init__(self) -> None:
+        self.unblock = asyncio.Event()
+        self.waiting = 0
+
+    @concurrent_endpoint
+    async def wait(self, i: int) -> int:
+        self.waiting += 1
+        await self.unblock.wait()
+        return i
+
+    @concurrent_endpoint
+    async def how_many(self) -> int:
+        return self.waiting
+
+    @endpoint
+    async def release(self) -> None:
+        self.unblock.set()

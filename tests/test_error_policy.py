@@ -10,7 +10,7 @@ import trio
 import otpmesh
 from otpmesh import LogKind, Mesh, Supervisor, Worker
 from tests.conftest import run_trio
-from tests.endpoint_actors import Counter, Lenient
+from tests.endpoint_actors import Answerable, Counter, Lenient
 
 
 def test_a_class_level_policy_applies_to_every_endpoint_that_does_not_say() -> None:
@@ -80,11 +80,31 @@ def test_a_call_or_broadcast_to_a_crash_policy_endpoint_restarts_the_actor(how: 
     run_trio(body, timeout=60)
 
 
-def test_a_policy_that_is_not_a_bool_is_refused_with_what_to_write() -> None:
-    with pytest.raises(TypeError, match=r"let_it_crash='no'.*expected True .* or False"):
+def test_a_policy_that_is_not_one_is_refused_with_what_to_write() -> None:
+    with pytest.raises(TypeError, match=r"let_it_crash='no'.*expected True .* or 'unanswered'"):
 
         class Bad(otpmesh.Actor, let_it_crash="no"):  # type: ignore[call-arg]
             pass
 
-    with pytest.raises(TypeError, match=r"let_it_crash=0.*expected True or False"):
+    with pytest.raises(TypeError, match=r"let_it_crash=0.*expected True, False or 'unanswered'"):
         otpmesh.endpoint(let_it_crash=0)  # type: ignore[call-overload]
+
+
+def test_unanswered_replies_a_calls_exception_and_crashes_on_a_broadcasts() -> None:
+    tree = Supervisor("s", children=[Mesh("a", Answerable, shape={"procs": 2})])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("s/a")
+            with trio.fail_after(30):
+                with pytest.raises(otpmesh.ActorError, match="picky fail"):
+                    await mesh[0].picky()
+                assert await mesh[0].bump() == 2  # a caller heard of it: the actor lives
+                assert app.events.of_kind(LogKind.CHILD_EXITED) == []
+                await mesh.picky.broadcast()  # nobody hears of these: both actors crash
+                while len(app.events.of_kind(LogKind.CHILD_EXITED)) < 2:
+                    await trio.sleep(0.01)
+                await app.settled()
+                assert list((await mesh.bump()).values()) == [1, 1]  # fresh incarnations
+
+    run_trio(body, timeout=60)

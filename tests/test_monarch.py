@@ -24,6 +24,7 @@ from tests.monarch_actors import (
     Cleaner,
     Counter,
     Echo,
+    Gate,
     Manager,
     Mortal,
     Ported,
@@ -382,5 +383,41 @@ def test_explicit_response_ports_answer_now_later_or_crash_the_actor(
         while not faults:
             await trio.sleep(0.05)
         assert "ported/0" in faults[0]
+
+    run_trio(body)
+
+
+def test_a_broadcasts_exception_fails_the_actor_and_a_calls_goes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    faults: list[str] = []
+    monkeypatch.setattr(monarch, "unhandled_fault_hook", lambda f: faults.append(str(f)))
+
+    async def body() -> None:
+        counters = this_host().spawn_procs(per_host={"procs": 2}).spawn("c", Counter, 0)
+        with pytest.raises(ActorError, match="asked to"):
+            await counters.fail.call("asked to")
+        assert faults == []  # its callers heard of it: nothing failed
+        counters.slice(procs=1).fail.broadcast("nobody asked")  # Monarch: the actor dies
+        while not faults:
+            await trio.sleep(0.05)
+        assert "c/1" in faults[0] and "nobody asked" in faults[0]
+        assert await counters.slice(procs=0).get_value.call_one() == 0
+        with pytest.raises(monarch.SupervisionError):
+            await counters.slice(procs=1).get_value.call_one()
+
+    run_trio(body)
+
+
+def test_concurrent_endpoints_wait_together_until_a_later_call_releases_them() -> None:
+    async def body() -> None:
+        gate = this_host().spawn_procs().spawn("gate", Gate)
+        waiting = [gate.wait.call_one(i) for i in range(10)]  # all in flight at once
+        while await gate.how_many.call_one() < 10:
+            await trio.sleep(0.01)
+        await gate.release.call_one()
+        assert [await w for w in waiting] == list(range(10))
+        with pytest.raises(TypeError, match="needs an 'async def'"):
+            monarch.concurrent_endpoint(lambda self: None)
 
     run_trio(body)

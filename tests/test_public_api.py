@@ -7,7 +7,7 @@ import otpmesh
 EXPECTED = {
     # actors and meshes
     "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "ProcMesh", "ValueMesh",
-    "context", "endpoint", "proc_mesh", "run", "retry", "progress",
+    "context", "endpoint", "proc_mesh", "run", "retry", "progress", "UNANSWERED",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
     "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp", "Heal",
@@ -33,7 +33,8 @@ EXPECTED = {
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
     "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
-    "bench_heal", "testing", "chaos", "rdma",
+    "bench_heal", "bench_monarch", "monarch",
+    "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip
 

@@ -6,7 +6,7 @@ import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar, overload
+from typing import Any, Final, Literal, TypeVar, overload
 
 from ._reasons import NORMAL
 from ._signature import Params
@@ -27,6 +27,16 @@ ASYNCIO = "asyncio"
 LOOPS = (TRIO, ASYNCIO)
 
 
+#: The error policy that crashes the actor only for an exception nobody waits for (a cast's):
+#: a call's goes back to its caller (``@endpoint(let_it_crash=UNANSWERED)``; Monarch's rule).
+UNANSWERED: Final = "unanswered"
+Policy = bool | Literal["unanswered"]
+
+
+def _is_policy(value: object) -> bool:
+    return isinstance(value, bool) or value == UNANSWERED
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
     """What `@endpoint` recorded about a method: its parameters too (None: Python cannot
@@ -35,8 +45,9 @@ class EndpointInfo:
     name: str
     is_async: bool
     #: The error policy: True crashes the actor (the default), False replies the exception to
-    #: the caller; None (as decorated) takes the class's (``class A(Actor, let_it_crash=...)``).
-    let_it_crash: bool | None
+    #: the caller, UNANSWERED replies it to a caller and crashes on a cast; None (as
+    #: decorated) takes the class's (``class A(Actor, let_it_crash=...)``).
+    let_it_crash: Policy | None
     progress_deadline: float | None = None
     params: Params | None = None
     #: How many calls of it may be in flight at once (0: a serial endpoint).
@@ -62,15 +73,15 @@ class Actor:
     """
 
     def __init_subclass__(
-        cls, *, loop: str | None = None, let_it_crash: bool | None = None, **kwargs: Any
+        cls, *, loop: str | None = None, let_it_crash: Policy | None = None, **kwargs: Any
     ) -> None:
         super().__init_subclass__(**kwargs)
         if let_it_crash is not None:
-            if not isinstance(let_it_crash, bool):
+            if not _is_policy(let_it_crash):
                 raise TypeError(
                     f"class {cls.__qualname__}(Actor, let_it_crash={let_it_crash!r}): expected "
-                    "True (an endpoint's exception crashes the actor) or False (it goes back "
-                    "to the caller)"
+                    "True (an endpoint's exception crashes the actor), False (it goes back "
+                    f"to the caller) or {UNANSWERED!r} (back to a caller; a cast's crashes it)"
                 )
             setattr(cls, _POLICY_ATTR, let_it_crash)
         if loop is None:
@@ -149,7 +160,7 @@ def endpoint(fn: F, /) -> F: ...
 @overload
 def endpoint(
     *,
-    let_it_crash: bool | None = None,
+    let_it_crash: Policy | None = None,
     progress_deadline: float | None = None,
     concurrent: bool | int = False,
     blocking: bool = False,
@@ -161,7 +172,7 @@ def endpoint(
     fn: F | None = None,
     /,
     *,
-    let_it_crash: bool | None = None,
+    let_it_crash: Policy | None = None,
     progress_deadline: float | None = None,
     concurrent: bool | int = False,
     blocking: bool = False,
@@ -178,7 +189,9 @@ def endpoint(
     - ``let_it_crash``: the error policy. True (the default, unless the class says
       ``class A(Actor, let_it_crash=False)``): an exception crashes the actor and its
       supervisor restarts it. False: the exception goes back to the caller (a broadcast's is
-      logged) and the actor lives on with its state.
+      logged) and the actor lives on with its state. ``UNANSWERED`` (``"unanswered"``,
+      Monarch's rule): back to a caller that waits for it; a broadcast's, which nobody would
+      hear of, crashes the actor.
     - ``progress_deadline`` (seconds) overrides the child spec's for this endpoint: past it
       without ``otpmesh.progress()``, the actor exits as hung.
     - ``concurrent=True`` (an ``async def`` only): each call runs in its own task, started in
@@ -196,8 +209,10 @@ def endpoint(
     docs/guides/endpoints.md says what each means for ordering, deadlocks and failures.
     """
     limit = _concurrency(concurrent)
-    if let_it_crash is not None and not isinstance(let_it_crash, bool):
-        raise TypeError(f"@endpoint(let_it_crash={let_it_crash!r}): expected True or False")
+    if let_it_crash is not None and not _is_policy(let_it_crash):
+        raise TypeError(
+            f"@endpoint(let_it_crash={let_it_crash!r}): expected True, False or {UNANSWERED!r}"
+        )
     if progress_deadline is not None and (
         isinstance(progress_deadline, bool)
         or not isinstance(progress_deadline, int | float)

@@ -2,7 +2,9 @@
 
 An ``Exception`` escaping an endpoint crashes the actor (the default: OTP's let it crash) or,
 under ``let_it_crash=False`` (the endpoint's, or its class's default), goes back to the caller
-while the actor keeps its state; a broadcast, with no caller, is logged either way. A
+while the actor keeps its state, and a broadcast's (no caller) is logged; under
+``let_it_crash=UNANSWERED`` (Monarch's rule) it goes back to a caller and a broadcast's crashes
+the actor. A
 BaseException the actor's code raised ends the actor whatever the policy (_raised.py).
 Arguments that do not bind are the caller's error and never reach the endpoint.
 docs/guides/endpoints.md ("What an endpoint's exception does").
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from .._core._actor import ActorContext, EndpointInfo
+from .._core._actor import UNANSWERED, ActorContext, EndpointInfo
 from .._core._exits import ActorCrash, describe, ended_by
 from .._core._signature import bind_error
 from . import _raised
@@ -102,7 +104,8 @@ def failed(
     # the supervisor can know of the crash.
     if info.reply_port and reply is not None:
         cell.forget_port(reply)  # answered with the error below
-    crashes = info.let_it_crash is not False  # None: no policy said, the default
+    policy = info.let_it_crash  # None: no policy said, the default (crash)
+    crashes = policy is not False and (policy != UNANSWERED or reply is None)
     if crashes:
         log.error("%s crashed in %s:\n%s", cell.ctx.path, method, crash.traceback)
         if cell.exit_reason is None:

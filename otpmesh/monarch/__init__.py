@@ -9,17 +9,18 @@ docs/guides/from-monarch.md lists what carries over, what differs and why.
 from .._core._errors import ActorDiedError as SupervisionError
 from .._core._errors import ActorError as ActorError
 from .._node._failure import MeshFailure as MeshFailure
-from . import _faults
 from ._accumulate import Accumulator as Accumulator
 from ._accumulate import send as send
 from ._actor import Actor as Actor
 from ._actor import Context as Context
 from ._actor import Instance as Instance
+from ._actor import concurrent_endpoint as concurrent_endpoint
 from ._actor import context as context
 from ._actor import current_actor_name as current_actor_name
 from ._actor import current_rank as current_rank
 from ._actor import current_size as current_size
 from ._actor import endpoint as endpoint
+from ._faults import default_hook
 from ._future import Future as Future
 from ._meshes import ActorMesh as ActorMesh
 from ._meshes import Endpoint as Endpoint
@@ -36,7 +37,7 @@ from ._values import ValueMesh as ValueMesh
 
 #: Called with a MeshFailure when a mesh this program spawned fails and nobody handles it
 #: (Monarch's hook; its default ends the program). Replace it to log or ignore instead.
-unhandled_fault_hook = _faults.default_hook
+unhandled_fault_hook = default_hook
 
 __all__ = [
     "Accumulator",
@@ -56,6 +57,7 @@ __all__ = [
     "ProcMesh",
     "SupervisionError",
     "ValueMesh",
+    "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",

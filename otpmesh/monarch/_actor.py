@@ -97,8 +97,10 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run_sync
 
 
-#: Monarch's error policy: an endpoint's exception goes back to its caller; the actor lives.
-_REPLY = native.endpoint(let_it_crash=False)
+#: Monarch's error policy: an endpoint's exception goes back to its caller and the actor lives;
+#: a broadcast's, which nobody would hear of, fails the actor.
+_REPLY = native.endpoint(let_it_crash=native.UNANSWERED)
+_CONCURRENT = native.endpoint(concurrent=True, let_it_crash=native.UNANSWERED)
 
 
 @overload
@@ -135,6 +137,19 @@ def endpoint(
         return wrapped
 
     return mark(fn) if fn is not None else mark
+
+
+def concurrent_endpoint(fn: F, /) -> F:
+    """Monarch's ``@concurrent_endpoint``: an ``async def`` endpoint whose calls run at once,
+    each in its own asyncio task, while the actor takes its next messages (otpmesh's
+    ``@endpoint(concurrent=True)``; docs/guides/endpoints.md)."""
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"@concurrent_endpoint on {fn.__qualname__}: it needs an 'async def' (a plain def "
+            "cannot overlap with anything); use @endpoint for a plain def"
+        )
+    wrapped: F = _CONCURRENT(_wrap(fn))  # type: ignore[assignment]
+    return wrapped
 
 
 # ---------------------------------------------------------------- context and ranks

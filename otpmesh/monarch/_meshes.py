@@ -30,7 +30,7 @@ from .._node._failure import MeshFailure
 from .._node._mesh import ActorMesh as NativeActorMesh
 from .._node._mesh import ActorRef
 from .._runtime._controller_runtime import runtime
-from . import _faults
+from ._faults import listen, report
 from ._future import Future, settled
 from ._values import ValueMesh
 from ._where import run_token, start
@@ -293,7 +293,7 @@ class ProcMesh:
                 mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
             except SpawnError as exc:
                 if isinstance(procs, NativeProcMesh):  # the program's: nobody else to tell
-                    _faults.report(MeshFailure(name, name, -1, str(exc)))
+                    report(MeshFailure(name, name, -1, str(exc)))
                 raise
             return mesh
 
@@ -360,7 +360,7 @@ class HostMesh:
             ready()
             procs = await proc_mesh(**extent)
             if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
-                _faults.listen(await runtime())
+                listen(await runtime())
             return procs
 
         return ProcMesh(start(spawn_procs), extent)
