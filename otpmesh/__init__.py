@@ -47,6 +47,7 @@ from ._core._exits import Hung as Hung
 from ._core._exits import Ignore as Ignore
 from ._core._exits import ProcessExit as ProcessExit
 from ._core._exits import describe as describe
+from ._core._healspec import Heal as Heal
 from ._core._spec import ALL_FOR_ONE as ALL_FOR_ONE
 from ._core._spec import ALL_SIGNIFICANT as ALL_SIGNIFICANT
 from ._core._spec import ANY_SIGNIFICANT as ANY_SIGNIFICANT

@@ -20,6 +20,7 @@ import argparse
 import os
 import signal
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -113,11 +114,17 @@ async def run(trials: int, size: int) -> list[dict[str, float]]:
 
 
 def report(results: list[dict[str, float]]) -> str:
-    lines = [f"{'phase':<12}{'p50 ms':>9}{'min ms':>9}{'max ms':>9}"]
-    for phase in (*PHASES, "total"):
-        values = [r[phase] * 1000 for r in results]
+    return table(results, (*PHASES, "total"))
+
+
+def table(results: list[dict[str, float]], rows: Sequence[str], heading: str = "phase") -> str:
+    """Each row's median, min and max over the trials, in milliseconds (from seconds)."""
+    width = max(12, len(heading) + 2, *(len(row) + 2 for row in rows))
+    lines = [f"{heading:<{width}}{'p50 ms':>9}{'min ms':>9}{'max ms':>9}"]
+    for row in rows:
+        values = [r[row] * 1000 for r in results]
         lines.append(
-            f"{phase:<12}{statistics.median(values):9.1f}{min(values):9.1f}{max(values):9.1f}"
+            f"{row:<{width}}{statistics.median(values):9.1f}{min(values):9.1f}{max(values):9.1f}"
         )
     return "\n".join(lines)
 

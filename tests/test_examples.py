@@ -155,3 +155,14 @@ def test_ports_replies_later_streams_and_fails_a_waiting_caller_on_sigkill() -> 
     assert "6 samples from 3 actors: [(0, 0), (0, 0), (1, 0), (1, 1), (2, 0), (2, 2)]" in out
     assert "item 7: ActorDiedError, delivered=True: " in out and "signal 9" in out
     assert "restarted, batch now 0 long" in out
+
+
+def test_peer_heal_restores_a_killed_replica_from_a_peer_and_a_killed_mesh_from_its_fallback() -> (
+    None
+):
+    out = _run("peer_heal.py", "--mb", "8")
+    before = out.split("before:")[1].splitlines()[0].split(", from")[0]
+    healed = out.split("healed:")[1].splitlines()[0]
+    assert healed.split(", from")[0] == before and healed.endswith("from a live peer")
+    for rank in range(4):
+        assert f"rank {rank}:   version 100, sum 2097152.000, from the checkpoint" in out

@@ -11,7 +11,7 @@ EXPECTED = {
     "context", "endpoint", "proc_mesh", "run", "retry", "progress", "UNANSWERED",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
-    "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp",
+    "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp", "Heal",
     "ONE_FOR_ONE", "ONE_FOR_ALL", "ALL_FOR_ONE", "REST_FOR_ONE", "ESCALATE",
     "PERMANENT", "TRANSIENT", "TEMPORARY", "BRUTAL_KILL", "INFINITY",
     "NEVER", "ANY_SIGNIFICANT", "ALL_SIGNIFICANT",
@@ -34,7 +34,7 @@ EXPECTED = {
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
     "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
-    "bench_monarch", "bench_sync", "monarch",
+    "bench_heal", "bench_monarch", "bench_sync", "monarch",
     "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._exits import describe
+from .._core._healspec import PEER
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._shape import all_coords
 from .._core._spec import Mesh, Shutdown, Supervisor, Worker
@@ -35,6 +36,7 @@ from .._core._supevents import (
     Stop,
     TerminateChild,
 )
+from ._healpeers import PeerChoice
 from ._placement import SlotInfo, StartError
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class SupervisorDriver:
         self.exited = trio.Event()
         self.exit_reason: object = None
         self.mesh_shape = app.mesh_shapes.get(path)
+        self.heal = app.mesh_heals.get(path)  # Mesh(heal=...): restarted actors heal from a peer
+        self._peers = PeerChoice()
         self._scope = trio.CancelScope()  # cancelled when the supervisor is killed
         self._dying = False  # killed: it hears nothing more
 
@@ -74,6 +78,8 @@ class SupervisorDriver:
         """Queue an event for the core (from any task, synchronously)."""
         if self.exited.is_set() or self._dying:
             return
+        if isinstance(event, ChildExited):
+            self._peers.exited()
         self.app.work_started()
         self._send.send_nowait(event)
 
@@ -163,21 +169,43 @@ class SupervisorDriver:
         injected = self.app.injected_start_failure(path)
         if injected is not None:
             return StartFailed(command.id, injected)
+        info = replace(
+            self._slot_info(command.id),
+            progress_deadline=spec.progress_deadline,
+            heal=self._heal_plan(command),
+        )
         try:
             result = await self.app.placement.start(
-                slot,
-                command.incarnation,
-                spec.actor,
-                spec.args,
-                spec.kwargs,
-                replace(self._slot_info(command.id), progress_deadline=spec.progress_deadline),
+                slot, command.incarnation, spec.actor, spec.args, spec.kwargs, info
             )
         except StartError as exc:
             return StartFailed(command.id, exc.reason)
         if result != "started":
             return StartIgnored(command.id)
         self.app.watch(path, self)
+        self._peers.started(command.id)
         return ChildStarted(command.id)
+
+    def _heal_plan(self, command: StartChild) -> dict[str, Any] | None:
+        """What a restarted actor of a healing mesh is told: the peers to ask for its state, in
+        order (path and address of each one up now), and the fallback (_node/_heal.py)."""
+        if self.heal is None or command.incarnation <= 1:  # a first start: nothing to heal
+            return None
+        peers: list[str] = []
+        for source in self.heal.from_:
+            if source == PEER:
+                running = [
+                    c.id for c in self.core.which_children() if c.status is ChildStatus.RUNNING
+                ]
+                peers += [f"{self.path}/{p}" for p in self._peers.peers(command.id, running)]
+            else:  # another replica group: its member of the same rank holds the same shard
+                peers.append(f"{source}/{command.id}")
+        up = [self.app.slot(p) for p in peers if self.app.has_slot(p)]
+        return {
+            "peers": [[s.actor_id, s.addr] for s in up if s.up and s.gone is None],
+            "fallback": self.heal.fallback,
+            "timeout": self.heal.timeout,
+        }
 
     async def _terminate_child(self, command: TerminateChild) -> None:
         try:

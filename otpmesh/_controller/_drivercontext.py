@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .._core._healspec import Heal
 from .._core._supevents import Reply
 from .._node._slot import Slot
 from ._events import EventLog
@@ -19,6 +20,7 @@ class DriverContext(Protocol):
 
     events: EventLog
     mesh_shapes: dict[str, dict[str, int]]
+    mesh_heals: dict[str, Heal]
     nursery: trio.Nursery
     placement: Placement
 
@@ -27,6 +29,10 @@ class DriverContext(Protocol):
         ...
 
     def slot(self, path: str) -> Slot: ...
+    def has_slot(self, path: str) -> bool:
+        """Whether the actor at `path` has ever been placed (``slot`` would make one)."""
+        ...
+
     def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]: ...
     def injected_start_failure(self, path: str) -> object: ...
     def watch(self, path: str, driver: Any) -> None:

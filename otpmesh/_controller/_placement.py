@@ -49,6 +49,7 @@ class SlotInfo:
     coords: dict[str, int]
     shape: dict[str, int]
     progress_deadline: float | None = None  # the child spec's (seconds; None: none)
+    heal: dict[str, Any] | None = None  # a restart in a healing mesh: peers, fallback (_heal.py)
 
 
 class Placement(Protocol):
@@ -83,6 +84,7 @@ def _payload(
         "args": list(args),
         "kwargs": dict(kwargs),
         "progress_deadline": info.progress_deadline,
+        "heal": info.heal,
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._core._actor import class_path
 from .._core._errors import ProtocolError
+from .._core._healspec import Heal
 from .._core._spec import Mesh, Supervisor, Worker
 from .._wire._brief import brief
 
@@ -38,6 +39,8 @@ def spec_to_wire(spec: Worker | Supervisor | Mesh) -> list[Any]:
             value = value.value
         elif isinstance(value, Mapping):
             value = dict(value)
+        elif isinstance(value, Heal):  # rebuilt from its fields (Mesh accepts a mapping)
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         fields[field.name] = value
     return [type(spec).__name__, fields]
 

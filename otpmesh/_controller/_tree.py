@@ -13,6 +13,7 @@ import trio
 from .._core._errors import ChildError, SupervisorError
 from .._core._exits import ActorCrash
 from .._core._giveup import gave_up, give_up_error, root_run
+from .._core._healspec import Heal
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
 from .._core._supervisor import ChildInfo
@@ -31,6 +32,7 @@ from .._node._mesh import Slot
 from .._node._node import Node
 from ._driver import SupervisorDriver
 from ._events import EventLog
+from ._healpeers import check_sources
 from ._placement import Placement
 
 _OK = (Outcome.OK, Outcome.IGNORED)
@@ -62,6 +64,7 @@ class TreeContext:
         self.owners_quiet: Callable[[], Awaitable[None]] | None = None
         self.ended = trio.Event()  # the app's block is over and the tree is stopped
         self.mesh_shapes: dict[str, dict[str, int]] = {}
+        self.mesh_heals: dict[str, Heal] = {}  # meshes whose restarted actors heal from a peer
         self.specs: dict[str, Supervisor | Worker | Mesh] = {}
         #: Where the runtime finds who hears an actor's exit, by path: every path this tree
         #: learns (at start, or from start_child) is ours.
@@ -111,11 +114,16 @@ class TreeContext:
             learned.append(path)
             if isinstance(node, Mesh):
                 self.mesh_shapes[path] = dict(node.shape)
+                if isinstance(node.heal, Heal):
+                    self.mesh_heals[path] = node.heal
                 for rank in range(node.size):
                     self.specs[f"{path}/{rank}"] = node.as_supervisor().children[rank]
                     learned.append(f"{path}/{rank}")
         for path in learned:  # at start, and a child added by start_child: its exits reach us
             self.exit_listeners[path] = self
+            learned_spec = self.specs[path]
+            if isinstance(learned_spec, Mesh):  # the meshes it heals from are known now
+                check_sources(path, learned_spec, self.specs)
 
     # ---------------------------------------------------------------- slots (driver side)
 
@@ -124,6 +132,9 @@ class TreeContext:
         if slot is None:
             slot = self._slots[path] = Slot(path, "", None, supervised=True, up=False)
         return slot
+
+    def has_slot(self, path: str) -> bool:
+        return path in self._slots
 
     def slots_under(self, sup_path: str) -> list[tuple[str, Slot]]:
         prefix = sup_path + "/"

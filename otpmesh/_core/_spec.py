@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from ._actor import Actor
+from ._healspec import Heal, check_heal
 from ._sendable import WHAT_TRAVELS, first_unsendable, why_not
 from ._spec_errors import SpecError
 from ._spec_words import ALL_FOR_ONE as ALL_FOR_ONE
@@ -270,6 +271,9 @@ class Mesh:
     ``process_group`` (``"gloo"`` or ``"nccl"``; default none) makes the actors one
     ``torch.distributed`` group, formed afresh under a new epoch at every (re)start of the
     group (docs/process-groups.md); it needs ``ONE_FOR_ALL`` or ``ESCALATE``.
+    ``heal`` (``"peer"`` or ``otpmesh.Heal(...)``; default none): a restarted actor takes its
+    state from a live peer of the mesh before it serves (docs/supervision.md, "Healing from a
+    peer").
     Its actors are stopped all at once, as OTP's
     ``simple_one_for_one`` stops its children (``parallel_shutdown``): stopping a mesh takes
     one actor's shutdown time, not one per actor.
@@ -289,6 +293,7 @@ class Mesh:
     significant: bool = False
     progress_deadline: float | None = None
     process_group: str | None = None
+    heal: Heal | str | None = None
 
     def __post_init__(self) -> None:
         path = f"Mesh {_check_id('Mesh', self.id)!r}"
@@ -298,6 +303,7 @@ class Mesh:
         _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
         _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
         _check_process_group(path, self)
+        _set(self, "heal", check_heal(path, self.heal, self.actor))
 
     @property
     def size(self) -> int:

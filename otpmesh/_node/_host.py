@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import trio
@@ -14,10 +14,12 @@ import trio
 from .._core._actor import ASYNCIO, Actor, ActorContext, runs_on, served, set_context
 from .._core._errors import SpawnError
 from .._core._exits import ActorCrash, Ignore
+from .._core._healspec import heal_problem
 from .._core._reasons import NOPROC
 from . import _raised
 from ._aioloop import asyncio_thread
 from ._cell import ActorCell
+from ._heal import heal
 from ._mainmodule import MainModule, import_class
 from ._node import Node
 
@@ -78,6 +80,17 @@ class ActorHost:
         old = self.node.actors.get(ctx.path)
         if old is not None and old.alive:
             raise SpawnError(f"{ctx.path} is already running (incarnation {old.incarnation})")
+        plan = p.get("heal")
+        problem = heal_problem(cls, plan["fallback"]) if plan else None
+        if problem is not None:  # a class named by import path: not checked with the spec
+            raise SpawnError(f"{ctx.path} cannot heal from a peer: {problem}")
+
+        async def run(hook: Coroutine[Any, Any, Any]) -> None:  # load_state, the fallback
+            if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
+                await asyncio_thread().run(hook, contextvars.copy_context())
+            else:
+                await hook
+
         set_context(ctx)  # this task only: the constructor and on_start see the actor's context
         try:
             if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
@@ -87,6 +100,8 @@ class ActorHost:
             else:
                 instance = cls(*p["args"], **p["kwargs"])
                 await instance.on_start()
+            if plan:  # before its cell exists: nothing is served until it is loaded
+                await heal(ctx.path, instance, plan, run)
         except Ignore:
             return IGNORED
         except BaseException as exc:
