@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -374,3 +375,11 @@ class Asker(otpmesh.Actor):
     @otpmesh.endpoint(blocking=True)
     def ask_in_thread(self, peer: Any, x: Any) -> Any:
         return peer.echo(x).get()
+
+
+class GcReporter(otpmesh.Actor):
+    """Tells its process's garbage-collector threshold (tests/test_gcpace.py)."""
+
+    @otpmesh.endpoint
+    def threshold(self) -> int:
+        return gc.get_threshold()[0]

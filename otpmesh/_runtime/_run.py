@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from ._gcpace import pace
+
 T = TypeVar("T")
 
 # Set in worker processes: there, importing the controller's main file must not start a program.
@@ -111,6 +113,7 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     from .._core._errors import SupervisorError
 
     signals = _Signals()
+    pace()
     try:
         return trio.run(_noting_slow_stops, main, args, signals)
     except BaseException as exc:

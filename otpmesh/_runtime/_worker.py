@@ -181,8 +181,10 @@ def main(cfg: dict[str, Any]) -> int:
     # SIGUSR1 before killing it, and faulthandler writes every thread's stack to its stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from . import _run
+    from ._gcpace import pace
 
     _run.IN_WORKER = True
+    pace()  # calls in flight here too: collect less often (_gcpace.py)
     sys.path[:] = cfg["sys_path"]
     os.chdir(cfg["cwd"])
     logging.basicConfig(
