@@ -5,13 +5,16 @@ Worker processes are real (fork server, Unix sockets, signals); nothing here moc
 
 from __future__ import annotations
 
+import gc
 import os
 import pwd
+import resource
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +132,25 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+@contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """While the block runs this process can open no new descriptor: every open, socket and
+    accept fails with EMFILE.
+
+    The soft RLIMIT_NOFILE becomes the lowest free descriptor number, not the count of open
+    ones: earlier tests in the same process (an xdist worker runs many files) leave holes in
+    the descriptor table, numbers closed below ones still open, and every hole under a limit
+    set from the count was one more descriptor the kernel still handed out. Garbage is
+    collected first, so that no socket of an earlier test is closed inside the block, which
+    would open a hole under the limit."""
+    gc.collect()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)  # the kernel gives the lowest free number
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
