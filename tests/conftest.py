@@ -33,8 +33,11 @@ WHOLE_MACHINE = "whole_machine"
 
 
 def _lock(path: str, how: int) -> int:
+    """`path` locked `how`, released when the descriptor closes. A POSIX record lock (lockf),
+    not flock: it belongs to this process alone, so a child a test forks (and that outlives
+    the test) does not go on holding it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, how)
+    fcntl.lockf(fd, how)
     return fd
 
 
