@@ -174,6 +174,7 @@ def test_the_node_accept_loop_waits_out_emfile_logs_once_per_episode_and_the_app
 # ---------------------------------------------------------------- floods against an app
 
 
+@pytest.mark.whole_machine  # 12 flooding processes, and deadlines
 def test_a_same_user_flood_holding_every_unproven_slot_does_not_stop_a_restarted_worker() -> None:
     tree = Supervisor("root", children=[Mesh("m", Member, shape={"procs": 2}, intensity=3)])
 
@@ -213,6 +214,7 @@ async def _pid_when_up(mesh: Any, rank: int) -> int | None:
     return pid
 
 
+@pytest.mark.whole_machine  # 8 flooding processes, 2000 sockets
 def test_another_users_flood_of_every_port_leaves_the_app_answering_and_restarting() -> None:
     user = other_user()
     app = FloodedApp(nofile=256)  # a lowered descriptor limit: exhaustion comes fast
