@@ -56,7 +56,7 @@ async def _one(hosts: int, procs: int, n: int, spaces: netns.NetnsHosts | None) 
         launcher = launchers.Local(
             hosts=hosts, prefixes=spaces.prefixes()[:hosts], listen=spaces.listen()[:hosts]
         )
-        cluster = otpmesh.cluster(launcher, listen=netns.CONTROLLER_IP)
+        cluster = otpmesh.cluster(launcher, listen=spaces.controller_ip)
     async with cluster:
         pm = await otpmesh.proc_mesh(hosts=hosts, procs=procs)
         mesh = await pm.spawn("echo", Echo)

@@ -5,13 +5,18 @@ Worker processes are real (fork server, Unix sockets, signals); nothing here moc
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import os
 import pwd
+import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,63 @@ import trio
 
 # Workers of most tests never touch a tensor: don't make every fork server import torch.
 os.environ.setdefault("OTPMESH_PRELOAD", "")
+
+
+# ---------------------------------------------------------------- the whole machine, under xdist
+
+WHOLE_MACHINE = "whole_machine"
+
+
+def _lock(path: str, how: int) -> int:
+    """`path` locked `how`, released when the descriptor closes. A POSIX record lock (lockf),
+    not flock: it belongs to this process alone, so a child a test forks (and that outlives
+    the test) does not go on holding it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.lockf(fd, how)
+    return fd
+
+
+_LOCKS = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """The xdist controller, once per worker: every worker of this run locks files in one
+    directory of its own (made here, removed when the session ends)."""
+    config = node.config
+    if _LOCKS not in config.stash:
+        config.stash[_LOCKS] = tempfile.mkdtemp(prefix="otpmesh-tests-")
+    node.workerinput["otpmesh_locks"] = config.stash[_LOCKS]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    locks = session.config.stash.get(_LOCKS, None)
+    if locks is not None:
+        shutil.rmtree(locks, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Under pytest-xdist, a test marked ``whole_machine`` runs while no other worker runs any
+    test; the others run side by side. A readers-writer lock shared by this run's workers:
+    every test holds it shared, a marked one exclusive. The turnstile (taken briefly by every
+    test, and held by a marked one while it waits) keeps a stream of unmarked tests from
+    starving it. Outermost (tryfirst), so that the wait counts against no test's timeout and
+    the lock is held through setup and teardown."""
+    locks = getattr(item.config, "workerinput", {}).get("otpmesh_locks")
+    if locks is None:  # not an xdist worker: tests run one at a time anyway
+        yield
+        return
+    exclusive = item.get_closest_marker(WHOLE_MACHINE) is not None
+    turnstile = _lock(os.path.join(locks, "turnstile"), fcntl.LOCK_EX)
+    try:
+        held = _lock(os.path.join(locks, "tests"), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    finally:
+        os.close(turnstile)
+    try:
+        yield
+    finally:
+        os.close(held)
 
 
 def run_trio(fn: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
@@ -129,3 +191,25 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+@contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """While the block runs this process can open no new descriptor: every open, socket and
+    accept fails with EMFILE.
+
+    The soft RLIMIT_NOFILE becomes the lowest free descriptor number, not the count of open
+    ones: earlier tests in the same process (an xdist worker runs many files) leave holes in
+    the descriptor table, numbers closed below ones still open, and every hole under a limit
+    set from the count was one more descriptor the kernel still handed out. Garbage is
+    collected first, so that no socket of an earlier test is closed inside the block, which
+    would open a hole under the limit."""
+    gc.collect()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)  # the kernel gives the lowest free number
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -508,6 +508,7 @@ def test_too_deep_arguments_fail_in_the_caller_and_the_actor_lives() -> None:
     run_trio(body, timeout=100)
 
 
+@pytest.mark.whole_machine  # 2 GiB, and peak RSS
 def test_too_big_bytes_without_a_tensor_channel_fail_fast_and_are_never_copied() -> None:
     """A node's messages take large bytes over its tensor channel; without one (a bare pack)
     more than a frame's worth is refused before anything is copied."""
@@ -522,6 +523,7 @@ def test_too_big_bytes_without_a_tensor_channel_fail_fast_and_are_never_copied()
             assert words in str(info.value)
 
 
+@pytest.mark.whole_machine  # 1 GiB and more
 @pytest.mark.timeout(120)
 def test_a_message_whose_packed_size_passes_the_quick_check_is_still_refused() -> None:
     # 33 items: more than the quick check looks at; 1.03 GiB once packed.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import signal
 import socket
 import time
@@ -29,7 +28,7 @@ from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench_flood import FloodedApp, Flooder
 from otpmesh.rdma import _tcp
 from tests.actors import Echo, Member
-from tests.conftest import other_user, run_trio
+from tests.conftest import no_descriptor_left, other_user, run_trio
 from tests.rdma.test_tcp_backend import _read, _served
 
 # ---------------------------------------------------------------- the bound itself
@@ -122,6 +121,20 @@ def test_a_non_ascii_token_is_refused_without_a_traceback(caplog: pytest.LogCapt
 # ---------------------------------------------------------------- EMFILE in accept
 
 
+def test_no_descriptor_is_left_even_where_earlier_tests_left_holes_in_the_table() -> None:
+    """The EMFILE tests' premise, where an xdist worker ran other files first: descriptors
+    closed below ones still open must not be handed out under the lowered limit."""
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(100)]
+    for fd in opened[:80]:
+        os.close(fd)  # 80 holes under the 20 still open
+    try:
+        with no_descriptor_left(), pytest.raises(OSError, match="Too many open files"):
+            socket.socket().close()
+    finally:
+        for fd in opened[80:]:
+            os.close(fd)
+
+
 def test_the_node_accept_loop_waits_out_emfile_logs_once_per_episode_and_the_app_answers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -131,10 +144,7 @@ def test_the_node_accept_loop_waits_out_emfile_logs_once_per_episode_and_the_app
             node = (await runtime()).node
             for episode in (1, 2):
                 clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
-                soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-                used = len(os.listdir("/proc/self/fd"))
-                resource.setrlimit(resource.RLIMIT_NOFILE, (used, hard))  # no descriptor left
-                try:
+                with no_descriptor_left():
                     for client in clients:
                         client.connect(node.addr)  # queued: the node's accept fails (EMFILE)
                     with trio.fail_after(30):
@@ -142,8 +152,6 @@ def test_the_node_accept_loop_waits_out_emfile_logs_once_per_episode_and_the_app
                             await trio.sleep(0.01)
                     # The app's other work goes on: calls on open connections need no new one.
                     assert await echo[0].echo("while short") == "while short"
-                finally:
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
                 def answered(client: socket.socket) -> bytes:
                     with client:
@@ -166,6 +174,7 @@ def test_the_node_accept_loop_waits_out_emfile_logs_once_per_episode_and_the_app
 # ---------------------------------------------------------------- floods against an app
 
 
+@pytest.mark.whole_machine  # 12 flooding processes, and deadlines
 def test_a_same_user_flood_holding_every_unproven_slot_does_not_stop_a_restarted_worker() -> None:
     tree = Supervisor("root", children=[Mesh("m", Member, shape={"procs": 2}, intensity=3)])
 
@@ -205,6 +214,7 @@ async def _pid_when_up(mesh: Any, rank: int) -> int | None:
     return pid
 
 
+@pytest.mark.whole_machine  # 8 flooding processes, 2000 sockets
 def test_another_users_flood_of_every_port_leaves_the_app_answering_and_restarting() -> None:
     user = other_user()
     app = FloodedApp(nofile=256)  # a lowered descriptor limit: exhaustion comes fast

@@ -65,10 +65,30 @@ def where(request: pytest.FixtureRequest, spaces: netns.NetnsHosts | None) -> An
         launcher = launchers.Local(
             hosts=n, prefixes=spaces.prefixes()[:n], listen=spaces.listen()[:n]
         )
-        return otpmesh.cluster(launcher, listen=netns.CONTROLLER_IP)
+        return otpmesh.cluster(launcher, listen=spaces.controller_ip)
 
     open_cluster.spaces = spaces  # type: ignore[attr-defined]
     return open_cluster
+
+
+@pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"netns: {NETNS_UNAVAILABLE}")
+def test_sets_of_namespaced_hosts_made_at_once_never_share_a_subnet() -> None:
+    """Bridges are machine-wide: two sets on one subnet (two xdist workers, two people's runs)
+    would route each other's hosts. A claim is a lock, so one process shows what two would."""
+    first = netns.make_hosts(1, kind="a")
+    try:
+        second = netns.make_hosts(1, kind="b")
+        try:
+            assert first.subnet != second.subnet
+            assert first.controller_ip != second.controller_ip
+            with pytest.raises(RuntimeError, match=rf"subnet {first.subnet} is held by .*pid"):
+                netns.make_hosts(1, subnet=first.subnet, kind="c")
+        finally:
+            second.remove()
+    finally:
+        first.remove()
+    again = netns.make_hosts(1, subnet=first.subnet, kind="d")  # removed: free again
+    again.remove()
 
 
 def test_three_hosts_answer_broadcast_and_unicast(where: Any) -> None:

@@ -47,8 +47,17 @@ if __name__ == "__main__":
 
 
 @pytest.fixture
-def program(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
-    """A running app: (its process, its controller's pid, actor w/a's worker pid)."""
+def program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """A running app: (its process, its controller's pid, actor w/a's worker pid).
+
+    It and every watcher a test starts share a runtime directory of their own: apps are
+    found there, so "the only app running" is this one, whatever else runs on the machine
+    (another xdist worker's apps, another user of the same account)."""
+    runtime_dir = tmp_path / "run"
+    runtime_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
     script = tmp_path / "watched_program.py"
     script.write_text(PROGRAM)
     proc = subprocess.Popen(

@@ -1,16 +1,22 @@
 """Separate hosts on one machine, for tests and benchmarks of multi-host meshes: network
-namespaces on a private bridge (10.231.0.0/24 unless told another ``subnet``).
+namespaces on a private bridge.
 
-The controller stays in this namespace on the bridge's address; host `i` is namespace
-``otpm<id>h<i>`` at 10.231.0.(10+i), its agent and workers run inside it. Cutting a host off is
-setting its veth down. Needs root and iproute2; ``unavailable()`` says why when it cannot.
-Several sets can exist at once (the Slurm helper makes its own): each gets a `kind` letter in
-its names and a subnet of its own.
+The controller stays in this namespace on the bridge's address (``hosts.controller_ip``, the
+subnet's .1); host `i` is namespace ``otpm<id>h<i>`` at the subnet's .(10+i), its agent and
+workers run inside it. Cutting a host off is setting its veth down. Needs root and iproute2;
+``unavailable()`` says why when it cannot.
+
+Namespaces and bridges are machine-wide, so every set claims its subnet for as long as it
+exists (a lock file under /run/otpmesh-netns that the kernel releases when its process dies):
+without a ``subnet`` a set takes the first free one of 10.231.0-255, so that parallel test
+workers, or two people's runs on one machine, never put two bridges on one subnet; a set
+given a ``subnet`` (the Slurm and sshd helpers each have their own) is refused while another
+holds it. Each set also gets a `kind` letter in its names.
 
     hosts = netns.make_hosts(3)
     try:
         launcher = launchers.Local(hosts=3, prefixes=hosts.prefixes(), listen=hosts.listen())
-        async with otpmesh.cluster(launcher, listen=netns.CONTROLLER_IP):
+        async with otpmesh.cluster(launcher, listen=hosts.controller_ip):
             ...
     finally:
         hosts.remove()
@@ -18,21 +24,26 @@ its names and a subnet of its own.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-SUBNET = "10.231.0"
-CONTROLLER_IP = f"{SUBNET}.1"
+#: The subnets a set without an explicit ``subnet`` takes the first free one of: 10.231.0-255.
+DEFAULT_SUBNETS = tuple(f"10.231.{third}" for third in range(256))
+
+#: Where the claims are: one lock file per subnet, machine-wide like the namespaces themselves.
+CLAIMS = "/run/otpmesh-netns"
 
 
 @dataclass
 class NetnsHosts:
     tag: str
     names: list[str]
-    subnet: str = SUBNET
+    subnet: str
+    claim: int = field(default=-1, repr=False)  # the locked claim file; closed by remove()
 
     @property
     def bridge(self) -> str:
@@ -70,6 +81,9 @@ class NetnsHosts:
         for name in self.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        if self.claim >= 0:  # the subnet is free for the next set only once its bridge is gone
+            os.close(self.claim)
+            self.claim = -1
 
 
 def _ip(*args: str) -> None:
@@ -107,15 +121,61 @@ def remove_stale() -> None:
             subprocess.run(["ip", "netns", "del", match.group(0)], capture_output=True)
 
 
-def make_hosts(n: int, *, subnet: str = SUBNET, kind: str = "") -> NetnsHosts:
+def _try_claim(subnet: str) -> int | None:
+    """The locked claim file of `subnet`, or None while another set (of any process) holds it."""
+    os.makedirs(CLAIMS, exist_ok=True)
+    fd = os.open(os.path.join(CLAIMS, subnet), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for the error below
+    return fd
+
+
+def _holder(subnet: str) -> str:
+    try:
+        with open(os.path.join(CLAIMS, subnet)) as f:
+            return f"pid {f.read().strip() or '?'}"
+    except OSError:
+        return "another process"
+
+
+def _claim(subnet: str | None) -> tuple[str, int]:
+    if subnet is not None:
+        if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
+            raise ValueError(f"subnet is the first three octets (e.g. '10.232.0'), not {subnet!r}")
+        fd = _try_claim(subnet)
+        if fd is None:
+            raise RuntimeError(
+                f"subnet {subnet} is held by another set of namespaced hosts on this machine "
+                f"({_holder(subnet)}): wait for it to be removed, or pass another subnet "
+                "(without one, make_hosts takes a free one)"
+            )
+        return subnet, fd
+    for candidate in DEFAULT_SUBNETS:
+        fd = _try_claim(candidate)
+        if fd is not None:
+            return candidate, fd
+    raise RuntimeError(
+        f"all {len(DEFAULT_SUBNETS)} subnets 10.231.0-255 are held by sets of namespaced hosts "
+        f"on this machine (claims in {CLAIMS}): remove some, or pass a subnet"
+    )
+
+
+def make_hosts(n: int, *, subnet: str | None = None, kind: str = "") -> NetnsHosts:
     """`n` namespaced hosts on a fresh bridge; call ``remove()`` when done.
 
-    `subnet` is the first three octets; `kind` (one letter or none) tells this set's names from
+    `subnet` is the first three octets (default: the first free one of 10.231.0-255, claimed
+    machine-wide until ``remove()``); `kind` (one letter or none) tells this set's names from
     another's made by the same process."""
     if not re.fullmatch(r"[a-z]?", kind):
         raise ValueError(f"kind must be one lowercase letter or empty, not {kind!r}")
     remove_stale()
-    hosts = NetnsHosts(tag=f"{os.getpid()}{kind}", names=[], subnet=subnet)
+    claimed, claim = _claim(subnet)
+    hosts = NetnsHosts(tag=f"{os.getpid()}{kind}", names=[], subnet=claimed, claim=claim)
     try:
         _ip("link", "add", hosts.bridge, "type", "bridge")
         _ip("addr", "add", f"{hosts.controller_ip}/24", "dev", hosts.bridge)

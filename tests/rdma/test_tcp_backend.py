@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import resource
 import socket
 from typing import Any
 
@@ -17,7 +16,7 @@ import trio
 from otpmesh.rdma import _tcp
 from otpmesh.rdma._backend import Caller, Peer, Region
 from otpmesh.rdma._tcp import TcpBackend
-from tests.conftest import run_trio
+from tests.conftest import no_descriptor_left, run_trio
 
 PATTERN = bytes(range(256)) * 64  # 16 KiB
 
@@ -254,17 +253,12 @@ def test_the_owner_keeps_accepting_after_the_process_ran_out_of_descriptors(
         owner, reader, data, entry = _served(writable=False)
         address = owner.listen()
         clients = [socket.socket() for _ in range(4)]
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        used = len(os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (used, hard))  # no descriptor left
-        try:
+        with no_descriptor_left():
             for client in clients:
                 client.connect(address)  # queued: the owner's accept fails (EMFILE)
             with trio.fail_after(20):
                 while owner.acceptor is None or owner.acceptor.failures < 3:
                     await trio.sleep(0.01)
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         for client in clients:
             client.close()
         incoming = bytearray(len(data))
