@@ -426,3 +426,26 @@ def test_concurrent_endpoints_wait_together_until_a_later_call_releases_them() -
             monarch.concurrent_endpoint(lambda self: None)
 
     run_trio(body)
+
+
+def test_an_accumulator_folds_left_to_right_from_its_identity_over_any_stream() -> None:
+    class Stream:  # a stand-in endpoint: one settled Future per value
+        def __init__(self, values: list[int]) -> None:
+            self.values, self.calls = values, []  # type: ignore[var-annotated]
+
+        def stream(self, *args: object, **kwargs: object) -> object:
+            self.calls.append((args, kwargs))
+            return iter(monarch._future.settled(v) for v in self.values)
+
+    async def body() -> None:
+        folded = Accumulator(Stream([1, 2, 3]), [], lambda a, r: [*a, r])  # type: ignore[arg-type]
+        assert await folded.accumulate() == [1, 2, 3]
+        empty = Accumulator(Stream([]), 42, operator.add)  # type: ignore[arg-type]
+        assert await empty.accumulate() == 42
+        seen = Stream([1])
+        await Accumulator(seen, 0, operator.add).accumulate("a", k=1)  # type: ignore[arg-type]
+        assert seen.calls == [(("a",), {"k": 1})]
+        with pytest.raises(TypeError, match="has no stream"):
+            Accumulator(object(), 0, operator.add)  # type: ignore[arg-type]
+
+    run_trio(body)
