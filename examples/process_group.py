@@ -7,8 +7,9 @@ gradient of a small linear model on its shard of the batch and all-reduces it wi
 ``torch.distributed``, as in any SPMD training loop. Rank 0 writes a checkpoint after every step.
 
 Then rank 0 enters a step alone (it blocks in the all-reduce, waiting for rank 1) and rank 1 is
-SIGKILLed. The group's supervisor (ONE_FOR_ALL) kills the blocked rank 0, forks both members
-afresh, forms the group again under epoch 2, and each new member restores the model from the
+SIGKILLed. The group's supervisor (ONE_FOR_ALL) hears of the first exit (rank 1's SIGKILL or,
+when gloo sees its peer go first, rank 0's failed all-reduce), stops the other, forks both
+members afresh, forms the group again under epoch 2, and each new member restores the model from the
 checkpoint in ``on_start``, the hook where a new incarnation gets its state back. Training
 goes on, and both ranks hold the same weights.
 """

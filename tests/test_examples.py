@@ -99,7 +99,13 @@ def test_process_group_survives_a_sigkill_in_all_reduce_and_restores_from_its_ch
         "the blocked call fails: dp/0 is dead" in out
         or "the blocked call fails: dp/0 raised" in out
     )
-    assert "child_exited dp/1: its process" in out and "killed by signal 9" in out
+    # The group's first exit the supervisor hears of is rank 1's SIGKILL or, when gloo saw its
+    # peer go before the controller did, rank 0's failed all_reduce: either restarts both.
+    exits = [line.strip() for line in out.splitlines() if line.strip().startswith("child_exited")]
+    assert exits, out
+    assert ("dp/1: its process" in exits[0] and "killed by signal 9" in exits[0]) or (
+        "dp/0: crashed with" in exits[0]
+    ), out
     before = out.split("before: ")[1].splitlines()[0]
     after = out.split("after:  ")[1].splitlines()[0]
     assert "'epoch': 1, 'step': 3" in before and "'epoch': 2, 'step': 3" in after
