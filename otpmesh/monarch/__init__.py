@@ -22,13 +22,13 @@ from ._actor import current_size as current_size
 from ._actor import endpoint as endpoint
 from ._faults import default_hook
 from ._future import Future as Future
+from ._hosts import HostMesh as HostMesh
+from ._hosts import get_or_spawn_controller as get_or_spawn_controller
+from ._hosts import this_host as this_host
+from ._hosts import this_proc as this_proc
 from ._meshes import ActorMesh as ActorMesh
 from ._meshes import Endpoint as Endpoint
-from ._meshes import HostMesh as HostMesh
 from ._meshes import ProcMesh as ProcMesh
-from ._meshes import get_or_spawn_controller as get_or_spawn_controller
-from ._meshes import this_host as this_host
-from ._meshes import this_proc as this_proc
 from ._ports import Channel as Channel
 from ._ports import Port as Port
 from ._ports import PortReceiver as PortReceiver

@@ -21,7 +21,8 @@ from typing import Any, TypeVar, overload
 from .._core import _actor as native
 from .._core._exits import describe
 from .._core._reasons import is_normal_exit
-from ._meshes import ProcMesh, this_proc, to_monarch, to_native
+from ._hosts import this_proc
+from ._meshes import ProcMesh, to_monarch, to_native
 from ._values import Point
 
 F = TypeVar("F", bound=Callable[..., Any])

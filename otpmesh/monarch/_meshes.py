@@ -1,5 +1,5 @@
-"""Monarch's meshes over otpmesh's: ``HostMesh``, ``ProcMesh``, ``ActorMesh`` and the
-endpoint adverbs (``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``).
+"""Monarch's meshes over otpmesh's: ``ProcMesh``, ``ActorMesh`` and the endpoint adverbs
+(``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``).
 
 Each Monarch mesh holds a Future of the otpmesh mesh it stands for: ``spawn`` returns at once
 (as Monarch's does) and the calls made before the actors are up wait for them, in order.
@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-import trio
-
-from .._controller._owned import singleton
 from .._controller._procmesh import ProcMesh as NativeProcMesh
-from .._controller._procmesh import proc_mesh
 from .._controller._procref import ProcMeshRef
 from .._core._actor import Actor as NativeActor
 from .._core._errors import SpawnError
@@ -29,11 +24,10 @@ from .._core._valuemesh import ValueMesh as NativeValueMesh
 from .._node._failure import MeshFailure
 from .._node._mesh import ActorMesh as NativeActorMesh
 from .._node._mesh import ActorRef
-from .._runtime._controller_runtime import runtime
-from ._faults import listen, report
+from ._faults import report
 from ._future import Future, settled
 from ._values import ValueMesh
-from ._where import run_token, start
+from ._where import start
 
 log = logging.getLogger("otpmesh.monarch")
 
@@ -331,73 +325,6 @@ class ProcMesh:
 
     def __repr__(self) -> str:
         return f"<monarch ProcMesh, extent {self._extent}>"
-
-
-class HostMesh:
-    """The hosts processes are spawned on. ``this_host()`` is the one running this code."""
-
-    __slots__ = ()
-
-    @property
-    def extent(self) -> Shape:
-        return {}
-
-    def spawn_procs(
-        self,
-        per_host: dict[str, int] | None = None,
-        bootstrap: Callable[[], None] | None = None,
-        name: str | None = None,
-    ) -> ProcMesh:
-        """Processes on this host, one per point of `per_host` (e.g. ``{"gpus": 4}``)."""
-        if bootstrap is not None:
-            raise NotImplementedError(
-                "spawn_procs(bootstrap=...): otpmesh sends no functions between processes "
-                "(it never pickles); run set-up code in the actor's constructor instead"
-            )
-        extent = dict(per_host) if per_host else {"procs": 1}
-
-        async def spawn_procs(ready: Ready) -> NativeProcs:
-            ready()
-            procs = await proc_mesh(**extent)
-            if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
-                listen(await runtime())
-            return procs
-
-        return ProcMesh(start(spawn_procs), extent)
-
-
-_this_host = HostMesh()
-#: this_proc()'s mesh, per trio run (a test's run, the client runtime, a worker's).
-_this_procs: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, ProcMesh] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def this_host() -> HostMesh:
-    """The host running this code."""
-    return _this_host
-
-
-def this_proc() -> ProcMesh:
-    """A one-process mesh to spawn actors on. Unlike Monarch, not this very process: otpmesh
-    runs actors in processes of their own, so it is one process started on first use."""
-    token = run_token()
-    procs = _this_procs.get(token)
-    if procs is None:
-        procs = _this_procs[token] = this_host().spawn_procs()
-    return procs
-
-
-def get_or_spawn_controller(name: str, actor: type[A], *args: Any, **kwargs: Any) -> Future[Any]:
-    """The app's one actor called `name`, spawned on first use with ``actor(*args, **kwargs)``
-    (later calls get the same one); supervised, restarted if it crashes."""
-
-    async def get(ready: Ready) -> ActorMesh[A]:
-        ready()
-        ref = await singleton(name, actor, *await to_native(args), **await to_native(kwargs))
-        return ActorMesh(settled(ref), actor, {})
-
-    return start(get)
 
 
 # ---------------------------------------------------------------- crossing the boundary
