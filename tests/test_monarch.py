@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import operator
 import subprocess
+import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -449,3 +451,33 @@ def test_an_accumulator_folds_left_to_right_from_its_identity_over_any_stream() 
             Accumulator(object(), 0, operator.add)  # type: ignore[arg-type]
 
     run_trio(body)
+
+
+def test_this_proc_asked_from_many_threads_at_once_starts_one_process() -> None:
+    async def body() -> None:
+        n = 8
+        barrier = threading.Barrier(n)
+
+        def ask() -> object:
+            barrier.wait()
+            return this_proc()
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads switch often: the race, if any, shows
+
+        got: list[object] = []
+
+        async def one() -> None:
+            got.append(await trio.to_thread.run_sync(ask))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(n):
+                    nursery.start_soon(one)
+        finally:
+            sys.setswitchinterval(interval)
+        assert len(got) == n and all(p is got[0] for p in got)
+        await this_proc().stop()
+
+    for _ in range(3):  # each a fresh run, so a fresh this_proc(): three chances for the race
+        run_trio(body)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -43,16 +44,18 @@ class HostMesh:
                 "spawn_procs(bootstrap=...): otpmesh sends no functions between processes "
                 "(it never pickles); run set-up code in the actor's constructor instead"
             )
-        extent = dict(per_host) if per_host else {"procs": 1}
+        return _spawn_procs(dict(per_host) if per_host else {"procs": 1})
 
-        async def spawn_procs(ready: Ready) -> NativeProcs:
-            ready()
-            procs = await proc_mesh(**extent)
-            if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
-                listen(await runtime())
-            return procs
 
-        return ProcMesh(start(spawn_procs), extent)
+def _spawn_procs(extent: Shape, token: trio.lowlevel.TrioToken | None = None) -> ProcMesh:
+    async def spawn_procs(ready: Ready) -> NativeProcs:
+        ready()
+        procs = await proc_mesh(**extent)
+        if isinstance(procs, NativeProcMesh):  # the program's own: nobody owns its meshes
+            listen(await runtime())
+        return procs
+
+    return ProcMesh(start(spawn_procs, token=token), extent)
 
 
 _this_host = HostMesh()
@@ -60,6 +63,9 @@ _this_host = HostMesh()
 _this_procs: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, ProcMesh] = (
     weakref.WeakKeyDictionary()
 )
+# Threads of one script (or a blocking endpoint beside the trio thread) may ask at once: one
+# process is started, never two.
+_this_procs_lock = threading.Lock()
 
 
 def this_host() -> HostMesh:
@@ -70,10 +76,11 @@ def this_host() -> HostMesh:
 def this_proc() -> ProcMesh:
     """A one-process mesh to spawn actors on. Unlike Monarch, not this very process: otpmesh
     runs actors in processes of their own, so it is one process started on first use."""
-    token = run_token()
-    procs = _this_procs.get(token)
-    if procs is None:
-        procs = _this_procs[token] = this_host().spawn_procs()
+    token = run_token()  # outside the lock: from a worker thread it waits for the trio thread
+    with _this_procs_lock:
+        procs = _this_procs.get(token)
+        if procs is None:
+            procs = _this_procs[token] = _spawn_procs({"procs": 1}, token)
     return procs
 
 

@@ -66,19 +66,22 @@ def in_trio() -> bool:
     return True
 
 
-def start(fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
+def start(
+    fn: Callable[..., Awaitable[T]], *args: Any, token: trio.lowlevel.TrioToken | None = None
+) -> Future[T]:
     """Start ``fn(ready, *args)`` now as a task in the right trio run (see the module's
     docstring), in the caller's context (its actor, its call chain: deadlocks are still
     refused); return the Future of its result. `fn` calls ``ready()`` once nothing it still
     has to wait for (a mesh being spawned, a connection) stands before its send: the next
-    operation from this run starts only then."""
+    operation from this run starts only then. `token` is `run_token()` when the caller has it
+    already (then nothing here blocks: safe under a lock)."""
     context = contextvars.copy_context()
     if in_trio():
         run = _this_run()
         future: Future[T] = Future(run.thread)
         _spawn(run, future, fn, args, context)
         return future
-    token = run_token()
+    token = token or run_token()
     future = Future(0)  # its owner (the run's thread) is set when the run takes it on
 
     def spawn() -> None:
