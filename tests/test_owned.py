@@ -134,6 +134,10 @@ def test_a_subtree_that_gives_up_crashes_its_owner_whose_supervisor_restarts_it(
             assert "replicas" in owner_reason.message
             starts = app.events.of_kind(LogKind.CHILD_STARTED)
             assert [e.incarnation for e in starts if e.child_path == "top/svc"] == [1, 2]
+            # The controller keeps the live subtree's key only, not the one that gave up.
+            rt = await runtime()
+            service = rt.node.sys_handlers["subtree_start"].__self__
+            assert [t.label for t in service.subtrees.values()] == ["top/svc/replicas"]
 
     run_trio(body)
 

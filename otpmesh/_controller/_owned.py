@@ -195,7 +195,8 @@ class Service:
         tree = await start_owned(self.rt, spec, owner, placement)
         key = secrets.token_hex(16)
         self.subtrees[key] = tree
-        assert tree.app is not None
+        assert self.rt.nursery is not None and tree.app is not None  # start_owned checked both
+        self.rt.nursery.start_soon(self._forget, key, tree)
         refs: dict[str, ActorRef | ActorMesh] = {}
         for path, node in walk(spec, owner or ""):
             if isinstance(node, Worker) and not _in_mesh(tree, path):
@@ -203,6 +204,12 @@ class Service:
             elif isinstance(node, Mesh):
                 refs[path] = tree.app.mesh(path)
         return {"root": tree.label, "key": key, "refs": refs}
+
+    async def _forget(self, key: str, tree: OwnedTree) -> None:
+        # However it ends (its owner's exit, giving up, the owner's request), its key goes:
+        # an owner restarted a thousand times leaves no thousand dead trees behind.
+        await tree.done.wait()
+        self.subtrees.pop(key, None)
 
     async def subtree_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
         tree = self.subtrees.pop(p.get("key"), None)  # type: ignore[arg-type]
