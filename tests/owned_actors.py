@@ -151,3 +151,26 @@ class Finder(Actor):
     async def registry(self) -> list[Any]:
         ref = await otpmesh.singleton("registry", Replica, "single")
         return await ref.who()
+
+
+class Forker(Actor):
+    """Starts proc meshes of its own on request (their processes count against its bound)."""
+
+    def __init__(self) -> None:
+        self.meshes: list[otpmesh.ProcMeshRef] = []
+
+    @endpoint
+    async def fork(self, n: int) -> int:
+        mesh = await otpmesh.proc_mesh(procs=n)
+        self.meshes.append(mesh)
+        return len(mesh)
+
+    @endpoint
+    async def fork_slice(self) -> int:
+        view = self.meshes[-1].slice(procs=0)  # a slice: no new process
+        self.meshes.append(view)
+        return len(view)
+
+    @endpoint
+    async def stop_first(self) -> None:
+        await self.meshes.pop(0).stop()

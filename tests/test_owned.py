@@ -16,9 +16,10 @@ import trio
 import otpmesh
 from otpmesh import ActorCrash, LogKind, Mesh, Supervisor, Worker, chaos
 from otpmesh._cli._treeview import TreeView
+from otpmesh._controller import _owned
 from otpmesh._runtime._controller_runtime import runtime
 from tests.conftest import alive, run_program, run_trio
-from tests.owned_actors import Finder, Replica, Service, Spawner
+from tests.owned_actors import Finder, Forker, Replica, Service, Spawner
 
 
 async def _until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -369,3 +370,24 @@ def test_another_actor_cannot_stop_a_mesh_it_neither_owns_nor_spawned() -> None:
             await kids.stop()  # the controller may
 
     run_trio(body)
+
+
+def test_an_actor_owns_at_most_its_bound_of_processes_and_a_stop_frees_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loop of proc_mesh() requests (a bug, or a compromised actor) must not fork the host out
+    # of memory: each owner may hold OTPMESH_MAX_OWNED_PROCS processes at once.
+    monkeypatch.setattr(_owned, "MAX_OWNED_PROCS", 3)
+
+    async def body() -> None:
+        async with otpmesh.start(Supervisor("top", children=[Worker("f", Forker)])) as app:
+            forker = app.actor("top/f")
+            assert await forker.fork(2) == 2
+            assert await forker.fork_slice() == 1  # the same processes: nothing more held
+            with pytest.raises(otpmesh.ActorError, match=r"asked for 2 more .* owns 2 of its 3"):
+                await forker.fork(2)
+            assert await forker.fork(1) == 1  # up to the bound
+            await forker.stop_first()  # frees its 2 (its slice's process among them)
+            assert await forker.fork(2) == 2
+
+    run_trio(body, timeout=120)

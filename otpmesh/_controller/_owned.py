@@ -6,6 +6,8 @@ starts; the same handlers serve the controller's own calls.
 
 from __future__ import annotations
 
+import math
+import os
 import secrets
 from typing import Any
 
@@ -29,6 +31,9 @@ from ._tree import TreeContext
 
 #: Where singletons live: one supervisor at the top of the app, started on first use.
 SINGLETONS = "singletons"
+#: Processes one actor may own at once through proc_mesh() (a loop of requests from a buggy or
+#: compromised actor must not fork the host out of memory); the controller's own are unbounded.
+MAX_OWNED_PROCS = int(os.environ.get("OTPMESH_MAX_OWNED_PROCS", "1024"))
 
 
 class Subtree:
@@ -106,6 +111,7 @@ class Service:
         self.rt = rt
         self.owners = owners(rt)
         self.subtrees: dict[str, OwnedTree] = {}
+        self._starting: dict[str, int] = {}  # owner -> processes being forked for it now
         self._singletons: OwnedTree | None = None
         self._singleton_lock = trio.Lock()
         rt.node.sys_handlers.update(
@@ -138,7 +144,30 @@ class Service:
 
     async def procs_start(self, conn: Connection | None, p: dict[str, Any]) -> ProcMesh:
         owner = check_owner(self.rt, conn, p.get("owner"))
-        return await start_procs(self.rt, check_shape(p["shape"]), owner)
+        shape = check_shape(p["shape"])
+        if owner is None:
+            return await start_procs(self.rt, shape, owner)
+        asked = math.prod(shape.values())
+        owned = {  # by pid: a slice is a proc mesh of its own over the same processes
+            pid
+            for thing in self.owners.owns(owner)
+            if isinstance(thing, ProcMesh) and not thing.stopped
+            for pid in thing.pids
+        }
+        held = self._starting.get(owner, 0) + len(owned)
+        if held + asked > MAX_OWNED_PROCS:
+            raise MeshError(
+                f"{owner} asked for {asked} more process(es) but owns {held} of its "
+                f"{MAX_OWNED_PROCS}: stop a proc mesh it no longer needs, or raise the bound "
+                "with OTPMESH_MAX_OWNED_PROCS in the controller's environment"
+            )
+        self._starting[owner] = self._starting.get(owner, 0) + asked
+        try:
+            return await start_procs(self.rt, shape, owner)
+        finally:
+            self._starting[owner] -= asked
+            if not self._starting[owner]:
+                del self._starting[owner]
 
     async def procs_spawn(self, conn: Connection | None, p: dict[str, Any]) -> ActorMesh:
         mesh = self._mesh(p)
