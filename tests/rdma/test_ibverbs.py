@@ -31,6 +31,7 @@ from otpmesh.rdma._ibverbs import (
     IbverbsRemoteAccessError,
     IbverbsTimeout,
 )
+from tests.conftest import SLOWDOWN
 
 _WHY = IbverbsBackend().unavailable()  # opens and closes the device: nothing open across fork
 
@@ -168,9 +169,11 @@ def _local(nbytes: int, fill: bytes | None = None) -> tuple[Any, Region]:
     return buf, Region(ctypes.addressof(buf), nbytes)
 
 
-def _run(fn: Any, *args: Any, timeout: float = 300) -> Any:
+def _run(fn: Any, *args: Any, timeout: float = 200) -> Any:
+    # Under the test's own timeout (240 s): trio's deadline ends the run cleanly, where
+    # pytest-timeout's exception inside trio.run would leave the next test "inside a run".
     async def main() -> Any:
-        with trio.fail_after(timeout):
+        with trio.fail_after(timeout * SLOWDOWN):
             return await fn(*args)
 
     return trio.run(main)
