@@ -58,6 +58,7 @@ class ProcMesh:
         self._apps: dict[str, OwnedTree] = {}
         self._views: dict[tuple[Any, ...], ProcMesh] = {}
         self._spawners: dict[str, Proc | None] = {}  # which process asked for each actor mesh
+        self._listeners: dict[str, Unsupervised] = {}  # unsupervised actor meshes' exit listeners
         self._stopping = trio.Event()
         self.owner = owner
         registry = owners(rt)
@@ -86,7 +87,7 @@ class ProcMesh:
         """A proc mesh over some of these processes (``hosts=0``, ``gpus=slice(0, 2)``): spawn
         on it, stop it (those processes only), send it. It has the same owner."""
         shape, ranks = select(self._shape, **selection)
-        return ProcMesh(self._rt, shape, [self._procs[r] for r in ranks], self.owner)
+        return self._subset(ranks, shape)
 
     def _subset(self, ranks: list[int], shape: Shape) -> ProcMesh:
         """The slice of these processes at `ranks`, shaped `shape` (a handle's slice: made once
@@ -180,13 +181,13 @@ class ProcMesh:
         )
         for slot in slots:
             self._rt.exit_listeners[slot.actor_id] = listener
+        self._listeners[name] = listener
         async with trio.open_nursery() as nursery:
             for rank, (proc, slot) in enumerate(zip(self._procs, slots, strict=True)):
                 nursery.start_soon(start_one, rank, proc, slot)
         if errors:
             await self._stop_actors([s for r, s in enumerate(slots) if r not in errors])
-            for slot in slots:
-                self._rt.exit_listeners.pop(slot.actor_id, None)
+            self._forget(name, slots)
             rank, first = min(errors.items())
             raise SpawnError(
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
@@ -258,8 +259,19 @@ class ProcMesh:
             await tree.stop(timeout)
         elif mesh is not None:
             await self._stop_actors(mesh._slots, timeout, wait=True)
+            self._forget(name, mesh._slots)
         else:
             raise MeshError(f"this proc mesh has no actor mesh named {name!r}")
+
+    def _forget(self, name: str, slots: list[Slot]) -> None:
+        """Drop the exit listener of the unsupervised actor mesh `name`, once its actors are
+        stopped: a controller that spawns and stops meshes for days keeps none of them."""
+        listener = self._listeners.pop(name, None)
+        if listener is None:
+            return  # a supervised mesh: its tree's listeners go with the tree
+        for slot in slots:
+            if self._rt.exit_listeners.get(slot.actor_id) is listener:
+                del self._rt.exit_listeners[slot.actor_id]
 
     def _mesh_named(self, path: str) -> str | None:
         """The name of this proc mesh's actor mesh whose path is `path`, if it has one."""
@@ -314,6 +326,9 @@ class ProcMesh:
         with trio.move_on_after(timeout):
             for proc in self._procs:
                 await proc.exited.wait()
+        for mesh in [self, *self._views.values()]:  # their processes are gone: so are their actors
+            for name, actors in list(mesh._meshes.items()):
+                mesh._forget(name, actors._slots)
 
     @property
     def stopped(self) -> bool:
