@@ -62,6 +62,17 @@ SMALL = (replace(TOY, iters=2),)  # the suite's smoke test: every code path, not
 VARIANTS = {"toy": TOY, "big": BIG}
 ROLLOUT, LEARNER = "rl/rollouts/1", "rl/learner/0"
 MODULES = ("task", "timed", "train")  # of examples/grpo
+#: The weight sync's parts, in the order they happen.
+SYNC_PARTS = (
+    ("publish", "publish (the learner's copy into the buffer)"),
+    ("handle", "handle round trip (learner.weights())"),
+    ("read", "read_into flat_parameters (slowest rollout)"),
+)
+KILLS = (
+    ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
+    ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
+    ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
+)
 #: Where a SIGKILLed actor's restart went, in the order it happens (see ``_killed``).
 RESTART_FIGURES = (
     "kill_to_process_start_s",
@@ -87,9 +98,10 @@ def _examples() -> tuple[Any, Any, Any]:
     return task, timed, train
 
 
-async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
-    """Start the job, time `variant.iters` iterations, then (with `kills`) one with a rollout
-    SIGKILLed mid-generate and one with the learner SIGKILLed mid-update; return the figures."""
+async def measure(variant: Variant, rounds: int = 1) -> dict[str, Any]:
+    """Start the job, time `variant.iters` iterations, then `rounds` times: one with a rollout
+    SIGKILLed mid-generate, one with the learner SIGKILLed mid-update, and a rollout SIGKILLed
+    between iterations; return the figures (the kills' as medians over the rounds)."""
     task, timed, train = _examples()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_rl.") as scratch:
@@ -122,6 +134,8 @@ async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
                 if iteration == 0:
                     start = time.perf_counter() - started
             phases = await _phases(app, starts)
+            phases["handle"] = await _handle_round_trip(app)
+            phases["weight_sync"] = phases["publish"] + phases["handle"] + phases["read"]
             iteration_s = statistics.median(walls[1:] or walls)
             result: dict[str, Any] = {
                 "variant": variant.name,
@@ -133,24 +147,49 @@ async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
                 "phases_s": phases,
                 "weight_sync_share": phases["weight_sync"] / iteration_s,
             }
-            if kills:
-                held = Path(scratch)
-                rollout = await _killed(
-                    app, train, variant.iters, ROLLOUT, held / "rollout.held", iteration_s
+            if rounds:
+                result |= await _recoveries(
+                    app, train, Path(scratch), variant.iters, rounds, iteration_s, phases
                 )
-                # The update's own time varies most under load, and a rollout kill cannot
-                # delay it: the extra time before the update says what the kill cost.
-                before = await _before_update(app, variant.iters, rollout.pop("began"))
-                rollout["extra_before_update_s"] = before - phases["before_update"]
-                result["rollout_sigkill_mid_generate"] = rollout
-                learner = await _killed(
-                    app, train, variant.iters + 1, LEARNER, held / "learner.held", iteration_s
-                )
-                learner.pop("began")
-                result["learner_sigkill_mid_update"] = learner
-                result["rollout_sigkill_idle"] = await _killed_idle(app, ROLLOUT)
     result["load_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
     return result
+
+
+async def _recoveries(
+    app: otpmesh.App,
+    train: Any,
+    scratch: Path,
+    iteration: int,
+    rounds: int,
+    typical: float,
+    phases: dict[str, float],
+) -> dict[str, Any]:
+    """`rounds` times, from `iteration` on: a rollout SIGKILLed mid-generate, the learner
+    SIGKILLed mid-update, a rollout SIGKILLed between iterations; each figure's median."""
+    rollouts, learners, idle = [], [], []
+    for n in range(rounds):
+        rollout = await _killed(app, train, iteration, ROLLOUT, scratch / f"r{n}.held", typical)
+        # The update's own time varies most under load, and a rollout kill cannot delay it:
+        # the extra time before the update says what the kill cost.
+        before = await _before_update(app, iteration, rollout.pop("began"))
+        rollout["extra_before_update_s"] = before - phases["before_update"]
+        rollouts.append(rollout)
+        learner = await _killed(app, train, iteration + 1, LEARNER, scratch / f"l{n}.held", typical)
+        learner.pop("began")
+        learners.append(learner)
+        idle.append(await _killed_idle(app, ROLLOUT))
+        iteration += 2
+    return {
+        "kill_rounds": rounds,
+        "rollout_sigkill_mid_generate": _medians(rollouts),
+        "learner_sigkill_mid_update": _medians(learners),
+        "rollout_sigkill_idle": _medians(idle),
+    }
+
+
+def _medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds that have it."""
+    return {k: statistics.median(r[k] for r in rounds if k in r) for k in rounds[0]}
 
 
 async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
@@ -167,7 +206,9 @@ async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
         )
 
     return {
-        "weight_sync": median(rollouts, "weight_sync"),
+        # The learner's copy of its new weights into the tensor the rollouts read, if it has one.
+        "publish": median([learner], "publish") if "publish" in learner["phases"]["0"] else 0.0,
+        "read": median(rollouts, "weight_sync"),
         "generate": median(rollouts, "generate"),
         "score": median([reward], "score"),
         "update": median([learner], "update"),
@@ -176,6 +217,16 @@ async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
             learner["phases"][str(i)]["began"] - starts[i] for i in timed
         ),
     }
+
+
+async def _handle_round_trip(app: otpmesh.App, calls: int = 20) -> float:
+    """The median time the controller takes to get the weights' handle from the learner."""
+    learner, times = app.actor(LEARNER), []
+    for _ in range(calls):
+        began = time.perf_counter()
+        await learner.weights()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 async def _before_update(app: otpmesh.App, iteration: int, started: float) -> float:
@@ -241,7 +292,7 @@ async def _killed(
     }
 
 
-async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict[str, Any]:
+async def measure_all(variants: tuple[Variant, ...], rounds: int = 1) -> dict[str, Any]:
     # The learner's first Adam step imports torch._dynamo: preloaded by the fork server, as
     # examples/grpo/train.py has it, so a restart does not pay for it.
     os.environ.setdefault("OTPMESH_PRELOAD", "torch,torch._dynamo,torch.distributed")
@@ -249,7 +300,7 @@ async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict
     with contextlib.redirect_stdout(sys.stderr):  # the example's own lines: stdout is ours
         for variant in variants:
             print(f"otpmesh bench_rl: {variant.name} ({variant.iters} iterations)", flush=True)
-            results.append(await measure(variant, kills))
+            results.append(await measure(variant, rounds))
     return {"machine": {"cpus": os.cpu_count()}, "variants": results}
 
 
@@ -279,15 +330,23 @@ def table(result: dict[str, Any]) -> Any:
     )
     row("start to the end of iteration 0", lambda v: v["start_to_end_of_iteration_0_s"])
     row("  of which the tree up", lambda v: v["tree_up_s"])
-    row("iteration (median)", lambda v: v["iteration_s"])
-    for phase in ("weight_sync", "generate", "score", "update", "checkpoint", "before_update"):
-        row(f"  {phase.replace('_', ' ')}", lambda v, p=phase: v["phases_s"][p])
-    row("weight sync share", lambda v: 100 * v["weight_sync_share"], "{:.1f} %")
-    for key, label in (
-        ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
-        ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
-        ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
-    ):
+    row(
+        "iteration (median of N)",
+        lambda v: (v["iteration_s"], v["iterations_timed"]),
+        "{0[0]:.3f} s ({0[1]})",
+    )
+    row(
+        "  weight sync (share of the iteration)",
+        lambda v: (v["phases_s"]["weight_sync"], 100 * v["weight_sync_share"]),
+        "{0[0]:.3f} s ({0[1]:.1f} %)",
+    )
+    for phase, label in SYNC_PARTS:
+        row(f"    {label}", lambda v, p=phase: v["phases_s"][p])
+    for phase in ("generate", "score", "update", "checkpoint"):
+        row(f"  {phase}", lambda v, p=phase: v["phases_s"][p])
+    row("  start to the update (sync, generate, score)", lambda v: v["phases_s"]["before_update"])
+    row("kill rounds (medians over them)", lambda v: v["kill_rounds"], "{}")
+    for key, label in KILLS:
         row(f"{label}: extra", lambda v, k=key: v[k]["extra_s"], "{:+.3f} s")
         row(
             "  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], "{:+.3f} s"
@@ -308,7 +367,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the toy, 2 iterations and the two kills: a smoke test of the code, not a measurement",
     )
-    parser.add_argument("--no-kills", action="store_true", help="skip the two SIGKILLs")
+    parser.add_argument(
+        "--kill-rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="rounds of SIGKILLs (rollout mid-generate, learner mid-update, rollout idle), "
+        "their figures' medians reported; default 1",
+    )
+    parser.add_argument("--no-kills", action="store_true", help="no SIGKILLs (--kill-rounds 0)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = parser.parse_args(argv)
     chosen: tuple[Variant, ...] = (
@@ -319,7 +386,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.iters < 1:
             parser.error(f"--iters takes at least 1 iteration, not {args.iters}")
         variants = tuple(replace(v, iters=args.iters) for v in variants)
-    result = otpmesh.run(measure_all, variants, not args.no_kills)
+    if args.kill_rounds < 0:
+        parser.error(f"--kill-rounds takes 0 or more rounds, not {args.kill_rounds}")
+    result = otpmesh.run(measure_all, variants, 0 if args.no_kills else args.kill_rounds)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

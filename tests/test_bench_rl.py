@@ -34,6 +34,9 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     assert toy["variant"] == "toy" and toy["parameters"] == 22154
     assert set(toy["phases_s"]) == {
         "weight_sync",
+        "publish",
+        "handle",
+        "read",
         "generate",
         "score",
         "update",
@@ -41,14 +44,15 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
         "before_update",
     }
     assert 0 < toy["weight_sync_share"] < 1
+    phases = toy["phases_s"]
+    assert phases["weight_sync"] == phases["publish"] + phases["handle"] + phases["read"]
+    assert toy["kill_rounds"] == 1
     assert set(toy["load_1m"]) == {"before", "after"}
     rollout, learner = toy["rollout_sigkill_mid_generate"], toy["learner_sigkill_mid_update"]
     assert set(RESTART_FIGURES) | {"iteration_s", "extra_s", "extra_before_update_s"} == set(
         rollout
     )
-    assert set(RESTART_FIGURES) - {"kill_to_first_reply_s"} | {"iteration_s", "extra_s"} == set(
-        learner
-    )
+    assert set(RESTART_FIGURES) | {"iteration_s", "extra_s"} == set(learner)
     assert set(RESTART_FIGURES) - {"kill_to_first_reply_s"} == set(toy["rollout_sigkill_idle"])
     # The rollout's lost call went to its next incarnation alone; the learner's iteration was
     # re-run whole, after the new learner restored the checkpoint.
@@ -70,9 +74,12 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
         "start_to_end_of_iteration_0_s": 3.0,
         "tree_up_s": 2.0,
         "iteration_s": 0.1,
+        "iterations_timed": 19,
         "phases_s": dict.fromkeys(
-            ("weight_sync", "generate", "score", "update", "checkpoint", "before_update"), 0.01
-        ),
+            ("generate", "score", "update", "checkpoint", "before_update"), 0.01
+        )
+        | {"weight_sync": 0.01, "publish": 0.002, "handle": 0.003, "read": 0.005},
+        "kill_rounds": 3,
         "weight_sync_share": 0.1,
         "rollout_sigkill_mid_generate": figures | {"extra_before_update_s": 0.125},
         "learner_sigkill_mid_update": figures,
@@ -82,5 +89,7 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
     console.print(table({"machine": {"cpus": 2}, "variants": [variant]}))
     text = console.export_text()
     assert "toy (0.02M params)" in text and "1.00 / 2.00" in text and "+0.125 s" in text
-    assert "10.0 %" in text  # the weight sync's share
+    assert "0.010 s (10.0 %)" in text  # the weight sync and its share
+    assert "0.100 s (19)" in text  # the median iteration and how many it is the median of
+    assert "handle round trip" in text and "0.003 s" in text
     assert "rollout SIGKILLed between iterations: extra" in text and "0.750 s" in text

@@ -72,8 +72,12 @@ class Learner(otpmesh.Actor):
         if self.rank == 0:
             self.save()
         # recovery: end
-        self.flat.copy_(self.core.flat_weights())
+        self.publish()
         return stats
+
+    def publish(self) -> None:
+        """Copy the updated weights into the registered flat tensor the rollouts read."""
+        self.flat.copy_(self.core.flat_weights())
 
     # coordination: end
     # recovery: begin
