@@ -9,12 +9,18 @@ as medians over the iterations after the first:
 - start: from ``otpmesh.start`` to the end of iteration 0 (fork server, workers, constructors,
   the first iteration), and the tree alone;
 - one iteration as the controller sees it, and its phases as the actors time them: the weight
-  sync (the slowest rollout's ``read_into``), generate (the slowest rollout's sampling), score,
-  update (without the checkpoint) and checkpoint, with the sync's share of the iteration;
+  sync (the controller's round trip for the weights' handle, the median of 20, plus the slowest
+  rollout's ``read_into``; the learner copies nothing: its parameters are the registered
+  buffer), generate (the slowest rollout's sampling), score, update (without the checkpoint)
+  and checkpoint, with the sync's share of the iteration;
 - a rollout SIGKILLed mid-generate (after its weight read): the extra time of that iteration
   over the median one, and where the restart's time went (kill to process start, imports,
   constructor, the kill to the new incarnation ready and to its first reply);
-- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same.
+- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same;
+- a rollout SIGKILLed between iterations: its restart with nothing else running.
+
+The kills run ``--kill-rounds`` times (default 1), and each of their figures is the median
+over the rounds.
 
 The load average (1 minute) is printed beside every variant, taken before and after it: on a
 shared machine the absolute times say as much about the other jobs as about otpmesh; compare
@@ -64,7 +70,6 @@ ROLLOUT, LEARNER = "rl/rollouts/1", "rl/learner/0"
 MODULES = ("task", "timed", "train")  # of examples/grpo
 #: The weight sync's parts, in the order they happen.
 SYNC_PARTS = (
-    ("publish", "publish (the learner's copy into the buffer)"),
     ("handle", "handle round trip (learner.weights())"),
     ("read", "read_into flat_parameters (slowest rollout)"),
 )
@@ -135,7 +140,7 @@ async def measure(variant: Variant, rounds: int = 1) -> dict[str, Any]:
                     start = time.perf_counter() - started
             phases = await _phases(app, starts)
             phases["handle"] = await _handle_round_trip(app)
-            phases["weight_sync"] = phases["publish"] + phases["handle"] + phases["read"]
+            phases["weight_sync"] = phases["handle"] + phases["read"]
             iteration_s = statistics.median(walls[1:] or walls)
             result: dict[str, Any] = {
                 "variant": variant.name,
@@ -206,8 +211,6 @@ async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
         )
 
     return {
-        # The learner's copy of its new weights into the tensor the rollouts read, if it has one.
-        "publish": median([learner], "publish") if "publish" in learner["phases"]["0"] else 0.0,
         "read": median(rollouts, "weight_sync"),
         "generate": median(rollouts, "generate"),
         "score": median([reward], "score"),

@@ -34,7 +34,6 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     assert toy["variant"] == "toy" and toy["parameters"] == 22154
     assert set(toy["phases_s"]) == {
         "weight_sync",
-        "publish",
         "handle",
         "read",
         "generate",
@@ -45,7 +44,7 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     }
     assert 0 < toy["weight_sync_share"] < 1
     phases = toy["phases_s"]
-    assert phases["weight_sync"] == phases["publish"] + phases["handle"] + phases["read"]
+    assert phases["weight_sync"] == phases["handle"] + phases["read"]
     assert toy["kill_rounds"] == 1
     assert set(toy["load_1m"]) == {"before", "after"}
     rollout, learner = toy["rollout_sigkill_mid_generate"], toy["learner_sigkill_mid_update"]
@@ -78,7 +77,7 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
         "phases_s": dict.fromkeys(
             ("generate", "score", "update", "checkpoint", "before_update"), 0.01
         )
-        | {"weight_sync": 0.01, "publish": 0.002, "handle": 0.003, "read": 0.005},
+        | {"weight_sync": 0.01, "handle": 0.003, "read": 0.007},
         "kill_rounds": 3,
         "weight_sync_share": 0.1,
         "rollout_sigkill_mid_generate": figures | {"extra_before_update_s": 0.125},

@@ -128,7 +128,7 @@ class TimedLearner(Clocked, Learner):
         began = time.time()
         super().__init__(config)
         self.clock = Clock(began)
-        self.saving = self.published = 0.0
+        self.saving = 0.0
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -139,15 +139,10 @@ class TimedLearner(Clocked, Learner):
         self, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]
     ) -> dict[str, float]:
         self.clock.record(iteration, began=time.time())  # the end of the iteration's calls before
-        started, self.saving, self.published = time.perf_counter(), 0.0, 0.0
+        started, self.saving = time.perf_counter(), 0.0
         stats = super().update(iteration, batches, rewards)
         total = time.perf_counter() - started
-        self.clock.record(
-            iteration,
-            update=total - self.saving - self.published,
-            checkpoint=self.saving,
-            publish=self.published,
-        )
+        self.clock.record(iteration, update=total - self.saving, checkpoint=self.saving)
         return stats
 
     @otpmesh.endpoint
@@ -155,11 +150,6 @@ class TimedLearner(Clocked, Learner):
         # The controller's first call to a new incarnation (run_iteration asks it first).
         self.clock.born.setdefault("first_reply", time.time())
         return super().stats(iteration)
-
-    def publish(self) -> None:
-        started = time.perf_counter()
-        super().publish()
-        self.published = time.perf_counter() - started
 
     def save(self) -> None:
         if (held := self.clock.take_armed()) is not None:
