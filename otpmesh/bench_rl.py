@@ -307,8 +307,16 @@ async def measure_all(variants: tuple[Variant, ...], rounds: int = 1) -> dict[st
     return {"machine": {"cpus": os.cpu_count()}, "variants": results}
 
 
+def seconds(value: float, sign: str = "") -> str:
+    """A duration as a reader quotes it: milliseconds under a tenth of a second."""
+    if abs(value) < 0.1:
+        return f"{value * 1e3:{sign}.1f} ms"
+    return f"{value:{sign}.3f} s"
+
+
 def table(result: dict[str, Any]) -> Any:
-    """The figures as a rich table: a row per figure, a column per variant."""
+    """The figures as a rich table: a row per figure, a column per variant; a row no variant
+    has a figure for is left out."""
     from rich.table import Table
 
     variants = result["variants"]
@@ -317,43 +325,49 @@ def table(result: dict[str, Any]) -> Any:
     for v in variants:
         out.add_column(f"{v['variant']} ({v['parameters'] / 1e6:.2f}M params)", justify="right")
 
-    def row(label: str, get: Any, fmt: str = "{:.3f} s") -> None:
+    def row(label: str, get: Any, show: Any = seconds) -> None:
         cells = []
         for v in variants:
             try:
-                cells.append(fmt.format(get(v)))
+                cells.append(show(get(v)))
             except KeyError:
                 cells.append("-")
-        out.add_row(label, *cells)
+        if any(cell != "-" for cell in cells):
+            out.add_row(label, *cells)
+
+    def extra(value: float) -> str:
+        return seconds(value, "+")
 
     row(
         "load (1 min) before / after",
         lambda v: (v["load_1m"]["before"], v["load_1m"]["after"]),
-        "{0[0]:.2f} / {0[1]:.2f}",
+        lambda loads: f"{loads[0]:.2f} / {loads[1]:.2f}",
     )
     row("start to the end of iteration 0", lambda v: v["start_to_end_of_iteration_0_s"])
     row("  of which the tree up", lambda v: v["tree_up_s"])
     row(
         "iteration (median of N)",
         lambda v: (v["iteration_s"], v["iterations_timed"]),
-        "{0[0]:.3f} s ({0[1]})",
+        lambda it: f"{seconds(it[0])} ({it[1]})",
     )
     row(
         "  weight sync (share of the iteration)",
         lambda v: (v["phases_s"]["weight_sync"], 100 * v["weight_sync_share"]),
-        "{0[0]:.3f} s ({0[1]:.1f} %)",
+        lambda sync: f"{seconds(sync[0])} ({sync[1]:.1f} %)",
     )
     for phase, label in SYNC_PARTS:
         row(f"    {label}", lambda v, p=phase: v["phases_s"][p])
     for phase in ("generate", "score", "update", "checkpoint"):
         row(f"  {phase}", lambda v, p=phase: v["phases_s"][p])
     row("  start to the update (sync, generate, score)", lambda v: v["phases_s"]["before_update"])
-    row("kill rounds (medians over them)", lambda v: v["kill_rounds"], "{}")
+    row("kill rounds (medians over them)", lambda v: v["kill_rounds"], str)
     for key, label in KILLS:
-        row(f"{label}: extra", lambda v, k=key: v[k]["extra_s"], "{:+.3f} s")
-        row(
-            "  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], "{:+.3f} s"
-        )
+        if not any(key in v for v in variants):
+            continue
+        out.add_section()
+        out.add_row(label)
+        row("  extra time of that iteration", lambda v, k=key: v[k]["extra_s"], extra)
+        row("  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], extra)
         for figure in RESTART_FIGURES:
             row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f])
     return out

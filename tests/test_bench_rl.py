@@ -88,7 +88,10 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
     console.print(table({"machine": {"cpus": 2}, "variants": [variant]}))
     text = console.export_text()
     assert "toy (0.02M params)" in text and "1.00 / 2.00" in text and "+0.125 s" in text
-    assert "0.010 s (10.0 %)" in text  # the weight sync and its share
+    assert "10.0 ms (10.0 %)" in text  # the weight sync and its share
     assert "0.100 s (19)" in text  # the median iteration and how many it is the median of
-    assert "handle round trip" in text and "0.003 s" in text
-    assert "rollout SIGKILLed between iterations: extra" in text and "0.750 s" in text
+    assert "handle round trip" in text and "3.0 ms" in text
+    assert "rollout SIGKILLed between iterations" in text and "0.750 s" in text
+    assert "score" in text and "10.0 ms" in text  # under a tenth of a second: in ms
+    # The idle kill has no extra time: its row is left out, not filled with "-".
+    assert text.count("extra time of that iteration") == 2
