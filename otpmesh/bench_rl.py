@@ -173,6 +173,11 @@ async def _recoveries(
     SIGKILLed mid-update, a rollout SIGKILLed between iterations; each figure's median."""
     rollouts, learners, idle = [], [], []
     for n in range(rounds):
+        if n:
+            # Two rollout restarts a round: rounds in one restart window would add up past the
+            # rollout mesh's intensity (one restart per rollout per period), and the tree would
+            # restart the whole mesh, which is not what is measured here.
+            await trio.sleep(train.PERIOD)
         rollout = await _killed(app, train, iteration, ROLLOUT, scratch / f"r{n}.held", typical)
         # The update's own time varies most under load, and a rollout kill cannot delay it:
         # the extra time before the update says what the kill cost.
