@@ -16,7 +16,8 @@ as medians over the iterations after the first:
 - a rollout SIGKILLed mid-generate (after its weight read): the extra time of that iteration
   over the median one, and where the restart's time went (kill to process start, imports,
   constructor, the kill to the new incarnation ready and to its first reply);
-- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same;
+- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same, and
+  the time from the kill to the lost update asked again of the new learner;
 - a rollout SIGKILLed between iterations: its restart with nothing else running.
 
 The kills run ``--kill-rounds`` times (default 1), and each of their figures is the median
@@ -181,11 +182,16 @@ async def _recoveries(
         rollout = await _killed(app, train, iteration, ROLLOUT, scratch / f"r{n}.held", typical)
         # The update's own time varies most under load, and a rollout kill cannot delay it:
         # the extra time before the update says what the kill cost.
+        rollout.pop("killed_at")
         before = await _before_update(app, iteration, rollout.pop("began"))
         rollout["extra_before_update_s"] = before - phases["before_update"]
         rollouts.append(rollout)
         learner = await _killed(app, train, iteration + 1, LEARNER, scratch / f"l{n}.held", typical)
         learner.pop("began")
+        # From the kill to the lost update asked again of the new learner: its restart, and
+        # whatever the controller re-ran before it (the update's own time varies most).
+        again = await _before_update(app, iteration + 1, learner.pop("killed_at"))
+        learner["kill_to_update_again_s"] = again
         learners.append(learner)
         idle.append(await _killed_idle(app, ROLLOUT))
         iteration += 2
@@ -294,6 +300,7 @@ async def _killed(
     born = (await victim.clocks())["born"]
     return {
         "began": started_at,
+        "killed_at": killed_at,
         "iteration_s": took,
         "extra_s": took - typical,
         **_restart(killed_at, born),
@@ -373,6 +380,7 @@ def table(result: dict[str, Any]) -> Any:
         out.add_row(label)
         row("  extra time of that iteration", lambda v, k=key: v[k]["extra_s"], extra)
         row("  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], extra)
+        row("  kill to the update asked again", lambda v, k=key: v[k]["kill_to_update_again_s"])
         for figure in RESTART_FIGURES:
             row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f])
     return out

@@ -51,7 +51,9 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     assert set(RESTART_FIGURES) | {"iteration_s", "extra_s", "extra_before_update_s"} == set(
         rollout
     )
-    assert set(RESTART_FIGURES) | {"iteration_s", "extra_s"} == set(learner)
+    assert set(RESTART_FIGURES) | {"iteration_s", "extra_s", "kill_to_update_again_s"} == set(
+        learner
+    )
     assert set(RESTART_FIGURES) - {"kill_to_first_reply_s"} == set(toy["rollout_sigkill_idle"])
     # The rollout's lost call went to its next incarnation alone; the learner's lost update
     # was asked again of the new learner, after it restored the checkpoint, with the same
@@ -83,7 +85,7 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
         "kill_rounds": 3,
         "weight_sync_share": 0.1,
         "rollout_sigkill_mid_generate": figures | {"extra_before_update_s": 0.125},
-        "learner_sigkill_mid_update": figures,
+        "learner_sigkill_mid_update": figures | {"kill_to_update_again_s": 0.375},
         "rollout_sigkill_idle": {f: 0.75 for f in RESTART_FIGURES},
     }
     console = Console(width=120, record=True)
@@ -94,6 +96,7 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
     assert "0.100 s (19)" in text  # the median iteration and how many it is the median of
     assert "handle round trip" in text and "3.0 ms" in text
     assert "rollout SIGKILLed between iterations" in text and "0.750 s" in text
+    assert "kill to the update asked again" in text and "0.375 s" in text
     assert "score" in text and "10.0 ms" in text  # under a tenth of a second: in ms
     # The idle kill has no extra time: its row is left out, not filled with "-".
     assert text.count("extra time of that iteration") == 2
