@@ -9,12 +9,19 @@ as medians over the iterations after the first:
 - start: from ``otpmesh.start`` to the end of iteration 0 (fork server, workers, constructors,
   the first iteration), and the tree alone;
 - one iteration as the controller sees it, and its phases as the actors time them: the weight
-  sync (the slowest rollout's ``read_into``), generate (the slowest rollout's sampling), score,
-  update (without the checkpoint) and checkpoint, with the sync's share of the iteration;
+  sync (the controller's round trip for the weights' handle, the median of 20, plus the slowest
+  rollout's ``read_into``; the learner copies nothing: its parameters are the registered
+  buffer), generate (the slowest rollout's sampling), score, update (without the checkpoint)
+  and checkpoint, with the sync's share of the iteration;
 - a rollout SIGKILLed mid-generate (after its weight read): the extra time of that iteration
   over the median one, and where the restart's time went (kill to process start, imports,
   constructor, the kill to the new incarnation ready and to its first reply);
-- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same.
+- the learner SIGKILLed mid-update (its compute done, before its checkpoint): the same, and
+  the time from the kill to the lost update asked again of the new learner;
+- a rollout SIGKILLed between iterations: its restart with nothing else running.
+
+The kills run ``--kill-rounds`` times (default 1), and each of their figures is the median
+over the rounds.
 
 The load average (1 minute) is printed beside every variant, taken before and after it: on a
 shared machine the absolute times say as much about the other jobs as about otpmesh; compare
@@ -62,6 +69,16 @@ SMALL = (replace(TOY, iters=2),)  # the suite's smoke test: every code path, not
 VARIANTS = {"toy": TOY, "big": BIG}
 ROLLOUT, LEARNER = "rl/rollouts/1", "rl/learner/0"
 MODULES = ("task", "timed", "train")  # of examples/grpo
+#: The weight sync's parts, in the order they happen.
+SYNC_PARTS = (
+    ("handle", "handle round trip (learner.weights())"),
+    ("read", "read_into flat_parameters (slowest rollout)"),
+)
+KILLS = (
+    ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
+    ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
+    ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
+)
 #: Where a SIGKILLed actor's restart went, in the order it happens (see ``_killed``).
 RESTART_FIGURES = (
     "kill_to_process_start_s",
@@ -87,9 +104,10 @@ def _examples() -> tuple[Any, Any, Any]:
     return task, timed, train
 
 
-async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
-    """Start the job, time `variant.iters` iterations, then (with `kills`) one with a rollout
-    SIGKILLed mid-generate and one with the learner SIGKILLed mid-update; return the figures."""
+async def measure(variant: Variant, rounds: int = 1) -> dict[str, Any]:
+    """Start the job, time `variant.iters` iterations, then `rounds` times: one with a rollout
+    SIGKILLed mid-generate, one with the learner SIGKILLed mid-update, and a rollout SIGKILLed
+    between iterations; return the figures (the kills' as medians over the rounds)."""
     task, timed, train = _examples()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_rl.") as scratch:
@@ -122,6 +140,8 @@ async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
                 if iteration == 0:
                     start = time.perf_counter() - started
             phases = await _phases(app, starts)
+            phases["handle"] = await _handle_round_trip(app)
+            phases["weight_sync"] = phases["handle"] + phases["read"]
             iteration_s = statistics.median(walls[1:] or walls)
             result: dict[str, Any] = {
                 "variant": variant.name,
@@ -133,24 +153,59 @@ async def measure(variant: Variant, kills: bool = True) -> dict[str, Any]:
                 "phases_s": phases,
                 "weight_sync_share": phases["weight_sync"] / iteration_s,
             }
-            if kills:
-                held = Path(scratch)
-                rollout = await _killed(
-                    app, train, variant.iters, ROLLOUT, held / "rollout.held", iteration_s
+            if rounds:
+                result |= await _recoveries(
+                    app, train, Path(scratch), variant.iters, rounds, iteration_s, phases
                 )
-                # The update's own time varies most under load, and a rollout kill cannot
-                # delay it: the extra time before the update says what the kill cost.
-                before = await _before_update(app, variant.iters, rollout.pop("began"))
-                rollout["extra_before_update_s"] = before - phases["before_update"]
-                result["rollout_sigkill_mid_generate"] = rollout
-                learner = await _killed(
-                    app, train, variant.iters + 1, LEARNER, held / "learner.held", iteration_s
-                )
-                learner.pop("began")
-                result["learner_sigkill_mid_update"] = learner
-                result["rollout_sigkill_idle"] = await _killed_idle(app, ROLLOUT)
     result["load_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
     return result
+
+
+async def _recoveries(
+    app: otpmesh.App,
+    train: Any,
+    scratch: Path,
+    iteration: int,
+    rounds: int,
+    typical: float,
+    phases: dict[str, float],
+) -> dict[str, Any]:
+    """`rounds` times, from `iteration` on: a rollout SIGKILLed mid-generate, the learner
+    SIGKILLed mid-update, a rollout SIGKILLed between iterations; each figure's median."""
+    rollouts, learners, idle = [], [], []
+    for n in range(rounds):
+        if n:
+            # Two rollout restarts a round: rounds in one restart window would add up past the
+            # rollout mesh's intensity (one restart per rollout per period), and the tree would
+            # restart the whole mesh, which is not what is measured here.
+            await trio.sleep(train.PERIOD)
+        rollout = await _killed(app, train, iteration, ROLLOUT, scratch / f"r{n}.held", typical)
+        # The update's own time varies most under load, and a rollout kill cannot delay it:
+        # the extra time before the update says what the kill cost.
+        rollout.pop("killed_at")
+        before = await _before_update(app, iteration, rollout.pop("began"))
+        rollout["extra_before_update_s"] = before - phases["before_update"]
+        rollouts.append(rollout)
+        learner = await _killed(app, train, iteration + 1, LEARNER, scratch / f"l{n}.held", typical)
+        learner.pop("began")
+        # From the kill to the lost update asked again of the new learner: its restart, and
+        # whatever the controller re-ran before it (the update's own time varies most).
+        again = await _before_update(app, iteration + 1, learner.pop("killed_at"))
+        learner["kill_to_update_again_s"] = again
+        learners.append(learner)
+        idle.append(await _killed_idle(app, ROLLOUT))
+        iteration += 2
+    return {
+        "kill_rounds": rounds,
+        "rollout_sigkill_mid_generate": _medians(rollouts),
+        "learner_sigkill_mid_update": _medians(learners),
+        "rollout_sigkill_idle": _medians(idle),
+    }
+
+
+def _medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds that have it."""
+    return {k: statistics.median(r[k] for r in rounds if k in r) for k in rounds[0]}
 
 
 async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
@@ -167,7 +222,7 @@ async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
         )
 
     return {
-        "weight_sync": median(rollouts, "weight_sync"),
+        "read": median(rollouts, "weight_sync"),
         "generate": median(rollouts, "generate"),
         "score": median([reward], "score"),
         "update": median([learner], "update"),
@@ -176,6 +231,16 @@ async def _phases(app: otpmesh.App, starts: list[float]) -> dict[str, float]:
             learner["phases"][str(i)]["began"] - starts[i] for i in timed
         ),
     }
+
+
+async def _handle_round_trip(app: otpmesh.App, calls: int = 20) -> float:
+    """The median time the controller takes to get the weights' handle from the learner."""
+    learner, times = app.actor(LEARNER), []
+    for _ in range(calls):
+        began = time.perf_counter()
+        await learner.weights()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 async def _before_update(app: otpmesh.App, iteration: int, started: float) -> float:
@@ -235,13 +300,14 @@ async def _killed(
     born = (await victim.clocks())["born"]
     return {
         "began": started_at,
+        "killed_at": killed_at,
         "iteration_s": took,
         "extra_s": took - typical,
         **_restart(killed_at, born),
     }
 
 
-async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict[str, Any]:
+async def measure_all(variants: tuple[Variant, ...], rounds: int = 1) -> dict[str, Any]:
     # The learner's first Adam step imports torch._dynamo: preloaded by the fork server, as
     # examples/grpo/train.py has it, so a restart does not pay for it.
     os.environ.setdefault("OTPMESH_PRELOAD", "torch,torch._dynamo,torch.distributed")
@@ -249,12 +315,20 @@ async def measure_all(variants: tuple[Variant, ...], kills: bool = True) -> dict
     with contextlib.redirect_stdout(sys.stderr):  # the example's own lines: stdout is ours
         for variant in variants:
             print(f"otpmesh bench_rl: {variant.name} ({variant.iters} iterations)", flush=True)
-            results.append(await measure(variant, kills))
+            results.append(await measure(variant, rounds))
     return {"machine": {"cpus": os.cpu_count()}, "variants": results}
 
 
+def seconds(value: float, sign: str = "") -> str:
+    """A duration as a reader quotes it: milliseconds under a tenth of a second."""
+    if abs(value) < 0.1:
+        return f"{value * 1e3:{sign}.1f} ms"
+    return f"{value:{sign}.3f} s"
+
+
 def table(result: dict[str, Any]) -> Any:
-    """The figures as a rich table: a row per figure, a column per variant."""
+    """The figures as a rich table: a row per figure, a column per variant; a row no variant
+    has a figure for is left out."""
     from rich.table import Table
 
     variants = result["variants"]
@@ -263,35 +337,50 @@ def table(result: dict[str, Any]) -> Any:
     for v in variants:
         out.add_column(f"{v['variant']} ({v['parameters'] / 1e6:.2f}M params)", justify="right")
 
-    def row(label: str, get: Any, fmt: str = "{:.3f} s") -> None:
+    def row(label: str, get: Any, show: Any = seconds) -> None:
         cells = []
         for v in variants:
             try:
-                cells.append(fmt.format(get(v)))
+                cells.append(show(get(v)))
             except KeyError:
                 cells.append("-")
-        out.add_row(label, *cells)
+        if any(cell != "-" for cell in cells):
+            out.add_row(label, *cells)
+
+    def extra(value: float) -> str:
+        return seconds(value, "+")
 
     row(
         "load (1 min) before / after",
         lambda v: (v["load_1m"]["before"], v["load_1m"]["after"]),
-        "{0[0]:.2f} / {0[1]:.2f}",
+        lambda loads: f"{loads[0]:.2f} / {loads[1]:.2f}",
     )
     row("start to the end of iteration 0", lambda v: v["start_to_end_of_iteration_0_s"])
     row("  of which the tree up", lambda v: v["tree_up_s"])
-    row("iteration (median)", lambda v: v["iteration_s"])
-    for phase in ("weight_sync", "generate", "score", "update", "checkpoint", "before_update"):
-        row(f"  {phase.replace('_', ' ')}", lambda v, p=phase: v["phases_s"][p])
-    row("weight sync share", lambda v: 100 * v["weight_sync_share"], "{:.1f} %")
-    for key, label in (
-        ("rollout_sigkill_mid_generate", "rollout SIGKILLed mid-generate"),
-        ("learner_sigkill_mid_update", "learner SIGKILLed mid-update"),
-        ("rollout_sigkill_idle", "rollout SIGKILLed between iterations"),
-    ):
-        row(f"{label}: extra", lambda v, k=key: v[k]["extra_s"], "{:+.3f} s")
-        row(
-            "  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], "{:+.3f} s"
-        )
+    row(
+        "iteration (median of N)",
+        lambda v: (v["iteration_s"], v["iterations_timed"]),
+        lambda it: f"{seconds(it[0])} ({it[1]})",
+    )
+    row(
+        "  weight sync (share of the iteration)",
+        lambda v: (v["phases_s"]["weight_sync"], 100 * v["weight_sync_share"]),
+        lambda sync: f"{seconds(sync[0])} ({sync[1]:.1f} %)",
+    )
+    for phase, label in SYNC_PARTS:
+        row(f"    {label}", lambda v, p=phase: v["phases_s"][p])
+    for phase in ("generate", "score", "update", "checkpoint"):
+        row(f"  {phase}", lambda v, p=phase: v["phases_s"][p])
+    row("  start to the update (sync, generate, score)", lambda v: v["phases_s"]["before_update"])
+    row("kill rounds (medians over them)", lambda v: v["kill_rounds"], str)
+    for key, label in KILLS:
+        if not any(key in v for v in variants):
+            continue
+        out.add_section()
+        out.add_row(label)
+        row("  extra time of that iteration", lambda v, k=key: v[k]["extra_s"], extra)
+        row("  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], extra)
+        row("  kill to the update asked again", lambda v, k=key: v[k]["kill_to_update_again_s"])
         for figure in RESTART_FIGURES:
             row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f])
     return out
@@ -308,7 +397,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the toy, 2 iterations and the two kills: a smoke test of the code, not a measurement",
     )
-    parser.add_argument("--no-kills", action="store_true", help="skip the two SIGKILLs")
+    parser.add_argument(
+        "--kill-rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="rounds of SIGKILLs (rollout mid-generate, learner mid-update, rollout idle), "
+        "their figures' medians reported; default 1",
+    )
+    parser.add_argument("--no-kills", action="store_true", help="no SIGKILLs (--kill-rounds 0)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = parser.parse_args(argv)
     chosen: tuple[Variant, ...] = (
@@ -319,7 +416,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.iters < 1:
             parser.error(f"--iters takes at least 1 iteration, not {args.iters}")
         variants = tuple(replace(v, iters=args.iters) for v in variants)
-    result = otpmesh.run(measure_all, variants, not args.no_kills)
+    if args.kill_rounds < 0:
+        parser.error(f"--kill-rounds takes 0 or more rounds, not {args.kill_rounds}")
+    result = otpmesh.run(measure_all, variants, 0 if args.no_kills else args.kill_rounds)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

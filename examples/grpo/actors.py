@@ -27,8 +27,8 @@ Batch = dict[str, torch.Tensor]
 class Learner(otpmesh.Actor):
     """One rank of the data-parallel learner (a process-group mesh): owns a replica of the policy
     and the optimizer and updates on its share of every batch, the gradients all-reduced with
-    the other rank's. Rank 0 shares the weights as one flat tensor registered with the tensor
-    channel, and checkpoints after every update."""
+    the other rank's. Rank 0 shares the weights (its parameters: views into one flat tensor
+    registered with the tensor channel) and checkpoints after every update."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         task.setup_torch()
@@ -40,15 +40,17 @@ class Learner(otpmesh.Actor):
         # recovery: begin
         self.checkpoint = Path(self.cfg.out_dir) / CHECKPOINT
         # recovery: end
-        self.flat = self.core.flat_weights().clone()
-        self.buffer = RDMABuffer(self.flat)  # registered once per epoch, updated in place
+        # The policy's parameters become views into one flat tensor, registered once per
+        # epoch: every optimizer step (and the checkpoint's restore) changes the registered
+        # weights in place, so there is nothing to publish after an update.
+        self.flat = flat_parameters(self.core.policy)
+        self.buffer = RDMABuffer(self.flat)
 
     # recovery: begin
     async def on_start(self) -> None:
         """The restore hook of a new epoch: every rank loads the same checkpoint, so the ranks
         agree on the weights and on the next update."""
         self.history = self._restore()
-        self.flat.copy_(self.core.flat_weights())
 
     # recovery: end
     @otpmesh.endpoint
@@ -60,8 +62,8 @@ class Learner(otpmesh.Actor):
     def update(
         self, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]
     ) -> dict[str, float]:
-        """Apply update `iteration` with the other rank (each on its share of the rows),
-        checkpoint, publish the new weights; return the stats."""
+        """Apply update `iteration` with the other rank (each on its share of the rows) and
+        checkpoint; return the stats. The rollouts' next read sees the new weights."""
         # recovery: begin
         if iteration != len(self.history):
             raise ValueError(f"asked for update {iteration}; the next one is {len(self.history)}")
@@ -72,7 +74,6 @@ class Learner(otpmesh.Actor):
         if self.rank == 0:
             self.save()
         # recovery: end
-        self.flat.copy_(self.core.flat_weights())
         return stats
 
     # coordination: end

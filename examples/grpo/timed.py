@@ -145,6 +145,12 @@ class TimedLearner(Clocked, Learner):
         self.clock.record(iteration, update=total - self.saving, checkpoint=self.saving)
         return stats
 
+    @otpmesh.endpoint
+    def stats(self, iteration: int) -> dict[str, float] | None:
+        # The controller's first call to a new incarnation (run_iteration asks it first).
+        self.clock.born.setdefault("first_reply", time.time())
+        return super().stats(iteration)
+
     def save(self) -> None:
         if (held := self.clock.take_armed()) is not None:
             Path(held).touch()

@@ -19,9 +19,10 @@ with the learner group, it also SIGKILLs learner rank 1 in the middle of one upd
 same faults at the same points on any machine. A rollout (or the reward actor) that dies inside
 its call costs only its own share: its call is sent again to its next incarnation and the other
 rollouts' batches are kept (``with_retry(lost=...)``: sampling is idempotent in the iteration).
-Any other fault re-runs the iteration, whole; a learner fault re-forms the learner group under
-a new epoch, whose ranks come back from the last checkpoint (the reward actor and the rollouts
-keep running). Every step is
+A learner fault re-forms the learner group under a new epoch, whose ranks come back from the
+last checkpoint (the reward actor and the rollouts keep running); one during the update costs
+the update alone (``apply_update``: asked again with the same batches), and any other fault
+re-runs the iteration, whole. Every step is
 a pure function of (seed, iteration, learner checkpoint), so the curve is the same, bit for bit,
 with and without chaos.
 
@@ -44,8 +45,10 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import trio
@@ -64,6 +67,7 @@ INTENSITY, PERIOD = 20, 10.0
 LEARNER_0 = "rl/learner/0"  # the learner rank that publishes the weights and checkpoints
 CALL_TIMEOUT = 60.0  # seconds; a call made while its actor restarts waits for the new one
 ATTEMPTS = 20  # per iteration, before the program gives up
+T = TypeVar("T")
 LOST = 3  # times one rollout's (or the reward's) lost call is sent again in one iteration
 
 
@@ -126,9 +130,30 @@ async def grpo_iteration(
     if mid_step is not None:
         return await update_under_kill(app, mid_step, iteration, batches, rewards)
     # coordination: begin
+    return await apply_update(app, iteration, batches, rewards)
+
+
+async def apply_update(
+    app: otpmesh.App, iteration: int, batches: list[Batch], rewards: list[torch.Tensor]
+) -> dict[str, float]:
+    """Update `iteration` on every learner rank; return its stats."""
     learners = app.mesh("rl/learner").with_timeout(CALL_TIMEOUT)
-    stats: dict[str, float] = (await learners.update(iteration, batches, rewards)).values()[0]
-    return stats
+    # recovery: begin
+    learner = app.actor(LEARNER_0).with_timeout(CALL_TIMEOUT)
+
+    # A learner fault costs its update, not the iteration: the batches and rewards are kept and
+    # the update is asked again of the new epoch, which restored the checkpoint taken before it
+    # (the same update, bit for bit), unless what was lost was only the reply.
+    async def update(attempt: int) -> dict[str, float]:
+        if attempt > 1 and (done := await learner.stats(iteration)) is not None:
+            return done
+        # coordination: begin
+        stats: dict[str, float] = (await learners.update(iteration, batches, rewards))[0]
+        return stats
+        # coordination: end
+
+    return await after_faults(app, f"update {iteration}", update)
+    # recovery: end
 
 
 # coordination: end
@@ -141,22 +166,32 @@ def met_a_fault(err: otpmesh.OtpmeshError) -> bool:
     return isinstance(err, otpmesh.ActorError) and err.type_name == "RDMAError"
 
 
-async def run_iteration(
-    app: otpmesh.App, iteration: int, mid_step: MidStep | None = None
-) -> dict[str, float]:
-    """Run one iteration to completion, re-running it whole when it met a fault (every step is
-    idempotent in `iteration`); return its stats. `mid_step`'s faults are thrown during the
-    first attempt's update (``update_under_kill``)."""
+async def after_faults(app: otpmesh.App, what: str, step: Callable[[int], Awaitable[T]]) -> T:
+    """``step(attempt)`` until it returns, run again after each fault it meets (it must be
+    idempotent), once the restarts that fault caused are done; at most ATTEMPTS times."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return await grpo_iteration(app, iteration, mid_step if attempt == 1 else None)
+            return await step(attempt)
         except otpmesh.OtpmeshError as err:
             if not met_a_fault(err) or attempt == ATTEMPTS:
                 raise
             first_line = str(err).splitlines()[0]
-            print(f"  iteration {iteration} re-run after {type(err).__name__}: {first_line}")
+            print(f"  {what} re-run after {type(err).__name__}: {first_line}")
         await app.settled()  # the tree has reacted: the restarts this fault caused are done
     raise AssertionError("unreachable")
+
+
+async def run_iteration(
+    app: otpmesh.App, iteration: int, mid_step: MidStep | None = None
+) -> dict[str, float]:
+    """Run one iteration to completion, re-running it whole when it met a fault before its
+    update (every step is idempotent in `iteration`); return its stats. `mid_step`'s faults
+    are thrown during the first attempt's update (``update_under_kill``)."""
+
+    async def attempt(n: int) -> dict[str, float]:
+        return await grpo_iteration(app, iteration, mid_step if n == 1 else None)
+
+    return await after_faults(app, f"iteration {iteration}", attempt)
 
 
 # recovery: end
@@ -238,9 +273,7 @@ async def update_under_kill(
         mid_step.thrown += await mid_step.plan.inject(app, iteration)
         print(f"  mid-step: {mid_step.plan} while {LEARNER_0} is in update")
     await app.settled()  # the new epoch is formed
-    learners = app.mesh("rl/learner").with_timeout(CALL_TIMEOUT)
-    stats: dict[str, float] = (await learners.update(iteration, batches, rewards)).values()[0]
-    return stats
+    return await apply_update(app, iteration, batches, rewards)
 
 
 def report(iteration: int, stats: dict[str, float], restarts: int, started: float) -> None:

@@ -12,8 +12,10 @@ def flat_parameters(module: Any) -> Any:
     The layout is ``torch.nn.utils.parameters_to_vector(module.parameters())``'s: parameters in
     ``parameters()`` order, each flattened. After this, ``await buf.read_into(flat)`` loads a
     learner's flat weights into the module in place, with no intermediate tensor and no
-    ``vector_to_parameters`` copy. The parameters keep their values; optimizers made before
-    this call hold the old tensors, so call it first."""
+    ``vector_to_parameters`` copy. The parameters keep their values, and stay the same
+    ``Parameter`` objects (only their data is rebound), so an optimizer made before this call
+    steps the views too; on a learner the flat tensor registered once is then its current
+    weights after every step, with nothing to copy."""
     import torch
 
     params = list(module.parameters())

@@ -27,3 +27,31 @@ def test_a_module_without_one_dtype_is_refused_with_what_was_found() -> None:
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
     with pytest.raises(ValueError, match=r"one dtype and device.*float64"):
         flat_parameters(mixed)
+
+
+def test_an_optimizer_made_before_flattening_steps_the_flat_tensor_bit_for_bit() -> None:
+    # The learner's side of a weight sync: its optimizer exists (with state) before its
+    # parameters are flattened, and the registered flat tensor must be the weights after
+    # every step, with the same bits as an unflattened twin's, and after a checkpoint load.
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    twin.load_state_dict(module.state_dict())
+    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (module, twin)]
+    x = torch.randn(32, 8)
+
+    def step() -> None:
+        for m, optimizer in zip((module, twin), optimizers, strict=True):
+            optimizer.zero_grad()
+            m(x).square().mean().backward()
+            optimizer.step()
+
+    step()  # the optimizer has state before the flattening
+    flat = flat_parameters(module)
+    for _ in range(3):
+        step()
+    as_vector = torch.nn.utils.parameters_to_vector(module.parameters())
+    assert torch.equal(flat, as_vector)
+    assert torch.equal(as_vector, torch.nn.utils.parameters_to_vector(twin.parameters()))
+    module.load_state_dict({k: torch.zeros_like(v) for k, v in module.state_dict().items()})
+    assert not flat.any()  # a checkpoint load lands in the flat tensor too
