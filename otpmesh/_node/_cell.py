@@ -64,7 +64,9 @@ class ActorCell:
         self.busy = False
         self._kill_scope = trio.CancelScope()
         self._serve_scope = trio.CancelScope()
-        self._idle_scope: trio.CancelScope | None = None
+        # Waiting for its next message: a stop then closes the mailbox, which ends the wait
+        # (no cancel scope per wait: on the hot path that was one per call, see _wake_idle).
+        self._idle = False
         # The call being served (where its reply goes), and the scope an async endpoint runs
         # in: a caller that gives up cancels it (cancel()).
         self._current: ReplyTo | None = None
@@ -168,8 +170,7 @@ class ActorCell:
         """Stop after the current message (run ``on_stop``); queued messages are not handled."""
         if self.exit_reason is None:
             self.set_exit(reason)
-            if self._idle_scope is not None:
-                self._idle_scope.cancel()
+            self._wake_idle()
 
     def crash(self, reason: object) -> None:
         """Exit now with `reason`, interrupting the current message; ``on_stop`` still runs."""
@@ -235,16 +236,13 @@ class ActorCell:
     async def _serve_batch(self) -> bool:
         """Handle what is queued (at least one message); return False when the actor is done."""
         receive = self._receive
-        with trio.CancelScope() as idle:
-            self._idle_scope = idle
-            try:
-                item = await receive.receive()
-            except trio.EndOfChannel:
-                return False
-            finally:
-                self._idle_scope = None
-        if idle.cancelled_caught:
+        self._idle = True
+        try:
+            item = await receive.receive()
+        except trio.EndOfChannel:  # closed: the actor is done (_wake_idle, or its exit)
             return False
+        finally:
+            self._idle = False
         # Drain without a scheduler round trip per message, but yield now and then.
         for _ in range(64):
             if not await self._handle_one(*item) or self.exit_reason is not None:
@@ -294,6 +292,12 @@ class ActorCell:
         """End the message being served and every call in flight (the actor has crashed)."""
         self._serve_scope.cancel()
 
+    def _wake_idle(self) -> None:
+        """The actor is done: if its task waits for a message, end the wait by closing the
+        mailbox (calls sent from now on are answered dead, as they would be by its exit)."""
+        if self._idle:
+            self.send.close()
+
     def _drain(self) -> None:
         reason = self.describe_exit()
         drain(self.send, self._receive, self.node, reason)
@@ -319,20 +323,19 @@ class ActorCell:
                 args = [self._reply_port(reply), *args]
             result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
-            if not _policy.failed(self, info, method, exc, reply) and self._idle_scope is not None:
-                self._idle_scope.cancel()
+            if not _policy.failed(self, info, method, exc, reply):
+                self._wake_idle()
             return True
         except BaseException as exc:
             _policy.ended(self, method, exc, reply)
-            if self._idle_scope is not None:
-                self._idle_scope.cancel()
+            self._wake_idle()
             return True
         finally:
             self.serving = None
         if reply is not None and not info.reply_port:
             self.node.reply_ok(reply, result)
-        if not self.alive and self._idle_scope is not None:  # the endpoint called self.stop()
-            self._idle_scope.cancel()
+        if not self.alive:  # the endpoint called self.stop()
+            self._wake_idle()
         return True
 
     async def _handle(

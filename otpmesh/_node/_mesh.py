@@ -22,11 +22,15 @@ from ._endpoint import Target, check_timeout
 from ._future import Future, later
 from ._slot import Slot as Slot
 
+# Endpoints kept per mesh or ref (a caller that names endpoints without end, through
+# ``endpoint(name)`` on an actor of unknown endpoints, keeps no more than this).
+_KEPT_ENDPOINTS = 64
+
 
 class _Caller:
     """What endpoints need from a mesh or a ref: its slots, shape and a default timeout."""
 
-    __slots__ = ("_endpoints", "_name", "_shape", "_slots", "_target", "_timeout")
+    __slots__ = ("_endpoints", "_made", "_name", "_shape", "_slots", "_target", "_timeout")
 
     def __init__(
         self,
@@ -42,15 +46,22 @@ class _Caller:
         self._slots = slots
         self._timeout = timeout
         self._target = Target(name, shape, slots, single=isinstance(self, ActorRef))
+        self._made: dict[str, Endpoint] = {}  # endpoints are immutable: one per name is kept
 
     def endpoint(self, name: str) -> Endpoint:
         """The endpoint called `name` (the same as attribute access, for names that clash)."""
+        made = self._made.get(name)
+        if made is not None:
+            return made
         if self._endpoints and name not in self._endpoints:
             raise AttributeError(
                 f"{self._name} has no endpoint {name!r} (endpoints: "
                 f"{', '.join(sorted(self._endpoints)) or 'none'})"
             )
-        return Endpoint(self._target, name, self._endpoints.params(name), self._timeout)
+        made = Endpoint(self._target, name, self._endpoints.params(name), self._timeout)
+        if len(self._made) < _KEPT_ENDPOINTS:
+            self._made[name] = made
+        return made
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):

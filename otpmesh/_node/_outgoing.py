@@ -27,6 +27,7 @@ from .._wire._frames import (
     SYS,
     _call_body,
     _pack_uint,
+    pack_actor_id,
 )
 from .._wire._tensors import Offer
 from . import _chain, _fanout
@@ -142,7 +143,7 @@ class Outgoing:
                 _cancel_remote, conn, call_id, actor_id, group.cancels[index]
             )
             self._send(
-                conn, array, _P_CALL, _pack_uint(call_id), _codec.pack(actor_id), body, *tail
+                conn, array, _P_CALL, _pack_uint(call_id), pack_actor_id(actor_id), body, *tail
             )
         for target in targets:
             used = self._conns.get(target.addr)
@@ -195,7 +196,7 @@ class Outgoing:
             except OSError:
                 log.warning("cast to %s dropped: its process cannot be reached", target.actor_id)
                 continue
-            self._send(conn, _ARRAY5, _P_CAST, _codec.pack(target.actor_id), body)
+            self._send(conn, _ARRAY5, _P_CAST, pack_actor_id(target.actor_id), body)
 
     async def sys_call(self, conn: Connection, op: str, payload: Any, path: str) -> Any:
         """Run node operation `op` on the peer behind `conn` and return its result."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from types import MappingProxyType
@@ -285,22 +286,56 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
     return cls._from_wire(_unpack(data, level + 1, pending))
 
 
-# The plain hooks for each level, made once: the depth travels in them, not in module state.
-_DEFAULTS = tuple(partial(_default, level, PLAIN) for level in range(MAX_NESTING + 1))
+class _Packer:
+    """A msgpack packer kept for one nesting level in one thread, and the packing it serves
+    now. ``msgpack.packb`` makes a packer per call, and each allocates a 256 KiB buffer: that
+    was the largest single cost of a call on the hot path (docs/architecture.md, "What a call
+    costs"); a kept one costs a tenth of it."""
+
+    __slots__ = ("busy", "how", "level", "pack")
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self.how = PLAIN
+        self.busy = False  # packing now: a hook packing again at this level gets its own
+        self.pack = msgpack.Packer(default=self.default, strict_types=True, use_bin_type=True).pack
+
+    def default(self, obj: Any) -> Any:
+        return _default(self.level, self.how, obj)
+
+
+# A packer's buffer keeps the size of the largest value it packed: one that grew past msgpack's
+# initial 256 KiB is dropped, so no thread holds a frame's worth of memory after a big message.
+_KEEP_PACKER_BELOW = 256 << 10
+
+
+class _ThreadPackers(threading.local):
+    def __init__(self) -> None:
+        self.by_level = [_Packer(level) for level in range(MAX_NESTING + 1)]
+
+
+_PACKERS = _ThreadPackers()
 
 
 def _pack(obj: Any, level: int, how: Packing) -> bytes:
-    default = _DEFAULTS[level] if how is PLAIN else partial(_default, level, how)
+    packers = _PACKERS.by_level
+    packer = packers[level]
+    if packer.busy:  # re-entered (a hook packing at its own level): never share its buffer
+        packer = _Packer(level)
+    packer.busy, packer.how = True, how
     try:
-        return msgpack.packb(  # type: ignore[no-any-return]
-            obj, default=default, strict_types=True, use_bin_type=True
-        )
+        packed: bytes = packer.pack(obj)  # on an error, msgpack empties its buffer
     except EncodeError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:  # "recursion limit exceeded", ...
         raise EncodeError(f"cannot encode message: {exc}") from exc
     except RecursionError as exc:
         raise EncodeError(f"cannot encode message: nested too deeply ({exc})") from exc
+    finally:
+        packer.busy, packer.how = False, PLAIN  # let go of this call's offer and handles
+    if len(packed) >= _KEEP_PACKER_BELOW and packers[level] is packer:
+        packers[level] = _Packer(level)
+    return packed
 
 
 def _unpack(data: bytes, level: int, pending: list[PendingTensor]) -> Any:
@@ -342,6 +377,11 @@ def _blob_bytes(obj: Any, levels: int) -> int:
         elif levels > 1 and (kind is list or kind is tuple or kind is dict or kind is memoryview):
             total += _blob_bytes(item, levels - 1)
     return total
+
+
+#: Values with nothing in them for the tensor channel to take: a message of these alone is
+#: packed without an offer (no bookkeeping of what was offered; the hot path's echo(i)).
+SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:

@@ -107,7 +107,7 @@ class Connection:
             raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
         if self._mac is not None:
             parts = (*parts, self._mac.seal(parts))
-        size = sum(len(p) for p in parts)
+        size = sum(map(len, parts))
         header = frame_header(size)
         if self._out or self._batching or size > _COALESCE_LIMIT:
             self._out.append(header)

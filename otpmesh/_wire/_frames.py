@@ -18,6 +18,7 @@ Frames (msgpack arrays, see docs/wire.md):
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
 
@@ -79,6 +80,8 @@ def _check_call_id(call_id: Any, lowest: int) -> None:
 def _call_body(method: str, args: Any, kwargs: Any, offer: Offer | None = None) -> bytes:
     """The packed [method, args, kwargs] tail shared by every frame of one call; `offer`: the
     sending node's tensor channel, for large tensors."""
+    if not kwargs and all(type(arg) in _codec.SCALARS for arg in args):
+        offer = None  # nothing the channel could take
     packed = _codec.pack([method, list(args), kwargs], offer)
     return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
 
@@ -89,6 +92,12 @@ _UINT32 = struct.Struct(">BI")
 def _pack_uint(n: int) -> bytes:
     """msgpack's uint32 encoding of a call id, without a trip through the packer."""
     return _UINT32.pack(0xCE, n) if n < 1 << 32 else _codec.pack(n)
+
+
+@functools.lru_cache(maxsize=4096)
+def pack_actor_id(actor_id: str) -> bytes:
+    """An actor id as msgpack (a str), made once per actor: every call frame carries one."""
+    return _codec.pack(actor_id)
 
 
 def remote_error(path: str, msg: list[Any]) -> Exception:
