@@ -13,6 +13,7 @@ the child's stdout, stderr, beat and control pipe ends as SCM_RIGHTS file descri
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import os
 import selectors
@@ -101,6 +102,17 @@ def _child(
             os._exit(code)
 
 
+def share_with_children() -> None:
+    """Keep what the workers inherit shared with them (docs/architecture.md, "What a worker
+    costs"). A forked child shares the server's pages until it writes to them, and a full
+    collection in the child writes to every object the server made (the collector's links live
+    in each object's header): measured, an idle worker's private memory went from 9 MB to 49 MB
+    at its first full collection. Frozen objects are never walked, so those pages stay shared.
+    The collection first leaves no garbage in the frozen set."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(sock: socket.socket, preload: list[str]) -> None:
     """Fork workers on request until the controller's socket closes."""
     for name in preload:
@@ -108,6 +120,7 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
             importlib.import_module(name)
         except Exception as exc:  # a missing optional module must not stop the server
             print(f"otpmesh fork server: cannot preload {name}: {exc}", file=sys.stderr)
+    share_with_children()
     # No parent-death signal here: Linux sends it when the parent *thread* exits, and the
     # controller starts this process from one of trio's worker threads, which retire when idle.
     # The controller's socket closing (below) is what ends this server, SIGKILL included.
