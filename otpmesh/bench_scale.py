@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import statistics
@@ -35,6 +36,8 @@ import otpmesh
 #: What the fork server imports, in the order it does: its own worker module, then the preload.
 IMPORTS = ("msgpack", "trio", "otpmesh._runtime._worker", "numpy", "torch", "torch._dynamo")
 SIZES = (1, 10, 100)
+#: This module, by the name workers import it by (not ``__main__``).
+MODULE = "otpmesh.bench_scale"
 BROADCASTS = 200
 
 
@@ -48,6 +51,14 @@ class Idle(otpmesh.Actor):
     @otpmesh.endpoint
     def collect(self) -> int:
         return gc.collect()
+
+
+def _idle() -> type[Idle]:
+    """Idle, named by its module rather than as ``__main__.Idle`` under ``python -m``: a worker
+    given a class of ``__main__`` runs the whole main file again to find it (every worker,
+    imports and all), where a module the fork server preloaded costs it nothing."""
+    module = importlib.import_module(MODULE)
+    return module.Idle  # type: ignore[no-any-return]
 
 
 def rollup(pid: int) -> dict[str, int]:
@@ -74,7 +85,7 @@ async def memory(procs: int = 4) -> dict[str, Any]:
     """PSS of `procs` idle actors' processes, the fork server's and the controller's."""
     mesh_procs = await otpmesh.proc_mesh(procs=procs)
     try:
-        mesh = await mesh_procs.spawn("idle", Idle)
+        mesh = await mesh_procs.spawn("idle", _idle())
         await mesh.collect()
         pids = mesh_procs.pids
         workers = [rollup(pid) for pid in pids]
@@ -128,7 +139,7 @@ async def start(sizes: tuple[int, ...] = SIZES, broadcast: int = 100) -> dict[st
         began = time.perf_counter()
         procs = await otpmesh.proc_mesh(procs=n)
         started = time.perf_counter() - began
-        mesh = await procs.spawn("idle", Idle)
+        mesh = await procs.spawn("idle", _idle())
         await mesh.noop()
         out[f"procs_{n}_s"] = {
             "started": round(started, 3),
@@ -137,7 +148,7 @@ async def start(sizes: tuple[int, ...] = SIZES, broadcast: int = 100) -> dict[st
         await procs.stop()
     procs = await otpmesh.proc_mesh(procs=broadcast)
     try:
-        out[f"broadcast_{broadcast}_ms_p50"] = await _broadcasts(await procs.spawn("idle", Idle))
+        out[f"broadcast_{broadcast}_ms_p50"] = await _broadcasts(await procs.spawn("idle", _idle()))
     finally:
         await procs.stop()
     return out
@@ -179,9 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     result["memory"] = otpmesh.run(memory)
     result["imports"] = import_costs(tuple(args.imports))
-    os.environ["OTPMESH_PRELOAD"] = (
-        __name__  # only this module (its actor): read when the next run starts its fork server
-    )
+    os.environ["OTPMESH_PRELOAD"] = MODULE  # its actor only; read when the next run starts
     result["start"] = otpmesh.run(start, tuple(args.sizes), args.broadcast)
     load.append(os.getloadavg()[0])
     result["machine"]["load_1min_before_after"] = [round(x, 2) for x in load]
