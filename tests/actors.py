@@ -383,3 +383,16 @@ class GcReporter(otpmesh.Actor):
     @otpmesh.endpoint
     def threshold(self) -> int:
         return gc.get_threshold()[0]
+
+
+class MemoryReporter(otpmesh.Actor):
+    """Tells what its process wrote of its own memory (tests/test_worker_memory.py)."""
+
+    @otpmesh.endpoint
+    def private_dirty_kb(self) -> int:
+        with open("/proc/self/smaps_rollup") as rollup:
+            return sum(int(line.split()[1]) for line in rollup if line.startswith("Private_Dirty:"))
+
+    @otpmesh.endpoint
+    def collect(self) -> int:
+        return gc.collect()

@@ -50,9 +50,22 @@ class ExitListener(Protocol):
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
 _STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
 SPAWN_TIMEOUT = 60.0
-#: Workers beat this often; one silent for HEARTBEAT_TIMEOUT is hung (SIGSTOP, wedged) and killed.
+#: Workers beat at most this often (see beat_interval); one silent for its heartbeat timeout
+#: (HEARTBEAT_TIMEOUT unless set) is hung (SIGSTOP, wedged) and killed.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HEARTBEAT_INTERVAL", "0.2"))
 HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
+#: Beats a worker sends per heartbeat timeout, when that is not more often than HEARTBEAT_INTERVAL.
+BEATS_PER_TIMEOUT = 4
+
+
+def beat_interval(timeout: float) -> float:
+    """How often a worker whose heartbeat timeout is `timeout` beats. Every beat wakes the
+    controller once: 4 per timeout, not one per 0.2 s, is what keeps a thousand idle workers
+    from costing the controller a third of a core (measured: 200 idle workers, 7.6% of a core
+    at 0.2 s). 4 beats leave a late beat 3 intervals of slack before the timeout."""
+    return max(HEARTBEAT_INTERVAL, timeout / BEATS_PER_TIMEOUT)
+
+
 #: How long a worker stuck in C has to write its faulthandler dump before it is killed.
 FAULTHANDLER_WAIT = 1.0
 _ERR_TAIL = 400
@@ -322,6 +335,7 @@ class Runtime:
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
             # Where __main__'s classes come from: its file, or its definitions (_mainmodule.py).
             **this_main().to_cfg(),
+            # A host agent's worker is watched with the agent's own timeout, unknown here.
             "heartbeat_interval": HEARTBEAT_INTERVAL,
             # Presented in its HELLO: no other holder of the secret can register as it.
             "token": proc.token,
@@ -333,6 +347,7 @@ class Runtime:
         # The secrets ride the fork server's private socket pair, never argv or the environment
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).
         cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
+        cfg["heartbeat_interval"] = beat_interval(proc.heartbeat_timeout)  # watched here
         out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
         proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
