@@ -135,3 +135,13 @@ class PortClosedError(OtpmeshError):
 class PortOverflowError(OtpmeshError):
     """Raised by PortReceiver.recv, after the values it holds, when more values arrived than
     its capacity while nobody read them: the stream failed there and later values were dropped."""
+
+
+class TakeoverError(OtpmeshError):
+    """Raised by otpmesh.start(takeover=...) when its state directory is unsafe or unusable, or
+    another controller holds the app's lease and this one was not started as a standby."""
+
+
+class FencedError(TakeoverError):
+    """Raised by a worker's or fork server's adoption when the controller asking presents an
+    epoch no higher than the one served: an older controller, fenced off by a takeover."""

@@ -19,8 +19,10 @@ from typing import Any
 import msgpack
 import trio
 
+from .._core._errors import FencedError
 from .._wire._unproven import parent_pid
 from . import _liveness
+from ._forkstandby import attach_proof
 from ._watchdog import MAX_REPORT, REPORT, stacks_request
 
 
@@ -50,13 +52,23 @@ class ForkServer:
         self.gone = False
         #: The fork server's pid once it runs (its children are the workers).
         self.pid: int | None = None
+        #: The epoch of the controller that took this server over from this one, if one did.
+        self.fenced: int | None = None
 
     def forked(self, pid: int) -> bool:
         """Whether `pid` is a child of this fork server (the kernel's word, read from /proc):
         one of its workers, known before the server's report of it arrives."""
         return self.pid is not None and parent_pid(pid) == self.pid
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        standby: dict[str, Any] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start the fork server and hear its reports until it stops. With `standby` (its
+        socket, grace, secret and epoch: _forkstandby.py) it outlives this controller for the
+        grace period, for a standby to attach."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
@@ -73,26 +85,79 @@ class ForkServer:
         )
         theirs.close()
         self.pid = process.pid
-        sock = trio.socket.from_stdlib_socket(ours)
-        self._sock, self._raw = sock, ours
-        task_status.started()
+        if standby is not None:  # over the private socket pair: the secret never leaves it
+            ours.send(msgpack.packb({"op": "takeover", **standby}))
+        try:
+            await self._serve(ours, task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            self._on_gone()
+
+    async def attach(
+        self,
+        path: str,
+        secret: bytes,
+        epoch: int,
+        *,
+        task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Take over the fork server listening at `path` (a standby's takeover), then hear
+        its reports until it stops. Started with the fork server's children that still run;
+        raises FencedError if it serves an epoch no lower than `epoch`, OSError if it is gone."""
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock = trio.socket.from_stdlib_socket(raw)
+        try:
+            await sock.connect(path)
+            challenge = msgpack.unpackb(await sock.recv(1 << 16))
+            proof = attach_proof(secret, challenge["nonce"], epoch)
+            await sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
+            data = await sock.recv(1 << 16)
+        except BaseException:
+            sock.close()
+            raise
+        reply = msgpack.unpackb(data) if data else {"op": "refused", "why": "it hung up"}
+        if reply.get("op") != "ready":
+            sock.close()
+            raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
+        self.pid = int(reply["pid"])
+        self.ready.set()
+        try:
+            await self._serve(raw, task_status, reply["children"])
+        finally:
+            self._on_gone()
+
+    async def _serve(
+        self, raw: socket.socket, task_status: trio.TaskStatus[Any], started: Any = None
+    ) -> None:
+        sock = trio.socket.from_stdlib_socket(raw)
+        self._sock, self._raw = sock, raw
+        task_status.started(started)
         try:
             while True:
                 data = await sock.recv(1 << 16)
                 if not data:
                     break
                 msg = msgpack.unpackb(data)
-                if msg["op"] == "ready":
+                if msg["op"] in ("ready", "fenced"):
                     self.ready.set()
+                    if msg["op"] == "fenced":
+                        self.fenced = int(msg["epoch"])
+                        break
                 else:
                     self._on_report(msg)
         finally:
             self.gone = True
             self.ready.set()
             sock.close()
-            with trio.CancelScope(shield=True):
-                await process.wait()
-            self._on_gone()
+
+    def quit(self) -> None:
+        """Ask the fork server to stop now (its controller is stopping in order: no takeover)."""
+        if self._raw is not None and not self.gone:
+            try:
+                self._raw.send(msgpack.packb({"op": "quit"}))
+            except OSError:
+                pass
 
     async def spawn(
         self, proc_id: str, env: dict[str, str], cfg: dict[str, Any]

@@ -145,8 +145,13 @@ class Watchdog:
         if self._beat_fd is None:
             return
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._beat_fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._beat_fd, view) :]
+        except BrokenPipeError:
+            # Its parent is gone. Without a takeover the process follows at once; with one, it
+            # waits for a standby, and its actors' progress deadlines still count meanwhile.
+            self._beat_fd = None
 
     def _serve_request(self, data: bytes) -> None:
         if not data:
