@@ -53,7 +53,8 @@ async def main(state_dir: str, steps: int, standby: bool, pause: float, grace: f
         shards = app.mesh("job/shards")
         # Where the run got to lives in the actors, not in this process: resume from there.
         step = min(s["step"] for s in (await shards.state()).values())
-        incarnations = [child.incarnation for child in app.which_children("job/shards")]
+        children = app.which_children("job/shards")  # newest first, as OTP's
+        incarnations = [c.incarnation for c in sorted(children, key=lambda c: int(c.id))]
         print(f"driver (pid {os.getpid()}) starts at step {step}, incarnations {incarnations}")
         while step < steps:
             await shards.apply(step)

@@ -1,0 +1,241 @@
+"""Controller takeover with real processes and real SIGKILLs: a standby adopts a running tree
+(every actor's state, value by value; no restart; nothing orphaned), workers without a standby
+exit within their grace period, and a controller at a stale epoch is fenced off."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from otpmesh import FencedError, Takeover, TakeoverError
+from otpmesh._controller._takeover import resume
+from otpmesh._core._errors import ActorError
+from otpmesh._node._node import Node
+from otpmesh._runtime._forkclient import ForkServer
+from otpmesh._runtime._statedir import Lease, open_state_dir
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "takeover.py"
+STEPS = 60
+
+
+class Program:
+    """One run of examples/takeover.py, its output read line by line as it comes."""
+
+    def __init__(self, state: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--dir", str(state), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, prefix: str, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line {prefix!r} in time; got:\n" + "\n".join(self.lines))
+            if line is None:
+                raise AssertionError(f"ended before {prefix!r}; got:\n" + "\n".join(self.lines))
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def finish(self, timeout: float = 120.0) -> list[str]:
+        assert self.proc.wait(timeout) == 0, "\n".join(self.lines)
+        while (line := self._queue.get(timeout=10)) is not None:
+            self.lines.append(line)
+        return self.lines
+
+
+def _journal(state: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (state / "journal").read_text().splitlines()]
+
+
+def _worker_pids(state: Path) -> dict[int, int]:
+    """Rank -> pid of the workers the journal's first run started."""
+    return {r["rank"]: r["pid"] for r in _journal(state) if "proc" in r and "actor" not in r}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _shards(lines: list[str]) -> dict[int, tuple[int, int, int]]:
+    """Rank -> (step, total, pid) from the driver's last lines."""
+    found = {}
+    for line in lines:
+        if line.startswith("shard "):
+            words = line.replace(":", "").split()
+            found[int(words[1])] = (int(words[3]), int(words[5]), int(words[7]))
+    return found
+
+
+def _expected_total(rank: int) -> int:
+    return (rank + 1) * STEPS * (STEPS + 1) // 2
+
+
+def _sigkill_active(state: Path) -> tuple[dict[int, int], int]:
+    """Start the active controller, let its driver run ten steps, SIGKILL it; its workers'
+    pids by rank, and its fork server's pid."""
+    active = Program(state, "--steps", str(STEPS), "--pause", "0.05", "--grace", "60")
+    active.wait_for("step 10")
+    workers = _worker_pids(state)
+    fork_server = next(p for p in _children(active.proc.pid) if p not in workers.values())
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    assert not _alive(active.proc.pid)
+    return workers, fork_server
+
+
+@pytest.mark.timeout(240)
+def test_a_standby_takes_over_a_sigkilled_controller_and_every_actor_keeps_its_state(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    active = Program(state, "--steps", str(STEPS), "--pause", "0.05", "--grace", "60")
+    active.wait_for("step 10")
+    standby = Program(state, "--steps", str(STEPS), "--pause", "0.05", "--standby")
+    workers = _worker_pids(state)
+    fork_server = next(p for p in _children(active.proc.pid) if p not in workers.values())
+    active.proc.send_signal(signal.SIGKILL)  # while its driver loop runs
+    active.proc.wait(10)
+    assert not _alive(active.proc.pid)
+
+    started = standby.wait_for("driver (pid")
+    step = int(started.split("starts at step ")[1].split(",")[0])
+    assert step >= 10  # resumed where the actors were, not from 0
+    assert started.endswith("incarnations [1, 1, 1, 1]")  # nothing was restarted
+    assert _stale_epoch_refused(state, workers[0])  # the dead controller's epoch is fenced
+    shards = _shards(standby.finish())
+    for rank in range(4):  # every step applied exactly once, in the same processes
+        assert shards[rank] == (STEPS, _expected_total(rank), workers[rank])
+    assert _wait_gone([*workers.values(), fork_server], 15) == []  # nothing orphaned
+
+
+@pytest.mark.timeout(240)
+def test_a_standby_restarts_only_the_actor_whose_process_died_in_the_gap(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    workers, fork_server = _sigkill_active(state)
+    os.kill(workers[2], signal.SIGKILL)  # lost while no controller was attached
+    standby = Program(state, "--steps", str(STEPS), "--pause", "0.01", "--standby")
+    started = standby.wait_for("driver (pid")
+    assert started.endswith("incarnations [1, 1, 2, 1]")
+    assert "starts at step 0," in started  # the new shard 2 starts from its constructor
+    shards = _shards(standby.finish())
+    for rank in range(4):  # the idempotent steps caught shard 2 up; the others kept theirs
+        assert shards[rank][:2] == (STEPS, _expected_total(rank))
+        assert (shards[rank][2] == workers[rank]) == (rank != 2)
+    assert _wait_gone([*workers.values(), fork_server], 15) == []
+
+
+@pytest.mark.timeout(120)
+def test_without_a_standby_every_worker_exits_within_the_grace_period(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    active = Program(state, "--steps", "100000", "--pause", "0.05", "--grace", "3")
+    active.wait_for("step 3")
+    workers = list(_worker_pids(state).values())
+    fork_server = next(p for p in _children(active.proc.pid) if p not in workers)
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    assert all(_alive(p) for p in workers)  # waiting for a standby, state and all
+    assert _wait_gone([*workers, fork_server], 3 + 15) == []
+
+
+def _stale_epoch_refused(state: Path, pid: int) -> bool:
+    """Whether worker `pid` refuses an adoption at epoch 1 (the dead controller's), and the
+    fork server an attach at it, both with FencedError, though the secret is right."""
+    records = _journal(state)
+    app = next(r for r in records if "app" in r and r["epoch"] == 1)
+    addr = next(r["addr"] for r in records if r.get("pid") == pid)
+
+    async def body() -> bool:
+        node = Node("ctl", secret=bytes.fromhex(app["secret"]))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+            conn = await node.connect(addr)
+            payload = {"epoch": 1, "addr": node.addr, "pid": os.getpid()}
+            with pytest.raises(ActorError) as refused:
+                await node.sys_call(conn, "adopt", payload, "p1")
+            assert refused.value.type_name == "FencedError"
+            fork_server = ForkServer(lambda msg: None, lambda: None)
+            with pytest.raises(FencedError, match="epoch 1 is not above"):
+                await fork_server.attach(str(state / "forkserver.sock"), node.secret, 1)
+            nursery.cancel_scope.cancel()
+        return True
+
+    return trio.run(body)
+
+
+def test_a_state_dir_others_can_read_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "open"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    with pytest.raises(TakeoverError, match="must be 0700: chmod 700"):
+        open_state_dir(state)
+
+
+def test_a_second_active_controller_is_refused_and_told_to_stand_by(tmp_path: Path) -> None:
+    held = Lease(open_state_dir(tmp_path / "state"))
+    assert held.try_acquire()
+
+    async def body() -> None:
+        with pytest.raises(TakeoverError, match=r"standby=True"):
+            await resume(Takeover(dir=tmp_path / "state"))
+
+    trio.run(body)
+    held.release()
+
+
+@pytest.mark.parametrize("grace", [0, -1.0, float("inf"), True, "30"])
+def test_takeover_grace_must_be_a_positive_number_of_seconds(grace: object) -> None:
+    with pytest.raises((ValueError, TypeError), match="grace"):
+        Takeover(dir="/tmp/x", grace=grace)  # type: ignore[arg-type]
