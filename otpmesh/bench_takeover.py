@@ -56,7 +56,7 @@ def _line(proc: subprocess.Popen[str], prefix: str) -> str:
     for line in proc.stdout:
         if line.startswith(prefix):
             return line.strip()
-    raise RuntimeError(f"{proc.args} ended before printing {prefix!r} (status {proc.wait()})")
+    raise RuntimeError(f"{proc.args!r} ended before printing {prefix!r} (status {proc.wait()})")
 
 
 def trial() -> dict[str, float]:

@@ -55,7 +55,9 @@ class Program:
             try:
                 line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no line {prefix!r} in time; got:\n" + "\n".join(self.lines))
+                raise AssertionError(
+                    f"no line {prefix!r} in time; got:\n" + "\n".join(self.lines)
+                ) from None
             if line is None:
                 raise AssertionError(f"ended before {prefix!r}; got:\n" + "\n".join(self.lines))
             self.lines.append(line)

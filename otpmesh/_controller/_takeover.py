@@ -22,9 +22,16 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import TakeoverError
-from .._runtime._adoption import TakeoverState, adopt
+from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import Proc, Runtime, runtime
-from .._runtime._statedir import Journal, Lease, bump_epoch, open_state_dir, read_journal
+from .._runtime._statedir import (
+    Journal,
+    Lease,
+    TakeoverState,
+    bump_epoch,
+    open_state_dir,
+    read_journal,
+)
 
 if TYPE_CHECKING:
     from ._tree import TreeContext

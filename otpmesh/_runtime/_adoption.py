@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError
-from ._statedir import FORKSERVER_SOCKET, Journal
-
-if TYPE_CHECKING:
-    from ._controller_runtime import Proc, Runtime
+from ._controller_runtime import Proc, Runtime
+from ._statedir import FORKSERVER_SOCKET
 
 log = logging.getLogger("otpmesh.takeover")
 
@@ -27,57 +23,11 @@ log = logging.getLogger("otpmesh.takeover")
 ADOPT_TIMEOUT = 5.0
 
 
-@dataclass(eq=False)
-class TakeoverState:
-    """What a controller run with a takeover keeps: its state directory, grace and epoch."""
-
-    root: Path
-    grace: float
-    epoch: int
-    journal: Journal
-
-    def for_fork_server(self, secret: bytes) -> dict[str, Any]:
-        return {
-            "socket": str(self.root / FORKSERVER_SOCKET),
-            "grace": self.grace,
-            "secret": secret,
-            "epoch": self.epoch,
-        }
-
-    def for_worker(self, proc_id: str) -> dict[str, Any]:
-        output = str(self.root / f"{proc_id}.out")
-        return {"epoch": self.epoch, "takeover": {"grace": self.grace, "output": output}}
-
-    def app_started(self, secret: bytes) -> None:
-        """The record a standby starts from: fsync'd, it must survive whatever comes next."""
-        record = {"app": os.getpid(), "epoch": self.epoch, "secret": secret.hex()}
-        self.journal.append(record, durable=True)
-
-    def proc_started(self, proc: Proc) -> None:
-        self.journal.append(
-            {
-                "proc": proc.proc_id,
-                "pid": proc.pid,
-                "addr": proc.addr,
-                "rank": proc.rank,
-                "coords": proc.coords,
-            }
-        )
-
-    def actor_started(self, path: str, incarnation: int, proc: Proc) -> None:
-        self.journal.append({"actor": path, "incarnation": incarnation, "proc": proc.proc_id})
-
-    def stopped(self) -> None:
-        self.journal.append({"stopped": os.getpid()}, durable=True)
-
-
 async def adopt(rt: Runtime, procs: list[dict[str, Any]]) -> dict[str, Proc]:
     """Take the fork server and the journalled worker processes `procs` over at this runtime's
     epoch; the live ones (by proc id), each knowing which actors it runs. Raises OSError when
     the fork server is gone (nothing is left to take over) and FencedError when it serves a
     newer epoch."""
-    from ._controller_runtime import Proc
-
     state = rt.takeover
     if state is None or rt.nursery is None:
         raise RuntimeError("adopt needs a running runtime with a takeover state")

@@ -32,9 +32,9 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
-from ._adoption import TakeoverState
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
+from ._statedir import TakeoverState
 from ._watchdog import Watchdog, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")

@@ -21,8 +21,9 @@ import fcntl
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .._core._errors import TakeoverError
 
@@ -112,6 +113,60 @@ def bump_epoch(root: Path) -> int:
     finally:
         os.close(dir_fd)
     return new
+
+
+class Placed(Protocol):
+    """What the journal records of a worker process (the runtime's ``Proc``)."""
+
+    proc_id: str
+    pid: int
+    addr: str
+    rank: int
+    coords: dict[str, int]
+
+
+@dataclass(eq=False)
+class TakeoverState:
+    """What a controller run with a takeover keeps: its state directory, grace and epoch."""
+
+    root: Path
+    grace: float
+    epoch: int
+    journal: Journal
+
+    def for_fork_server(self, secret: bytes) -> dict[str, Any]:
+        return {
+            "socket": str(self.root / FORKSERVER_SOCKET),
+            "grace": self.grace,
+            "secret": secret,
+            "epoch": self.epoch,
+        }
+
+    def for_worker(self, proc_id: str) -> dict[str, Any]:
+        output = str(self.root / f"{proc_id}.out")
+        return {"epoch": self.epoch, "takeover": {"grace": self.grace, "output": output}}
+
+    def app_started(self, secret: bytes) -> None:
+        """The record a standby starts from: fsync'd, it must survive whatever comes next."""
+        record = {"app": os.getpid(), "epoch": self.epoch, "secret": secret.hex()}
+        self.journal.append(record, durable=True)
+
+    def proc_started(self, proc: Placed) -> None:
+        self.journal.append(
+            {
+                "proc": proc.proc_id,
+                "pid": proc.pid,
+                "addr": proc.addr,
+                "rank": proc.rank,
+                "coords": proc.coords,
+            }
+        )
+
+    def actor_started(self, path: str, incarnation: int, proc: Placed) -> None:
+        self.journal.append({"actor": path, "incarnation": incarnation, "proc": proc.proc_id})
+
+    def stopped(self) -> None:
+        self.journal.append({"stopped": os.getpid()}, durable=True)
 
 
 class Journal:
