@@ -43,6 +43,7 @@ from ._core._errors import PortOverflowError as PortOverflowError
 from ._core._errors import ProtocolError as ProtocolError
 from ._core._errors import SpawnError as SpawnError
 from ._core._errors import StaleEpochError as StaleEpochError
+from ._core._errors import StandbyDoneError as StandbyDoneError
 from ._core._errors import SupervisorError as SupervisorError
 from ._core._errors import TakeoverError as TakeoverError
 from ._core._exits import ActorCrash as ActorCrash

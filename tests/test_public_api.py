@@ -30,7 +30,7 @@ EXPECTED = {
     # meshes that are process groups
     "GroupInfo", "group", "GroupError", "StaleEpochError",
     # a standby controller takes the tree over
-    "Takeover", "TakeoverError", "FencedError",
+    "Takeover", "TakeoverError", "FencedError", "StandbyDoneError",
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.

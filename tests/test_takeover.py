@@ -241,3 +241,15 @@ def test_a_second_active_controller_is_refused_and_told_to_stand_by(tmp_path: Pa
 def test_takeover_grace_must_be_a_positive_number_of_seconds(grace: object) -> None:
     with pytest.raises((ValueError, TypeError), match="grace"):
         Takeover(dir="/tmp/x", grace=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_a_standby_whose_run_stopped_in_order_ends_without_running_it_again(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    Program(state, "--steps", "3", "--pause", "0").finish()
+    standby = Program(state, "--steps", "3", "--pause", "0", "--standby")
+    lines = standby.finish()  # status 0
+    assert not any(line.startswith("driver") for line in lines), lines
+    assert any("stopped in order: there is nothing to take over" in line for line in lines)

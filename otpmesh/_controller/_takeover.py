@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._core._errors import TakeoverError
+from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import Proc, Runtime, runtime
 from .._runtime._statedir import (
@@ -130,8 +130,14 @@ async def resume(takeover: Takeover) -> Resumed:
 
 
 async def _take(takeover: Takeover, root: Path, lease: Lease) -> Resumed:
+    records = read_journal(root)
+    app, procs, actors = last_run(records)
+    if takeover.standby and records and "stopped" in records[-1]:
+        raise StandbyDoneError(
+            f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
+            "there is nothing to take over"
+        )
     epoch = bump_epoch(root)
-    app, procs, actors = last_run(read_journal(root))
     if app is None:
         rt = await runtime()
         rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))

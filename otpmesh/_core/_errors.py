@@ -145,3 +145,9 @@ class TakeoverError(OtpmeshError):
 class FencedError(TakeoverError):
     """Raised by a worker's or fork server's adoption when the controller asking presents an
     epoch no higher than the one served: an older controller, fenced off by a takeover."""
+
+
+class StandbyDoneError(TakeoverError):
+    """Raised by otpmesh.start(takeover=Takeover(..., standby=True)) when the lease it waited
+    for came free because the run it stood by for stopped in order: there is nothing to take
+    over. ``otpmesh.run`` ends with status 0 on it."""

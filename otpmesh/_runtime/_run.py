@@ -110,13 +110,17 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
             'an actor class; guard the entry point with:\n    if __name__ == "__main__":\n'
             "        otpmesh.run(main)"
         )
-    from .._core._errors import SupervisorError
+    from .._core._errors import StandbyDoneError, SupervisorError
 
     signals = _Signals()
     pace()
     try:
         return trio.run(_noting_slow_stops, main, args, signals)
     except BaseException as exc:
+        done = _gave_up(exc, StandbyDoneError)
+        if done is not None:  # a standby whose run ended in order: its job is done too
+            print(f"otpmesh: {done}", file=sys.stderr)
+            raise SystemExit(0) from None
         gave_up = _gave_up(exc, SupervisorError)
         if gave_up is not None:
             # The tree gave up: its error already says where and why; no traceback pile.
