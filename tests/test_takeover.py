@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 import trio
 
-from otpmesh import FencedError, Takeover, TakeoverError
+from otpmesh import Actor, FencedError, Supervisor, Takeover, TakeoverError, Worker
 from otpmesh._controller._takeover import resume
 from otpmesh._core._errors import ActorError
+from otpmesh._core._supervisor import SupervisorCore
+from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
 from otpmesh._node._node import Node
 from otpmesh._runtime._forkclient import ForkServer
 from otpmesh._runtime._statedir import Lease, open_state_dir
@@ -32,9 +34,9 @@ STEPS = 60
 class Program:
     """One run of examples/takeover.py, its output read line by line as it comes."""
 
-    def __init__(self, state: Path, *args: str) -> None:
+    def __init__(self, state: Path, *args: str, program: Path = EXAMPLE) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--dir", str(state), *args],
+            [sys.executable, str(program), "--dir", str(state), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -64,8 +66,8 @@ class Program:
             if line.startswith(prefix):
                 return line
 
-    def finish(self, timeout: float = 120.0) -> list[str]:
-        assert self.proc.wait(timeout) == 0, "\n".join(self.lines)
+    def finish(self, timeout: float = 120.0, status: int = 0) -> list[str]:
+        assert self.proc.wait(timeout) == status, "\n".join(self.lines)
         while (line := self._queue.get(timeout=10)) is not None:
             self.lines.append(line)
         return self.lines
@@ -253,3 +255,73 @@ def test_a_standby_whose_run_stopped_in_order_ends_without_running_it_again(
     lines = standby.finish()  # status 0
     assert not any(line.startswith("driver") for line in lines), lines
     assert any("stopped in order: there is nothing to take over" in line for line in lines)
+
+
+FLAKY_JOB = """
+import argparse, contextlib
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Flaky(otpmesh.Actor):
+    @otpmesh.endpoint
+    async def crash(self) -> None:
+        raise RuntimeError("boom")
+
+
+TREE = Supervisor("job", intensity=1, period=600.0, children=[Worker("flaky", Flaky)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        with contextlib.suppress(otpmesh.ActorError):
+            await app.actor("job/flaky").crash()
+        await app.settled()
+        print("restarted once", flush=True)
+        if not standby:
+            await trio.sleep_forever()
+        await trio.sleep(5)
+        print("no intensity carried over", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir")
+    parser.add_argument("--standby", action="store_true")
+    args = parser.parse_args()
+    otpmesh.run(main, args.dir, args.standby)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_standby_carries_each_supervisors_restart_intensity_over(tmp_path: Path) -> None:
+    job = tmp_path / "flaky_job.py"
+    job.write_text(FLAKY_JOB)
+    state = tmp_path / "state"
+    active = Program(state, program=job)
+    active.wait_for("restarted once")
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    # intensity=1 within 600 s: the active's restart plus the standby's is one too many.
+    standby = Program(state, "--standby", program=job)
+    lines = standby.finish(status=1)
+    assert not any("no intensity carried over" in line for line in lines), lines
+    assert any("otpmesh: " in line and "job" in line for line in lines), lines
+    assert sum("restart" in r for r in _journal(state)) >= 2
+
+
+class Plain(Actor):
+    pass
+
+
+def test_a_core_given_a_restart_history_counts_it_toward_its_intensity() -> None:
+    spec = Supervisor("s", intensity=1, period=60.0, children=[Worker("a", Plain)])
+    for carried, restarts_again in (((), True), ((10.0,), False)):
+        core = SupervisorCore(spec, restarts=carried)
+        core.start(20.0)
+        core.handle(ChildStarted("a"), 20.0)
+        commands = core.handle(ChildExited("a", 1, "boom"), 30.0)
+        assert any(isinstance(c, StartChild) for c in commands) is restarts_again
+        assert core.restarts == (30.0, *carried)

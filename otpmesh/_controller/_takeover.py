@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,14 +89,29 @@ class Resumed:
     running: dict[str, int] = field(default_factory=dict)
     #: Actor path -> the last incarnation the journal saw started.
     journalled: dict[str, int] = field(default_factory=dict)
+    #: Supervisor path -> the wall-clock times of its restarts the journal saw.
+    restarts: dict[str, list[float]] = field(default_factory=dict)
 
     def seed(self, ctx: TreeContext) -> None:
         """Make the tree's first start of each journalled actor reuse a running incarnation,
-        or follow the lost one's."""
+        or follow the lost one's; carry each supervisor's restart history over; journal the
+        restarts to come."""
         for path, incarnation in self.journalled.items():
             sup, _, child = path.rpartition("/")
             alive = self.running.get(path) == incarnation
             ctx.incarnations(sup)[child] = incarnation - 1 if alive else incarnation
+        # Restart times in this run's clock: as long ago as they were by the wall clock.
+        ago = trio.current_time() - time.time()
+        for sup, times in self.restarts.items():
+            ctx.carried_restarts[sup] = tuple(sorted((t + ago for t in times), reverse=True))
+        state = self.rt.takeover
+        if state is not None:
+            for sup, times in self.restarts.items():  # into this run's part of the journal
+                for wall in times:
+                    state.restarted(sup, wall)
+            ctx.on_restart = lambda sup, at: state.restarted(
+                sup, at - trio.current_time() + time.time()
+            )
 
     def stopped(self) -> None:
         """The tree stopped in order: nothing to take over; the fork server goes now."""
@@ -131,29 +147,29 @@ async def resume(takeover: Takeover) -> Resumed:
 
 async def _take(takeover: Takeover, root: Path, lease: Lease) -> Resumed:
     records = read_journal(root)
-    app, procs, actors = last_run(records)
+    run = last_run(records)
     if takeover.standby and records and "stopped" in records[-1]:
         raise StandbyDoneError(
             f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
             "there is nothing to take over"
         )
     epoch = bump_epoch(root)
-    if app is None:
+    if run.app is None:
         rt = await runtime()
         rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))
         rt.takeover.app_started(rt.node.secret)
         return Resumed(rt, lease)
-    secret = bytes.fromhex(str(app["secret"]))
+    secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
     rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=False))
     rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
     try:
-        live = await adopt(rt, procs)
+        live = await adopt(rt, list(run.procs.values()))
     except OSError as exc:
         log.warning("takeover: nothing to take over in %s (%s): starting afresh", root, exc)
         return Resumed(rt, lease)
-    resumed = Resumed(rt, lease)
-    for path, (incarnation, proc_id) in actors.items():
+    resumed = Resumed(rt, lease, restarts=run.restarts)
+    for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
         proc = live.get(proc_id)
         if proc is not None and proc.actors.get(path) == incarnation:
@@ -164,21 +180,30 @@ async def _take(takeover: Takeover, root: Path, lease: Lease) -> Resumed:
     return resumed
 
 
-def last_run(
-    records: list[dict[str, Any]],
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, tuple[int, str]]]:
-    """The journal's last run, unless it stopped in order: its app record, its processes and
-    each actor's last start (incarnation, process id)."""
+@dataclass
+class LastRun:
+    """The journal's last run: its app record, processes, actor starts and restarts."""
+
     app: dict[str, Any] | None = None
-    procs: dict[str, dict[str, Any]] = {}
-    actors: dict[str, tuple[int, str]] = {}
+    procs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Actor path -> (its last incarnation, the id of the process it started in).
+    actors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: Supervisor path -> its restarts' wall-clock times, oldest first.
+    restarts: dict[str, list[float]] = field(default_factory=dict)
+
+
+def last_run(records: list[dict[str, Any]]) -> LastRun:
+    """The journal's last run; an empty one if it stopped in order (or there was none)."""
+    run = LastRun()
     for record in records:
         if "app" in record:
-            app, procs, actors = record, {}, {}
+            run = LastRun(app=record)
         elif "stopped" in record:
-            app, procs, actors = None, {}, {}
-        elif "proc" in record and "actor" not in record:
-            procs[str(record["proc"])] = record
+            run = LastRun()
         elif "actor" in record:
-            actors[str(record["actor"])] = (int(record["incarnation"]), str(record["proc"]))
-    return app, list(procs.values()), actors
+            run.actors[str(record["actor"])] = (int(record["incarnation"]), str(record["proc"]))
+        elif "proc" in record:
+            run.procs[str(record["proc"])] = record
+        elif "restart" in record:
+            run.restarts.setdefault(str(record["restart"]), []).append(float(record["at"]))
+    return run

@@ -165,6 +165,11 @@ class TakeoverState:
     def actor_started(self, path: str, incarnation: int, proc: Placed) -> None:
         self.journal.append({"actor": path, "incarnation": incarnation, "proc": proc.proc_id})
 
+    def restarted(self, sup_path: str, at: float) -> None:
+        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds: the next
+        controller's clock is another)."""
+        self.journal.append({"restart": sup_path, "at": at})
+
     def stopped(self) -> None:
         self.journal.append({"stopped": os.getpid()}, durable=True)
 
