@@ -325,3 +325,62 @@ def test_a_core_given_a_restart_history_counts_it_toward_its_intensity() -> None
         commands = core.handle(ChildExited("a", 1, "boom"), 30.0)
         assert any(isinstance(c, StartChild) for c in commands) is restarts_again
         assert core.restarts == (30.0, *carried)
+
+
+COUNTER_JOB = """
+import os
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Counter(otpmesh.Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @otpmesh.endpoint
+    async def bump(self) -> int:
+        self.n += 1
+        return self.n
+
+
+TREE = Supervisor("job", children=[Worker("counter", Counter)])
+
+
+async def main() -> None:
+    takeover = otpmesh.Takeover(dir=os.environ["TAKEOVER_STATE"], grace=60.0)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        print("count", await app.actor("job/counter").bump(), flush=True)
+        await trio.sleep(float(os.environ["TAKEOVER_HOLD"]))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_otpmesh_run_standby_waits_for_the_lease_and_takes_the_driver_over(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "counter_job.py"
+    job.write_text(COUNTER_JOB)
+    otpmesh_cmd = [sys.executable, "-m", "otpmesh", "run", "--plain"]
+    env = dict(os.environ, TAKEOVER_STATE=str(tmp_path / "state"))
+
+    def start(*flags: str, hold: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*otpmesh_cmd, *flags, f"{job}:main"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(env, TAKEOVER_HOLD=hold),
+        )
+
+    active = start(hold="600")
+    assert active.stdout is not None
+    next(line for line in active.stdout if line.startswith("count 1"))
+    standby = start("--standby", hold="0")  # without --standby: TakeoverError, lease held
+    time.sleep(1.0)
+    assert standby.poll() is None  # waiting for the lease
+    active.kill()
+    active.wait(10)
+    out, _ = standby.communicate(timeout=120)
+    assert standby.returncode == 0, out
+    assert "count 2" in out  # the counter kept its state across the takeover

@@ -25,6 +25,7 @@ import trio
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import Proc, Runtime, runtime
+from .._runtime._run import run_is_standby
 from .._runtime._statedir import (
     Journal,
     Lease,
@@ -129,26 +130,28 @@ async def resume(takeover: Takeover) -> Resumed:
     journal shows, if one is still running; else start a fresh journal."""
     root = open_state_dir(takeover.dir)
     lease = Lease(root)
+    standby = takeover.standby or run_is_standby()
     if not lease.try_acquire():
-        if not takeover.standby:
+        if not standby:
             lease.release()
             raise TakeoverError(
                 f"takeover: another controller holds the lease in {str(root)!r}; start this one "
-                "as its standby with Takeover(..., standby=True), or give it another dir"
+                "as its standby (Takeover(..., standby=True), otpmesh.run(main, standby=True) or "
+                "otpmesh run --standby job.py:main), or give it another dir"
             )
         while not lease.try_acquire():
             await trio.sleep(LEASE_POLL)
     try:
-        return await _take(takeover, root, lease)
+        return await _take(takeover, root, lease, standby)
     except BaseException:
         lease.release()
         raise
 
 
-async def _take(takeover: Takeover, root: Path, lease: Lease) -> Resumed:
+async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> Resumed:
     records = read_journal(root)
     run = last_run(records)
-    if takeover.standby and records and "stopped" in records[-1]:
+    if standby and records and "stopped" in records[-1]:
         raise StandbyDoneError(
             f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
             "there is nothing to take over"
