@@ -384,3 +384,64 @@ def test_otpmesh_run_standby_waits_for_the_lease_and_takes_the_driver_over(
     out, _ = standby.communicate(timeout=120)
     assert standby.returncode == 0, out
     assert "count 2" in out  # the counter kept its state across the takeover
+
+
+ECHO_JOB = """
+import argparse, os
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Echo(otpmesh.Actor):
+    @otpmesh.endpoint
+    async def say(self, text: str) -> int:
+        print(text, flush=True)
+        return os.getpid()
+
+
+TREE = Supervisor("job", children=[Worker("echo", Echo)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        pid = await app.actor("job/echo").say("said before the takeover")
+        if not standby:
+            print("ready", flush=True)
+            await trio.sleep_forever()
+        await app.actor("job/echo").say("said by an adopted worker")
+        print(f"pid {pid}", flush=True)
+        while app.which_children("job")[0].incarnation < 2:  # until its hang was noticed
+            await trio.sleep(0.1)
+        print("restarted after its hang", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir")
+    parser.add_argument("--standby", action="store_true")
+    args = parser.parse_args()
+    otpmesh.run(main, args.dir, args.standby)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_adopted_workers_output_and_heartbeats_reach_the_standby(tmp_path: Path) -> None:
+    job = tmp_path / "echo_job.py"
+    job.write_text(ECHO_JOB)
+    state = tmp_path / "state"
+    active = Program(state, program=job)
+    active.wait_for("ready")
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    standby = Program(state, "--standby", program=job)
+    standby.wait_for("[job/echo] said by an adopted worker")  # its output, prefixed, here
+    pid = int(standby.wait_for("pid ").split()[1])
+    os.kill(pid, signal.SIGSTOP)  # its heartbeats stop: the standby's watch must notice
+    try:
+        standby.wait_for("restarted after its hang", timeout=60)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    standby.finish()

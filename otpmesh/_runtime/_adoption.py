@@ -15,6 +15,7 @@ import trio
 
 from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError
 from ._controller_runtime import Proc, Runtime
+from ._forkclient import worker_pipes
 from ._statedir import FORKSERVER_SOCKET
 
 log = logging.getLogger("otpmesh.takeover")
@@ -51,16 +52,26 @@ async def adopt(rt: Runtime, procs: list[dict[str, Any]]) -> dict[str, Proc]:
 
 async def _adopt_one(rt: Runtime, proc: Proc, live: dict[str, Proc]) -> None:
     assert rt.takeover is not None
+    ours, theirs = worker_pipes()  # its output and heartbeats come to this controller now
     try:
         with trio.fail_after(ADOPT_TIMEOUT):
             conn = await rt.node.connect(proc.addr)
+            names = ("out", "err", "beat", "control")
+            keys = {name: list(conn.pass_fd(fd)) for name, fd in zip(names, theirs, strict=True)}
             answer = await rt.node.sys_call(
                 conn,
                 "adopt",
-                {"epoch": rt.takeover.epoch, "addr": rt.node.addr, "pid": os.getpid()},
+                {
+                    "epoch": rt.takeover.epoch,
+                    "addr": rt.node.addr,
+                    "pid": os.getpid(),
+                    "pipes": keys,
+                },
                 proc.proc_id,
             )
     except (OSError, OtpmeshError, trio.TooSlowError) as exc:
+        for fd in ours:
+            os.close(fd)
         if isinstance(exc, ActorError) and exc.type_name == FencedError.__name__:
             raise FencedError(exc.message) from None
         why = exc.reason if isinstance(exc, ActorDiedError) else str(exc) or type(exc).__name__
@@ -68,7 +79,15 @@ async def _adopt_one(rt: Runtime, proc: Proc, live: dict[str, Proc]) -> None:
         rt.kill(proc)
         rt.mark_exited(proc, f"could not be taken over: {why}")
         return
+    finally:
+        for fd in theirs:  # the connection passed duplicates
+            os.close(fd)
     proc.conn = conn
+    if answer.get("rewired") is True:
+        rt.watch_pipes(proc, *ours)
+    else:  # it took no pipes (nothing to beat with): not watched, never killed for silence
+        for fd in ours:
+            os.close(fd)
     proc.actors = {str(k): int(v) for k, v in answer["actors"].items()}
     for path in proc.actors:
         proc.named(path)

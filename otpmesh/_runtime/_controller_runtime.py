@@ -362,7 +362,11 @@ class Runtime:
         # The secrets ride the fork server's private socket pair, never argv or the environment
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).
         cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
-        out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        self.watch_pipes(proc, *await self.forkserver.spawn(proc.proc_id, env, cfg))
+
+    def watch_pipes(self, proc: Proc, out_r: int, err_r: int, beat_r: int, ctl_w: int) -> None:
+        """Forward `proc`'s output and watch its heartbeats, from the parent's pipe ends."""
+        assert self.nursery is not None
         proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
         self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))

@@ -165,12 +165,7 @@ class ForkServer:
         """Fork a worker; return the read ends of its stdout, stderr and beat pipes, and the
         write end of its control pipe (_watchdog.py)."""
         assert self._sock is not None
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        beat_r, beat_w = os.pipe()
-        ctl_r, ctl_w = os.pipe()
-        os.set_blocking(ctl_w, False)
-        os.set_blocking(beat_r, False)  # drained by BeatReader.drain() on the event loop
+        (out_r, err_r, beat_r, ctl_w), (out_w, err_w, beat_w, ctl_r) = worker_pipes()
         request = msgpack.packb({"op": "spawn", "id": proc_id, "env": env, "cfg": cfg})
         fds = array.array("i", [out_w, err_w, beat_w, ctl_r])
         try:
@@ -191,6 +186,18 @@ class ForkServer:
                 self._raw.send(msgpack.packb({"op": "kill", "pid": pid, "sig": int(sig)}))
             except OSError:
                 pass
+
+
+def worker_pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """A worker's stdout, stderr, beat and control pipes: the parent's ends (stdout, stderr and
+    beat read ends, control write end), then the worker's (the other four)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    beat_r, beat_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    os.set_blocking(ctl_w, False)
+    os.set_blocking(beat_r, False)  # drained by BeatReader.drain() on the event loop
+    return (out_r, err_r, beat_r, ctl_w), (out_w, err_w, beat_w, ctl_r)
 
 
 class BeatReader:

@@ -114,6 +114,13 @@ class Watchdog:
         self._requests = b""
         self._stopped = threading.Event()
 
+    def rewire(self, beat_fd: int, control_fd: int) -> None:
+        """Beat to and take requests from a new parent (a controller that took this worker
+        over). The old descriptors stay open: the thread may be waiting on them right now."""
+        self._requests = b""
+        self._control_fd = control_fd
+        self._beat_fd = beat_fd
+
     def start(self) -> Watchdog:
         threading.Thread(target=self._run, name="otpmesh-watchdog", daemon=True).start()
         return self

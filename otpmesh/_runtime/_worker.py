@@ -90,12 +90,13 @@ class Worker:
             passing=_raised.IN_WORKER,  # SIGINT is ignored here: a KeyboardInterrupt is the actor's
         )
         self.controller: Connection | None = None
+        self.watchdog: Watchdog | None = None
         self._done = trio.Event()
 
     async def main(self) -> None:
         set_current_node(self.node)
         if self.cfg.get("heartbeat_fd") is not None:
-            Watchdog(
+            self.watchdog = Watchdog(
                 lambda: self.node.actors,
                 beat_fd=self.cfg["heartbeat_fd"],
                 control_fd=self.cfg.get("control_fd"),
@@ -137,6 +138,12 @@ class Worker:
         if self.takeover is None or self.node.nursery is None or self._done.is_set():
             self._done.set()  # no takeover, or this worker is shutting down anyway
             return
+        # The pipes to the old controller have no reader now: a print would fail (EPIPE). Now,
+        # before any adoption can give this process new ones.
+        fd = os.open(self.takeover["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
         self._adopted = trio.Event()
         try:
             self.node.nursery.start_soon(self._wait_for_takeover, self._adopted)
@@ -145,11 +152,6 @@ class Worker:
 
     async def _wait_for_takeover(self, adopted: trio.Event) -> None:
         assert self.takeover is not None
-        # The pipes to the old controller have no reader now: a print would fail (EPIPE).
-        fd = os.open(self.takeover["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
         with trio.move_on_after(float(self.takeover["grace"])):
             await adopted.wait()
             return
@@ -182,12 +184,33 @@ class Worker:
         self.node.register(p["addr"], conn)
         if conn.peer_pid is not None:
             self._adopters.add(conn.peer_pid)
+        rewired = self._rewire(conn, p.get("pipes"))
         self._adopted.set()
         return {
             "pid": os.getpid(),
             "addr": self.node.addr,
             "actors": {path: cell.incarnation for path, cell in self.node.actors.items()},
+            "rewired": rewired,
         }
+
+    def _rewire(self, conn: Connection, keys: Any) -> bool:
+        """Output, heartbeats and stack requests through the pipes the new controller passed
+        with its adoption (their worker ends), if it passed all four."""
+        names = ("out", "err", "beat", "control")
+        fds = [conn.take_fd(keys.get(n)) if isinstance(keys, dict) else None for n in names]
+        if any(fd is None for fd in fds) or self.watchdog is None:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+            return False  # its output stays in the state directory's file; no beats
+        out, err, beat, control = fds
+        assert out is not None and err is not None and beat is not None and control is not None
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        self.watchdog.rewire(beat, control)
+        return True
 
     async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str | ActorCrash:
         # A constructor or on_start that raised answers with its crash (the user's frames only),
