@@ -257,6 +257,31 @@ def test_a_standby_whose_run_stopped_in_order_ends_without_running_it_again(
     assert any("stopped in order: there is nothing to take over" in line for line in lines)
 
 
+#: How the jobs below run: ``python JOB --dir STATE [--standby]``.
+JOB_ENTRY = """
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir")
+    parser.add_argument("--standby", action="store_true")
+    args = parser.parse_args()
+    otpmesh.run(main, args.dir, args.standby)
+"""
+
+
+def _killed_after(tmp_path: Path, source: str, ready: str) -> tuple[Path, Path]:
+    """Run job `source` as the active controller until it prints `ready`, then SIGKILL it;
+    the job's file and its state directory."""
+    job = tmp_path / "job.py"
+    job.write_text(source + JOB_ENTRY)
+    state = tmp_path / "state"
+    active = Program(state, program=job)
+    active.wait_for(ready)
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    return job, state
+
+
 FLAKY_JOB = """
 import argparse, contextlib
 import trio
@@ -284,26 +309,12 @@ async def main(state: str, standby: bool) -> None:
             await trio.sleep_forever()
         await trio.sleep(5)
         print("no intensity carried over", flush=True)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir")
-    parser.add_argument("--standby", action="store_true")
-    args = parser.parse_args()
-    otpmesh.run(main, args.dir, args.standby)
 """
 
 
 @pytest.mark.timeout(180)
 def test_a_standby_carries_each_supervisors_restart_intensity_over(tmp_path: Path) -> None:
-    job = tmp_path / "flaky_job.py"
-    job.write_text(FLAKY_JOB)
-    state = tmp_path / "state"
-    active = Program(state, program=job)
-    active.wait_for("restarted once")
-    active.proc.send_signal(signal.SIGKILL)
-    active.proc.wait(10)
+    job, state = _killed_after(tmp_path, FLAKY_JOB, "restarted once")
     # intensity=1 within 600 s: the active's restart plus the standby's is one too many.
     standby = Program(state, "--standby", program=job)
     lines = standby.finish(status=1)
@@ -415,26 +426,12 @@ async def main(state: str, standby: bool) -> None:
         while app.which_children("job")[0].incarnation < 2:  # until its hang was noticed
             await trio.sleep(0.1)
         print("restarted after its hang", flush=True)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir")
-    parser.add_argument("--standby", action="store_true")
-    args = parser.parse_args()
-    otpmesh.run(main, args.dir, args.standby)
 """
 
 
 @pytest.mark.timeout(180)
 def test_an_adopted_workers_output_and_heartbeats_reach_the_standby(tmp_path: Path) -> None:
-    job = tmp_path / "echo_job.py"
-    job.write_text(ECHO_JOB)
-    state = tmp_path / "state"
-    active = Program(state, program=job)
-    active.wait_for("ready")
-    active.proc.send_signal(signal.SIGKILL)
-    active.proc.wait(10)
+    job, state = _killed_after(tmp_path, ECHO_JOB, "ready")
     standby = Program(state, "--standby", program=job)
     standby.wait_for("[job/echo] said by an adopted worker")  # its output, prefixed, here
     pid = int(standby.wait_for("pid ").split()[1])

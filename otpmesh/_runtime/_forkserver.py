@@ -169,6 +169,8 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                     os.read(wake_r, 4096)
                     _reap(link, children)
     finally:
+        if standby is not None:
+            standby.close()
         for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -84,7 +84,7 @@ class Standby:
         self.secret: bytes = req["secret"]
         self.epoch: int = int(req["epoch"])
         self.grace: float = float(req["grace"])
-        path = str(req["socket"])
+        self.path = path = str(req["socket"])
         try:
             os.unlink(path)  # a socket file left by an earlier run of this app
         except FileNotFoundError:
@@ -94,6 +94,14 @@ class Standby:
         os.chmod(path, 0o600)
         self.listener.listen(4)
         self._deadline = 0.0
+
+    def close(self) -> None:
+        """Stop listening, and take the socket file away: nobody attaches to a server gone."""
+        self.listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
     def wait_from_now(self) -> None:
         self._deadline = time.monotonic() + self.grace
