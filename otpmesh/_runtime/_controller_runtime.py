@@ -222,6 +222,11 @@ class Runtime:
                 self.mark_exited(proc, msg["reason"])
 
     def _fork_server_gone(self) -> None:
+        if self.forkserver.fenced is not None:
+            log.error(
+                "this controller was fenced off: a standby took its processes over at epoch %d",
+                self.forkserver.fenced,
+            )
         for proc in self.procs.values():
             if proc.host is None:
                 self.mark_exited(proc, "was killed: the fork server stopped")

@@ -7,6 +7,7 @@ the processes of its host. Both read a worker's output and heartbeats from pipes
 from __future__ import annotations
 
 import array
+import contextlib
 import importlib.util
 import os
 import signal
@@ -19,10 +20,9 @@ from typing import Any
 import msgpack
 import trio
 
-from .._core._errors import FencedError
 from .._wire._unproven import parent_pid
 from . import _liveness
-from ._forkstandby import attach_proof
+from ._forkstandby import dial_standby
 from ._watchdog import MAX_REPORT, REPORT, stacks_request
 
 
@@ -66,9 +66,8 @@ class ForkServer:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Start the fork server and hear its reports until it stops. With `standby` (its
-        socket, grace, secret and epoch: _forkstandby.py) it outlives this controller for the
-        grace period, for a standby to attach."""
+        """Start the fork server, hear its reports until it stops. With `standby` (_forkstandby.py)
+        it outlives this controller for the grace period, for a standby to attach."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
@@ -102,24 +101,9 @@ class ForkServer:
         *,
         task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Take over the fork server listening at `path` (a standby's takeover), then hear
-        its reports until it stops. Started with the fork server's children that still run;
-        raises FencedError if it serves an epoch no lower than `epoch`, OSError if it is gone."""
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock = trio.socket.from_stdlib_socket(raw)
-        try:
-            await sock.connect(path)
-            challenge = msgpack.unpackb(await sock.recv(1 << 16))
-            proof = attach_proof(secret, challenge["nonce"], epoch)
-            await sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
-            data = await sock.recv(1 << 16)
-        except BaseException:
-            sock.close()
-            raise
-        reply = msgpack.unpackb(data) if data else {"op": "refused", "why": "it hung up"}
-        if reply.get("op") != "ready":
-            sock.close()
-            raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
+        """Take over the fork server at `path` at `epoch` (FencedError, OSError: dial_standby),
+        then hear its reports until it stops; started with its live children's pids."""
+        raw, reply = await dial_standby(path, secret, epoch)
         self.pid = int(reply["pid"])
         self.ready.set()
         try:
@@ -139,11 +123,11 @@ class ForkServer:
                 if not data:
                     break
                 msg = msgpack.unpackb(data)
-                if msg["op"] in ("ready", "fenced"):
+                if msg["op"] == "fenced":  # a standby took it over: this controller is done
+                    self.fenced = int(msg["epoch"])
+                    break
+                if msg["op"] == "ready":
                     self.ready.set()
-                    if msg["op"] == "fenced":
-                        self.fenced = int(msg["epoch"])
-                        break
                 else:
                     self._on_report(msg)
         finally:
@@ -154,10 +138,8 @@ class ForkServer:
     def quit(self) -> None:
         """Ask the fork server to stop now (its controller is stopping in order: no takeover)."""
         if self._raw is not None and not self.gone:
-            try:
+            with contextlib.suppress(OSError):
                 self._raw.send(msgpack.packb({"op": "quit"}))
-            except OSError:
-                pass
 
     async def spawn(
         self, proc_id: str, env: dict[str, str], cfg: dict[str, Any]

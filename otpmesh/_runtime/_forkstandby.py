@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from .._core._errors import FencedError
 from .._wire._peercred import peer_credentials
 
 #: How long a dialer of the standby socket has to prove itself (the server waits meanwhile).
@@ -39,6 +40,32 @@ def attach_proof(secret: bytes, nonce: bytes, epoch: int) -> bytes:
     return hmac.new(
         secret, b"otpmesh-forkserver" + nonce + str(epoch).encode(), hashlib.sha256
     ).digest()
+
+
+async def dial_standby(
+    path: str, secret: bytes, epoch: int
+) -> tuple[socket.socket, dict[str, Any]]:
+    """The controller's side: attach to the fork server listening at `path` at `epoch`; the
+    socket and the server's "ready". FencedError if it refuses (a stale epoch), OSError if it
+    is gone."""
+    import trio
+
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock = trio.socket.from_stdlib_socket(raw)
+    try:
+        await sock.connect(path)
+        challenge = msgpack.unpackb(await sock.recv(_MAX))
+        proof = attach_proof(secret, challenge["nonce"], epoch)
+        await sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
+        data = await sock.recv(_MAX)
+    except BaseException:
+        sock.close()
+        raise
+    reply = msgpack.unpackb(data) if data else {"op": "refused", "why": "it hung up"}
+    if reply.get("op") != "ready":
+        sock.close()
+        raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
+    return raw, reply
 
 
 class ControllerLink:
