@@ -261,6 +261,8 @@ def test_a_standby_whose_run_stopped_in_order_ends_without_running_it_again(
 JOB_ENTRY = """
 
 if __name__ == "__main__":
+    import argparse
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir")
     parser.add_argument("--standby", action="store_true")
@@ -441,4 +443,50 @@ def test_an_adopted_workers_output_and_heartbeats_reach_the_standby(tmp_path: Pa
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
+    standby.finish()
+
+
+WEDGED_JOB = """
+import os
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Wedged(otpmesh.Actor):
+    @otpmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @otpmesh.endpoint
+    async def wedge(self) -> None:
+        print("wedged", flush=True)
+        await trio.sleep(600)  # past its progress deadline: it ends as hung, process alive
+
+
+TREE = Supervisor("job", children=[Worker("wedged", Wedged, progress_deadline=5.0)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        wedged = app.actor("job/wedged")
+        if not standby:
+            await wedged.wedge.broadcast()
+            await trio.sleep_forever()
+        incarnation = app.which_children("job")[0].incarnation
+        print(f"incarnation {incarnation} pid {await wedged.pid()}", flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_actor_that_ended_in_a_live_process_during_the_gap_restarts_in_it(
+    tmp_path: Path,
+) -> None:
+    job, state = _killed_after(tmp_path, WEDGED_JOB, "[job/wedged] wedged")
+    pid = _journal(state)[1]["pid"]
+    time.sleep(8.0)  # its deadline (5 s) passes while no controller is attached
+    standby = Program(state, "--standby", program=job)
+    line = standby.wait_for("incarnation ")
+    assert line == f"incarnation 2 pid {pid}"  # restarted, in the process that kept running
     standby.finish()
