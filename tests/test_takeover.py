@@ -386,7 +386,7 @@ def test_otpmesh_run_standby_waits_for_the_lease_and_takes_the_driver_over(
             env=dict(env, TAKEOVER_HOLD=hold),
         )
 
-    active = start(hold="600")
+    active = start("--standby", hold="600")  # a standby that finds the lease free runs the job
     assert active.stdout is not None
     next(line for line in active.stdout if line.startswith("count 1"))
     standby = start("--standby", hold="0")  # without --standby: TakeoverError, lease held
