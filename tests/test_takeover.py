@@ -490,3 +490,26 @@ def test_an_actor_that_ended_in_a_live_process_during_the_gap_restarts_in_it(
     line = standby.wait_for("incarnation ")
     assert line == f"incarnation 2 pid {pid}"  # restarted, in the process that kept running
     standby.finish()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_of_an_app_without_a_takeover_refuses_to_be_adopted() -> None:
+    from otpmesh import start
+    from otpmesh._runtime._controller_runtime import runtime
+
+    async def body() -> None:
+        tree = Supervisor("plain", children=[Worker("a", Plain)])
+        async with start(tree):
+            rt = await runtime()
+            proc = next(iter(rt.procs.values()))
+            stranger = Node("ctl", secret=rt.node.secret)  # knows the secret, as an actor does
+            async with trio.open_nursery() as nursery:
+                await nursery.start(stranger.serve)
+                conn = await stranger.connect(proc.addr)
+                payload = {"epoch": 99, "addr": stranger.addr, "pid": os.getpid()}
+                with pytest.raises(ActorError, match="runs without a takeover"):
+                    await stranger.sys_call(conn, "adopt", payload, proc.proc_id)
+                nursery.cancel_scope.cancel()
+            assert proc.alive and proc.conn is not None and not proc.conn.closed
+
+    trio.run(body)

@@ -163,6 +163,8 @@ class Worker:
         dialed (a stranger cannot get here); it must present a higher epoch than the one served;
         and only a worker whose controller is gone is taken: an actor of the app knows the
         secret too, and must not take a sibling from its live controller (docs/security.md)."""
+        if self.takeover is None:
+            raise ProtocolError("this worker's app runs without a takeover: it is not taken over")
         epoch = p.get("epoch") if isinstance(p, dict) else None
         if conn is None or type(epoch) is not int or type(p.get("addr")) is not str:
             raise ProtocolError("adopt needs the controller's epoch (an int) and address")
