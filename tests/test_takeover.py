@@ -513,3 +513,18 @@ def test_a_worker_of_an_app_without_a_takeover_refuses_to_be_adopted() -> None:
             assert proc.alive and proc.conn is not None and not proc.conn.closed
 
     trio.run(body)
+
+
+@pytest.mark.timeout(240)
+def test_the_takeover_benchmark_reports_its_figure_beside_its_baseline() -> None:
+    # A smoke test, run as a user runs it: no timing is asserted, only that the figures are there.
+    done = subprocess.run(
+        [sys.executable, "-m", "otpmesh.bench_takeover", "--trials", "1"],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert len(result["takeover_s"]) == 1 and result["takeover_median_s"] > 0
+    assert result["fresh_start_median_s"] > 0 and result["loadavg_1m"] >= 0
