@@ -20,6 +20,7 @@ from ._controller._owned import singleton as singleton
 from ._controller._procmesh import ProcMesh as ProcMesh
 from ._controller._procmesh import proc_mesh as proc_mesh
 from ._controller._procref import ProcMeshRef as ProcMeshRef
+from ._controller._takeover import Takeover as Takeover
 from ._core._actor import UNANSWERED as UNANSWERED
 from ._core._actor import Actor as Actor
 from ._core._actor import ActorContext as ActorContext
@@ -33,6 +34,7 @@ from ._core._errors import CallTimeoutError as CallTimeoutError
 from ._core._errors import ChildError as ChildError
 from ._core._errors import DeadlockError as DeadlockError
 from ._core._errors import EncodeError as EncodeError
+from ._core._errors import FencedError as FencedError
 from ._core._errors import GroupError as GroupError
 from ._core._errors import MeshError as MeshError
 from ._core._errors import OtpmeshError as OtpmeshError
@@ -41,7 +43,9 @@ from ._core._errors import PortOverflowError as PortOverflowError
 from ._core._errors import ProtocolError as ProtocolError
 from ._core._errors import SpawnError as SpawnError
 from ._core._errors import StaleEpochError as StaleEpochError
+from ._core._errors import StandbyDoneError as StandbyDoneError
 from ._core._errors import SupervisorError as SupervisorError
+from ._core._errors import TakeoverError as TakeoverError
 from ._core._exits import ActorCrash as ActorCrash
 from ._core._exits import Hung as Hung
 from ._core._exits import Ignore as Ignore

@@ -172,3 +172,11 @@ def test_peer_heal_restores_a_killed_replica_from_a_peer_and_a_killed_mesh_from_
     assert healed.split(", from")[0] == before and healed.endswith("from a live peer")
     for rank in range(4):
         assert f"rank {rank}:   version 100, sum 2097152.000, from the checkpoint" in out
+
+
+def test_takeover_runs_to_the_end_as_the_active_controller(tmp_path: Path) -> None:
+    # The takeover itself (a standby, a SIGKILL) is tests/test_takeover.py's, on this example.
+    out = _run("takeover.py", "--dir", str(tmp_path / "state"), "--steps", "5", "--pause", "0")
+    assert "starts at step 0, incarnations [1, 1, 1, 1]" in out
+    for rank in range(4):
+        assert f"shard {rank}: step 5 total {(rank + 1) * 15} pid" in out

@@ -29,12 +29,14 @@ EXPECTED = {
     "Cluster", "cluster",
     # meshes that are process groups
     "GroupInfo", "group", "GroupError", "StaleEpochError",
+    # a standby controller takes the tree over
+    "Takeover", "TakeoverError", "FencedError", "StandbyDoneError",
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
     "bench", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood", "bench_owned", "bench_rl",
-    "bench_heal", "bench_monarch", "bench_sync", "bench_scale", "monarch",
+    "bench_heal", "bench_monarch", "bench_sync", "bench_takeover", "bench_scale", "monarch",
     "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip

@@ -81,6 +81,13 @@ def add_to(commands: Any) -> None:
         help="stop the tree after SECONDS (default: run until Ctrl-C)",
     )
     parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="for a driver (job.py:main) whose trees start with takeover=otpmesh.Takeover(...): "
+        "run it as the standby controller, which waits for the active one's lease and takes "
+        "its tree over when it dies (docs/guides/takeover.md)",
+    )
+    parser.add_argument(
         "--plain",
         action="store_true",
         help="print lines even on a terminal (the default when stdout is not a terminal)",
@@ -150,6 +157,11 @@ def run_command(args: argparse.Namespace) -> int:
     tree = load_target(args.target)
     if not isinstance(tree, Supervisor | Mesh):
         return _run_driver(args, tree)
+    if args.standby:
+        raise UsageError(
+            f"--standby: for a driver (job.py:main) that starts its tree with "
+            f"takeover=otpmesh.Takeover(...); {args.target} is a tree"
+        )
     faults = tuple(f.strip() for f in args.chaos_faults.split(",") if f.strip())
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
@@ -202,7 +214,7 @@ def _run_driver(args: argparse.Namespace, driver: Driver) -> int:
             f"{', '.join(given)}: for a TREE; {args.target} is a driver, which starts its own "
             "trees (pass such options to otpmesh.start in it)"
         )
-    run(drive, driver, args.target, _live(args), args.snapshots)
+    run(drive, driver, args.target, _live(args), args.snapshots, standby=args.standby)
     return 0
 
 

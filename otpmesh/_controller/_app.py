@@ -30,6 +30,7 @@ from ._inspect import Stacks, collect, serve_signal, under
 from ._owners import owners
 from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
+from ._takeover import Takeover, resume
 from ._tree import TreeContext
 from ._watch import watchable
 
@@ -146,6 +147,7 @@ def start(
     placement: PlacementName | ProcsPlacement = "procs",
     events_file: IO[str] | None = None,
     heartbeat_timeout: float | None = None,
+    takeover: Takeover | None = None,
 ) -> AbstractAsyncContextManager[App]:
     """Start a supervision tree; stop it (children in reverse start order) when the block ends.
 
@@ -158,9 +160,22 @@ def start(
     a worker process of this app may be silent before the kernel is asked what it is doing; a
     stopped one is then hung, a running one gets ten times as long (docs/supervision.md).
     Inside an actor, ``otpmesh.context().start(spec)`` starts a tree that the actor owns.
+    ``takeover=otpmesh.Takeover(dir=...)``: the tree outlives this controller for a grace
+    period, and a standby takes it over, actors and state (docs/guides/takeover.md).
     """
+    if takeover is not None and not isinstance(takeover, Takeover):
+        raise TypeError(f"takeover= takes otpmesh.Takeover(dir=..., grace=...), not {takeover!r}")
+    if takeover is not None and placement != "procs":
+        raise ValueError(
+            f"takeover= keeps worker processes alive for a standby: it needs placement='procs', "
+            f"not {placement!r}"
+        )
     return run_tree(
-        tree, placement=placement, events_file=events_file, heartbeat_timeout=heartbeat_timeout
+        tree,
+        placement=placement,
+        events_file=events_file,
+        heartbeat_timeout=heartbeat_timeout,
+        takeover=takeover,
     )
 
 
@@ -173,6 +188,7 @@ async def run_tree(
     heartbeat_timeout: float | None = None,
     prefix: str | None = None,
     events: EventLog | None = None,
+    takeover: Takeover | None = None,
 ) -> AsyncIterator[App]:
     """``start``, and for a tree an actor owns (_subtree.py): its paths under `prefix` (the
     owner's path), its entries in `events` (the owner's tree's log)."""
@@ -181,7 +197,8 @@ async def run_tree(
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     beat_timeout = _heartbeat_timeout(heartbeat_timeout)
-    rt = await runtime()
+    resumed = await resume(takeover) if takeover is not None else None
+    rt = resumed.rt if resumed is not None else await runtime()
     root_path = f"{prefix}/{tree.id}" if prefix else tree.id
     if isinstance(rt.exit_listeners.get(root_path), TreeContext):
         # Its paths would be the running tree's: refused, as OTP's {already_started, Pid}.
@@ -195,6 +212,8 @@ async def run_tree(
     ctx.owns_events = events is None
     ctx.owners_quiet = owners(rt).quiet
     ctx.runtime_node = rt.node
+    if resumed is not None:
+        resumed.seed(ctx)
     try:
         with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for
             # listed for otpmesh watch (and otpmesh run file.py:main) while it runs
@@ -202,6 +221,10 @@ async def run_tree(
                 ctx.nursery = nursery
                 if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
                     ctx.placement = placement
+                elif resumed is not None:
+                    ctx.placement = ProcsPlacement(
+                        rt, resumed.procs, beat_timeout, running=resumed.running
+                    )
                 elif placement == "procs":
                     ctx.placement = ProcsPlacement(rt, heartbeat_timeout=beat_timeout)
                 else:
@@ -221,6 +244,8 @@ async def run_tree(
                         await _stop_tree(ctx)
                         if prefix is None:  # a top tree: what its actors owned is stopped too
                             await owners(rt).quiet()
+                        if resumed is not None:
+                            resumed.stopped()
                     nursery.cancel_scope.cancel()
     finally:
         for path in ctx.specs:

@@ -59,7 +59,12 @@ class SupervisorDriver:
         self.path = path
         self.parent = parent
         self.incarnation = incarnation
-        self.core = SupervisorCore(spec, path=path, incarnations=app.incarnations(path))
+        self.core = SupervisorCore(
+            spec,
+            path=path,
+            incarnations=app.incarnations(path),
+            restarts=app.restart_history(path),
+        )
         self._send, self._receive = trio.open_memory_channel[Event](math.inf)
         self.children: dict[str, SupervisorDriver] = {}
         self.started = trio.Event()
@@ -99,7 +104,10 @@ class SupervisorDriver:
         while not self.core.done:
             event = await self._receive.receive()
             try:
+                before = self.core.restarts
                 self._apply(self.core.handle(event, trio.current_time()))
+                if self.core.restarts is not before and self.core.restarts:
+                    self.app.restarted(self.path, self.core.restarts[0])
             finally:
                 self.app.work_done()
         self._sync_slots()

@@ -28,6 +28,15 @@ class DriverContext(Protocol):
         """The incarnation counters of a supervisor's children, kept across its restarts."""
         ...
 
+    def restart_history(self, sup_path: str) -> tuple[float, ...]:
+        """The restart times (newest first, this run's clock) a takeover carried over for the
+        supervisor at `sup_path`, once: a later core of it (restarted) starts with none."""
+        ...
+
+    def restarted(self, sup_path: str, at: float) -> None:
+        """The supervisor at `sup_path` restarted a child at `at` (this run's clock)."""
+        ...
+
     def slot(self, path: str) -> Slot: ...
     def has_slot(self, path: str) -> bool:
         """Whether the actor at `path` has ever been placed (``slot`` would make one)."""

@@ -133,9 +133,13 @@ class ProcsPlacement:
         rt: Runtime,
         procs: dict[str, Proc] | None = None,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        running: dict[str, int] | None = None,
     ) -> None:
         self._rt = rt
         self._procs: dict[str, Proc] = dict(procs or {})  # by actor path: its slot's process
+        # Actors a takeover found running in adopted processes (path -> incarnation): their
+        # first start is taken as done, state and all (_takeover.py).
+        self._running: dict[str, int] = dict(running or {})
         self._gpus = visible_gpus()
         self._heartbeat_timeout = heartbeat_timeout
 
@@ -173,6 +177,9 @@ class ProcsPlacement:
             raise StartError(ActorCrash("SpawnError", str(exc))) from exc
         proc = self._procs[path]
         proc.named(path)
+        if self._running.pop(path, None) == incarnation and proc.actors.get(path) == incarnation:
+            self._started(slot, path, incarnation, proc)
+            return STARTED
         await owners(self._rt).released(path)  # its last incarnation's possessions are gone
         try:
             payload = _payload(path, incarnation, actor, args, kwargs, info)
@@ -186,11 +193,16 @@ class ProcsPlacement:
             self._rt.exited_hooks(path, incarnation, reason)
             raise StartError(reason) from exc
         if result == STARTED:
-            proc.hosted(path, incarnation)
-            slot.mark_up(proc.addr, proc)
+            self._started(slot, path, incarnation, proc)
         else:
             self._rt.exited_hooks(path, incarnation, NORMAL)  # ignored: it owns nothing
         return str(result)
+
+    def _started(self, slot: Slot, path: str, incarnation: int, proc: Proc) -> None:
+        proc.hosted(path, incarnation)
+        slot.mark_up(proc.addr, proc)
+        if self._rt.takeover is not None and proc.host is None:
+            self._rt.takeover.actor_started(path, incarnation, proc)
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:
         proc = self._procs.get(slot.actor_id)

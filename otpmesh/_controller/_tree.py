@@ -79,6 +79,10 @@ class TreeContext:
         self._exiting: set[tuple[str, int]] = set()
         self._stopping: dict[str, None] = {}  # actors asked to stop, not yet gone (in order)
         self._incarnation_counters: dict[str, dict[str, int]] = {}
+        #: Restart times a takeover carried over, by supervisor path (_takeover.py).
+        self.carried_restarts: dict[str, tuple[float, ...]] = {}
+        #: Told of each restart (a takeover journals it); None: nobody listens.
+        self.on_restart: Callable[[str, float], None] | None = None
         self._failing_starts: dict[str, int] = {}
         self.runtime_node: Node
         self._idle = trio.Event()
@@ -159,6 +163,13 @@ class TreeContext:
     def incarnations(self, sup_path: str) -> dict[str, int]:
         """The incarnation counters of a supervisor's children, kept across its restarts."""
         return self._incarnation_counters.setdefault(sup_path, {})
+
+    def restart_history(self, sup_path: str) -> tuple[float, ...]:
+        return self.carried_restarts.pop(sup_path, ())
+
+    def restarted(self, sup_path: str, at: float) -> None:
+        if self.on_restart is not None:
+            self.on_restart(sup_path, at)
 
     def watch(self, path: str, driver: SupervisorDriver) -> None:
         self._watchers[path] = driver

@@ -135,3 +135,19 @@ class PortClosedError(OtpmeshError):
 class PortOverflowError(OtpmeshError):
     """Raised by PortReceiver.recv, after the values it holds, when more values arrived than
     its capacity while nobody read them: the stream failed there and later values were dropped."""
+
+
+class TakeoverError(OtpmeshError):
+    """Raised by otpmesh.start(takeover=...) when its state directory is unsafe or unusable, or
+    another controller holds the app's lease and this one was not started as a standby."""
+
+
+class FencedError(TakeoverError):
+    """Raised by a worker's or fork server's adoption when the controller asking presents an
+    epoch no higher than the one served: an older controller, fenced off by a takeover."""
+
+
+class StandbyDoneError(TakeoverError):
+    """Raised by otpmesh.start(takeover=Takeover(..., standby=True)) when the lease it waited
+    for came free because the run it stood by for stopped in order: there is nothing to take
+    over. ``otpmesh.run`` ends with status 0 on it."""

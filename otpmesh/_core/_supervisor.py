@@ -171,13 +171,16 @@ class SupervisorCore:
         *,
         path: str | None = None,
         incarnations: dict[str, int] | None = None,
+        restarts: Restarts = (),
     ) -> None:
         if not isinstance(spec, Supervisor):
             raise TypeError(f"SupervisorCore needs a Supervisor spec, got {spec!r}")
         self.spec = spec
         self.path = path if path is not None else spec.id
         self._children = [_Child(c) for c in spec.children]
-        self._restarts: Restarts = ()
+        # Restart times newest first; a takeover carries a supervisor's over from the
+        # controller that died (their times in this driver's clock).
+        self._restarts: Restarts = tuple(restarts)
         self._mailbox: deque[Event | _TryAgain] = deque()
         # Per child id, the last incarnation number given. A driver that re-creates a core (its
         # supervisor restarted) passes the same dict, so (path, incarnation) stays unique.

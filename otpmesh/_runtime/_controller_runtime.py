@@ -34,6 +34,7 @@ from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR
+from ._statedir import TakeoverState
 from ._watchdog import Watchdog, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")
@@ -151,7 +152,7 @@ SERVICES: list[Callable[[Runtime], None]] = []
 class Runtime:
     """Everything the controller owns for one trio run."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes | None = None) -> None:
         # No actor may read the controller's memory (the secret, every actor's arguments): it is
         # not dumpable from here on. The fork server is started with execve, which makes it (and
         # the workers it forks) dumpable again.
@@ -161,6 +162,7 @@ class Runtime:
             sys_handlers={"resolve_actor": self._resolve_actor},
             channel=Channel,
             is_app_process=self._is_worker,
+            secret=secret,  # a standby's: the app's it takes over (_takeover.py)
         )
         self.node.sys_inline["actor_exited"] = self._actor_exited
         self.node.sys_inline["actor_exiting"] = self._actor_exiting
@@ -180,6 +182,9 @@ class Runtime:
         #: itself, outside any tree): otpmesh.monarch's unhandled-fault hook listens here.
         self.unowned_failures: list[Callable[[MeshFailure], None]] = []
         self._fork_server_started = False
+        #: With a takeover set up (_takeover.py): the epoch, the fork server's standby socket
+        #: and grace, and where workers write while no controller reads their pipes.
+        self.takeover: TakeoverState | None = None
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
@@ -230,6 +235,11 @@ class Runtime:
                 self.mark_exited(proc, msg["reason"])
 
     def _fork_server_gone(self) -> None:
+        if self.forkserver.fenced is not None:
+            log.error(
+                "this controller was fenced off: a standby took its processes over at epoch %d",
+                self.forkserver.fenced,
+            )
         for proc in self.procs.values():
             if proc.host is None:
                 self.mark_exited(proc, "was killed: the fork server stopped")
@@ -321,10 +331,33 @@ class Runtime:
         if not self._fork_server_started and self.nursery is not None:
             # Started on first use: a tree run with placement="local" never needs one.
             self._fork_server_started = True
-            await self.nursery.start(self.forkserver.run)
+            standby = self.takeover.for_fork_server(self.node.secret) if self.takeover else None
+            await self.nursery.start(self.forkserver.run, standby)
         await self.forkserver.ready.wait()
         if self.forkserver.gone:
             raise SpawnError("the otpmesh fork server has stopped; no new workers can start")
+
+    def adopted(self, proc: Proc) -> None:
+        """Know `proc`, a process a standby takes over (_adoption.py), by its id and pid."""
+        self.procs[proc.proc_id] = proc
+        self._by_pid[proc.pid] = proc
+        number = proc.proc_id.removeprefix("p")
+        if number.isdigit():  # this controller's own processes are numbered after it
+            self._next_proc = max(self._next_proc, int(number))
+
+    async def attach_fork_server(self, path: str, epoch: int) -> list[int]:
+        """Take over the fork server listening at `path`; the pids of its live children."""
+        assert self.nursery is not None
+        self._fork_server_started = True
+        try:
+            children: list[int] = await self.nursery.start(
+                self.forkserver.attach, path, self.node.secret, epoch
+            )
+        except OSError:  # gone: a fresh one is started on first use
+            self._fork_server_started = False
+            self.forkserver = ForkServer(self._fork_server_report, self._fork_server_gone)
+            raise
+        return children
 
     def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
         return {
@@ -339,6 +372,7 @@ class Runtime:
             "heartbeat_interval": HEARTBEAT_INTERVAL,
             # Presented in its HELLO: no other holder of the secret can register as it.
             "token": proc.token,
+            **(self.takeover.for_worker(proc.proc_id) if self.takeover else {}),
         }
 
     async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
@@ -348,7 +382,11 @@ class Runtime:
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).
         cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
         cfg["heartbeat_interval"] = beat_interval(proc.heartbeat_timeout)  # watched here
-        out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
+        self.watch_pipes(proc, *await self.forkserver.spawn(proc.proc_id, env, cfg))
+
+    def watch_pipes(self, proc: Proc, out_r: int, err_r: int, beat_r: int, ctl_w: int) -> None:
+        """Forward `proc`'s output and watch its heartbeats, from the parent's pipe ends."""
+        assert self.nursery is not None
         proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
         self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
@@ -464,6 +502,8 @@ class Runtime:
         self.node.register(proc.addr, conn)
         if proc.host is not None:
             self.node.relays[proc.addr] = proc.host.conn
+        elif self.takeover is not None:
+            self.takeover.proc_started(proc)
         proc.ready.set()
 
     def _on_connection_lost(self, conn: Connection) -> bool:
@@ -558,18 +598,26 @@ def _lines_since(proc: Proc, mark: int) -> list[str]:
     return list(proc.err_tail)[-count:] if count > 0 else []
 
 
-async def runtime() -> Runtime:
-    """The controller runtime of the current trio run, started on first use."""
+async def runtime(secret: bytes | None = None) -> Runtime:
+    """The controller runtime of the current trio run, started on first use (with `secret`: a
+    standby's, which must be the first use)."""
     try:
-        return _RUNTIME.get()
+        rt = _RUNTIME.get()
     except LookupError:
         pass
+    else:
+        if secret is not None and secret != rt.node.secret:
+            raise SpawnError(
+                "otpmesh.start(takeover=...) must be the first otpmesh call of its trio run: the "
+                "standby's runtime needs the app's secret from the start"
+            )
+        return rt
     try:
         starting = _STARTING.get()
     except LookupError:
         starting = trio.Event()
         _STARTING.set(starting)
-        rt = Runtime()
+        rt = Runtime(secret)
         trio.lowlevel.spawn_system_task(rt._main, starting, name="otpmesh-runtime")
         await starting.wait()
         if rt.nursery is None:

@@ -7,6 +7,7 @@ the processes of its host. Both read a worker's output and heartbeats from pipes
 from __future__ import annotations
 
 import array
+import contextlib
 import importlib.util
 import os
 import signal
@@ -21,6 +22,7 @@ import trio
 
 from .._wire._unproven import parent_pid
 from . import _liveness
+from ._forkstandby import dial_standby
 from ._watchdog import MAX_REPORT, REPORT, stacks_request
 
 
@@ -50,13 +52,22 @@ class ForkServer:
         self.gone = False
         #: The fork server's pid once it runs (its children are the workers).
         self.pid: int | None = None
+        #: The epoch of the controller that took this server over from this one, if one did.
+        self.fenced: int | None = None
 
     def forked(self, pid: int) -> bool:
         """Whether `pid` is a child of this fork server (the kernel's word, read from /proc):
         one of its workers, known before the server's report of it arrives."""
         return self.pid is not None and parent_pid(pid) == self.pid
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        standby: dict[str, Any] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start the fork server, hear its reports until it stops. With `standby` (_forkstandby.py)
+        it outlives this controller for the grace period, for a standby to attach."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
@@ -73,15 +84,48 @@ class ForkServer:
         )
         theirs.close()
         self.pid = process.pid
-        sock = trio.socket.from_stdlib_socket(ours)
-        self._sock, self._raw = sock, ours
-        task_status.started()
+        if standby is not None:  # over the private socket pair: the secret never leaves it
+            ours.send(msgpack.packb({"op": "takeover", **standby}))
+        try:
+            await self._serve(ours, task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            self._on_gone()
+
+    async def attach(
+        self,
+        path: str,
+        secret: bytes,
+        epoch: int,
+        *,
+        task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Take over the fork server at `path` at `epoch` (FencedError, OSError: dial_standby),
+        then hear its reports until it stops; started with its live children's pids."""
+        raw, reply = await dial_standby(path, secret, epoch)
+        self.pid = int(reply["pid"])
+        self.ready.set()
+        try:
+            await self._serve(raw, task_status, reply["children"])
+        finally:
+            self._on_gone()
+
+    async def _serve(
+        self, raw: socket.socket, task_status: trio.TaskStatus[Any], started: Any = None
+    ) -> None:
+        sock = trio.socket.from_stdlib_socket(raw)
+        self._sock, self._raw = sock, raw
+        task_status.started(started)
         try:
             while True:
                 data = await sock.recv(1 << 16)
                 if not data:
                     break
                 msg = msgpack.unpackb(data)
+                if msg["op"] == "fenced":  # a standby took it over: this controller is done
+                    self.fenced = int(msg["epoch"])
+                    break
                 if msg["op"] == "ready":
                     self.ready.set()
                 else:
@@ -90,9 +134,12 @@ class ForkServer:
             self.gone = True
             self.ready.set()
             sock.close()
-            with trio.CancelScope(shield=True):
-                await process.wait()
-            self._on_gone()
+
+    def quit(self) -> None:
+        """Ask the fork server to stop now (its controller is stopping in order: no takeover)."""
+        if self._raw is not None and not self.gone:
+            with contextlib.suppress(OSError):
+                self._raw.send(msgpack.packb({"op": "quit"}))
 
     async def spawn(
         self, proc_id: str, env: dict[str, str], cfg: dict[str, Any]
@@ -100,12 +147,7 @@ class ForkServer:
         """Fork a worker; return the read ends of its stdout, stderr and beat pipes, and the
         write end of its control pipe (_watchdog.py)."""
         assert self._sock is not None
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        beat_r, beat_w = os.pipe()
-        ctl_r, ctl_w = os.pipe()
-        os.set_blocking(ctl_w, False)
-        os.set_blocking(beat_r, False)  # drained by BeatReader.drain() on the event loop
+        (out_r, err_r, beat_r, ctl_w), (out_w, err_w, beat_w, ctl_r) = worker_pipes()
         request = msgpack.packb({"op": "spawn", "id": proc_id, "env": env, "cfg": cfg})
         fds = array.array("i", [out_w, err_w, beat_w, ctl_r])
         try:
@@ -126,6 +168,18 @@ class ForkServer:
                 self._raw.send(msgpack.packb({"op": "kill", "pid": pid, "sig": int(sig)}))
             except OSError:
                 pass
+
+
+def worker_pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """A worker's stdout, stderr, beat and control pipes: the parent's ends (stdout, stderr and
+    beat read ends, control write end), then the worker's (the other four)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    beat_r, beat_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    os.set_blocking(ctl_w, False)
+    os.set_blocking(beat_r, False)  # drained by BeatReader.drain() on the event loop
+    return (out_r, err_r, beat_r, ctl_w), (out_w, err_w, beat_w, ctl_r)
 
 
 class BeatReader:

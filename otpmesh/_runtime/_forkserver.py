@@ -4,7 +4,8 @@ It is started once per controller with a fresh interpreter, imports the heavy mo
 msgpack, otpmesh, torch when installed) and then forks a worker per request, so a mesh starts in
 milliseconds. It never initialises CUDA, so a forked child can. It watches its children with
 SIGCHLD and reports each exit status, and it is the controller's insurance against orphans: when
-the controller's socket closes, it SIGKILLs every child and exits.
+the controller's socket closes, it SIGKILLs every child and exits. With a takeover set up
+(_forkstandby.py) it first waits the grace period for a standby controller to attach instead.
 
 Requests and reports are msgpack packets on a SOCK_SEQPACKET socket pair; a spawn request carries
 the child's stdout, stderr, beat and control pipe ends as SCM_RIGHTS file descriptors.
@@ -26,6 +27,7 @@ from typing import Any
 import msgpack
 
 from ._exitfuncs import disown_finalizers, run_exit_functions
+from ._forkstandby import ControllerLink, Standby
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
@@ -52,10 +54,6 @@ def describe_status(status: int) -> str:
     return f"exited with code {code}"
 
 
-def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
-    sock.send(msgpack.packb(msg))
-
-
 def _child(
     sock: socket.socket,
     wake_r: int,
@@ -63,12 +61,15 @@ def _child(
     req: dict[str, Any],
     fds: list[int],
     server_pid: int,
+    standby: Standby | None,
 ) -> None:
     code = 1
     started = False
     try:
         disown_finalizers()  # the server's objects' finalizers are not this worker's
         sock.close()
+        if standby is not None:
+            standby.listener.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.close(wake_r)
@@ -119,7 +120,8 @@ def _preloaded() -> None:
 
 
 def serve(sock: socket.socket, preload: list[str]) -> None:
-    """Fork workers on request until the controller's socket closes."""
+    """Fork workers on request until the controller's socket closes (with a takeover set up:
+    until no controller took the children over within the grace period)."""
     # No collections while preloading, then every object frozen: see _preloaded.
     gc.disable()
     for name in preload:
@@ -140,30 +142,55 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
     sel.register(wake_r, selectors.EVENT_READ)
     children: set[int] = set()
     server_pid = os.getpid()
-    _send(sock, {"op": "ready", "pid": server_pid})
+    link = ControllerLink(sock)
+    link.send({"op": "ready", "pid": server_pid})
+    standby: Standby | None = None
     try:
         while True:
-            for key, _ in sel.select():
-                if key.fileobj is sock:
-                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 4)
+            timeout = standby.left() if standby is not None and link.sock is None else None
+            if timeout is not None and timeout <= 0:
+                return  # nobody took the children over within the grace period
+            for key, _ in sel.select(timeout):
+                if standby is not None and key.fileobj is standby.listener:
+                    new = standby.accept()
+                    if new is not None:
+                        if link.sock is not None:  # a controller cut off, now fenced
+                            sel.unregister(link.sock)
+                        link.attach(new, standby.epoch, sorted(children))
+                        sel.register(new, selectors.EVENT_READ)
+                elif key.fileobj is link.sock:
+                    data, fds, _flags, _addr = socket.recv_fds(link.sock, _MAX_PACKET, 4)
                     if not data:
-                        return
+                        sel.unregister(link.sock)
+                        link.lost()
+                        if standby is None:
+                            return
+                        standby.wait_from_now()
+                        continue
                     req = msgpack.unpackb(data)
+                    if req["op"] == "takeover":
+                        standby = Standby(req)
+                        sel.register(standby.listener, selectors.EVENT_READ)
+                        continue
+                    if req["op"] == "quit":
+                        return
                     if req["op"] == "kill":
                         if req["pid"] in children:
                             os.kill(req["pid"], req.get("sig", signal.SIGKILL))
                         continue
                     pid = os.fork()
                     if pid == 0:
-                        _child(sock, wake_r, wake_w, req, fds, server_pid)
+                        _child(link.sock, wake_r, wake_w, req, fds, server_pid, standby)
                     for fd in fds:
                         os.close(fd)
                     children.add(pid)
-                    _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
+                    link.send({"op": "spawned", "id": req["id"], "pid": pid})
                 else:
                     os.read(wake_r, 4096)
-                    _reap(sock, children)
+                    _reap(link, children)
     finally:
+        if standby is not None:
+            standby.close()
         for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -171,7 +198,7 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 pass
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
+def _reap(link: ControllerLink, children: set[int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -180,7 +207,7 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _send(sock, {"op": "exit", "pid": pid, "status": status, "reason": describe_status(status)})
+        link.send({"op": "exit", "pid": pid, "status": status, "reason": describe_status(status)})
 
 
 def main() -> None:

@@ -32,6 +32,16 @@ NAMED = 8
 INTERRUPTED_STATUS = 130
 TERMINATED_STATUS = 143
 
+# Whether this trio run's controller is a standby (``otpmesh.run(..., standby=True)``, ``otpmesh
+# run --standby``): a start with a takeover then waits for the lease (_controller/_takeover.py).
+_STANDBY: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar("otpmesh_standby", default=False)
+
+
+def run_is_standby() -> bool:
+    """Whether ``otpmesh.run`` was asked to run this program as a standby controller."""
+    return _STANDBY.get()
+
+
 # What a stop under way waits for, per trio run: each running tree adds its own while it runs
 # (otpmesh.start, through ``stop_watched``).
 _WAITING: trio.lowlevel.RunVar[list[Callable[[], Sequence[str]]]] = trio.lowlevel.RunVar(
@@ -95,13 +105,17 @@ def stops_on_sigterm() -> bool:
     return getattr(signal.getsignal(signal.SIGTERM), "otpmesh_orderly_stop", False) is True
 
 
-def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+def run(main: Callable[..., Awaitable[T]], *args: Any, standby: bool = False) -> T:
     """Run `main(*args)` under trio. Workers never outlive it; Ctrl-C stops everything with one
     short message and exit status 130 (and, when the stop takes more than a second, a word on
     stderr meanwhile); SIGTERM (``kill``, Kubernetes, Slurm) stops it the same way, each
     actor's ``on_stop`` running within its shutdown, and exits with status 143; a supervision
     tree that gives up exits with status 1 and a message naming the supervisor and the last
-    exit reasons."""
+    exit reasons. With `standby`, every ``otpmesh.start(tree, takeover=...)`` in it waits for
+    the active controller's lease, as ``Takeover(..., standby=True)`` does
+    (docs/guides/takeover.md); a standby whose run stopped in order exits with status 0."""
+    if not isinstance(standby, bool):
+        raise TypeError(f"otpmesh.run(..., standby=...) is True or False, not {standby!r}")
     if IN_WORKER:
         from .._core._errors import SpawnError
 
@@ -110,13 +124,17 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
             'an actor class; guard the entry point with:\n    if __name__ == "__main__":\n'
             "        otpmesh.run(main)"
         )
-    from .._core._errors import SupervisorError
+    from .._core._errors import StandbyDoneError, SupervisorError
 
     signals = _Signals()
     pace()
     try:
-        return trio.run(_noting_slow_stops, main, args, signals)
+        return trio.run(_noting_slow_stops, main, args, signals, standby)
     except BaseException as exc:
+        done = _gave_up(exc, StandbyDoneError)
+        if done is not None:  # a standby whose run ended in order: its job is done too
+            print(f"otpmesh: {done}", file=sys.stderr)
+            raise SystemExit(0) from None
         gave_up = _gave_up(exc, SupervisorError)
         if gave_up is not None:
             # The tree gave up: its error already says where and why; no traceback pile.
@@ -144,11 +162,12 @@ def _gave_up(exc: BaseException, error: type[BaseException]) -> BaseException | 
 
 
 async def _noting_slow_stops(
-    main: Callable[..., Awaitable[T]], args: tuple[Any, ...], signals: _Signals
+    main: Callable[..., Awaitable[T]], args: tuple[Any, ...], signals: _Signals, standby: bool
 ) -> T:
     """`main(*args)` in the main task, as before (Ctrl-C still raises KeyboardInterrupt there,
     and so does SIGTERM); beside it, a system task that hears of either and speaks up when the
     stop is slow."""
+    _STANDBY.set(standby)
     interrupted = trio.Event()
     token = trio.lowlevel.current_trio_token()
     trio_handler = signal.getsignal(signal.SIGINT)

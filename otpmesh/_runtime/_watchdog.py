@@ -114,6 +114,13 @@ class Watchdog:
         self._requests = b""
         self._stopped = threading.Event()
 
+    def rewire(self, beat_fd: int, control_fd: int) -> None:
+        """Beat to and take requests from a new parent (a controller that took this worker
+        over). The old descriptors stay open: the thread may be waiting on them right now."""
+        self._requests = b""
+        self._control_fd = control_fd
+        self._beat_fd = beat_fd
+
     def start(self) -> Watchdog:
         threading.Thread(target=self._run, name="otpmesh-watchdog", daemon=True).start()
         return self
@@ -145,8 +152,13 @@ class Watchdog:
         if self._beat_fd is None:
             return
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._beat_fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._beat_fd, view) :]
+        except BrokenPipeError:
+            # Its parent is gone. Without a takeover the process follows at once; with one, it
+            # waits for a standby, and its actors' progress deadlines still count meanwhile.
+            self._beat_fd = None
 
     def _serve_request(self, data: bytes) -> None:
         if not data:

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from .._core._dumpable import isolate_worker
-from .._core._errors import EncodeError
+from .._core._errors import EncodeError, FencedError, ProtocolError
 from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
@@ -30,17 +30,21 @@ from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
 
+#: How long an adoption waits for the old controller's connection to be seen closed.
+ADOPT_WAIT = 1.0
 
-def _kin_of_this_worker() -> Callable[[int], bool]:
+
+def _kin_of_this_worker(adopters: set[int]) -> Callable[[int], bool]:
     """Which peers a worker counts as its app's own: its fork server (its parent), the
     controller or host agent that runs that server (its grandparent), and its siblings (the
     server's other children: actors call each other directly). Read once, at start: a worker
-    whose fork server is gone is about to go too. docs/security.md says why these."""
+    whose fork server is gone is about to go too. docs/security.md says why these. A controller
+    that took this worker over (`adopters`, filled as it happens) is kin too."""
     fork_server = os.getppid()
     controller = parent_pid(fork_server)
 
     def kin(pid: int) -> bool:
-        return pid in (fork_server, controller) or parent_pid(pid) == fork_server
+        return pid in (fork_server, controller) or pid in adopters or parent_pid(pid) == fork_server
 
     return kin
 
@@ -50,6 +54,13 @@ class Worker:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
+        self._adopters: set[int] = set()
+        #: The fencing epoch of the controller served: a takeover must present a higher one.
+        self.epoch: int = int(cfg.get("epoch", 0))
+        #: With a takeover set up: how long to wait for a standby controller, and where this
+        #: process's output goes meanwhile (its pipes led to the controller that died).
+        self.takeover: dict[str, Any] | None = cfg.get("takeover")
+        self._adopted = trio.Event()
         self.node = Node(
             "w",
             sys_handlers={
@@ -58,12 +69,13 @@ class Worker:
                 "shutdown": self._shutdown,
                 "inject": self._inject,
                 "partition": self._partition,
+                "adopt": self._adopt,
             },
             listen=cfg.get("listen"),  # a host agent's worker: TCP, reachable from other hosts
             secret=cfg["secret"],
             tcp_secret=cfg.get("tcp_secret"),
             channel=Channel,
-            is_app_process=_kin_of_this_worker(),
+            is_app_process=_kin_of_this_worker(self._adopters),
         )
         # Another actor's connection (authenticated: it is one of ours) may call and cast, but
         # only the controller or agent that forked this process may run or stop actors in it.
@@ -78,12 +90,13 @@ class Worker:
             passing=_raised.IN_WORKER,  # SIGINT is ignored here: a KeyboardInterrupt is the actor's
         )
         self.controller: Connection | None = None
+        self.watchdog: Watchdog | None = None
         self._done = trio.Event()
 
     async def main(self) -> None:
         set_current_node(self.node)
         if self.cfg.get("heartbeat_fd") is not None:
-            Watchdog(
+            self.watchdog = Watchdog(
                 lambda: self.node.actors,
                 beat_fd=self.cfg["heartbeat_fd"],
                 control_fd=self.cfg.get("control_fd"),
@@ -99,6 +112,7 @@ class Worker:
             )
             self.controller = conn
             self.node.parent = conn
+            self.node.close_hooks.append(self._controller_lost)
             self.node.register(self.cfg["controller"], conn)
             hello = {
                 "proc": self.cfg["proc"],
@@ -114,11 +128,91 @@ class Worker:
             nursery.cancel_scope.cancel()
 
     async def _serve_controller(self, conn: Connection) -> None:
-        # The controller's connection is this process's lifeline: when it goes, so do we.
+        # The controller's connection is this process's lifeline: when it goes, so do we
+        # (with a takeover set up: unless a standby takes this process over in time).
+        await self.node.run_connection(conn)  # its close hook, below, hears the end
+
+    def _controller_lost(self, conn: Connection) -> None:
+        if conn is not self.controller:
+            return  # a fenced controller's, already replaced
+        if self.takeover is None or self.node.nursery is None or self._done.is_set():
+            self._done.set()  # no takeover, or this worker is shutting down anyway
+            return
+        # The pipes to the old controller have no reader now: a print would fail (EPIPE). Now,
+        # before any adoption can give this process new ones.
+        fd = os.open(self.takeover["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self._adopted = trio.Event()
         try:
-            await self.node.run_connection(conn)
-        finally:
+            self.node.nursery.start_soon(self._wait_for_takeover, self._adopted)
+        except RuntimeError:  # the node is closing: so is this worker
             self._done.set()
+
+    async def _wait_for_takeover(self, adopted: trio.Event) -> None:
+        assert self.takeover is not None
+        with trio.move_on_after(float(self.takeover["grace"])):
+            await adopted.wait()
+            return
+        log.warning("no controller took this worker over within its grace period: exiting")
+        self._done.set()
+
+    async def _adopt(self, conn: Connection | None, p: dict[str, Any]) -> dict[str, Any]:
+        """A standby controller takes this worker over. It proved the app's secret when it
+        dialed (a stranger cannot get here); it must present a higher epoch than the one served;
+        and only a worker whose controller is gone is taken: an actor of the app knows the
+        secret too, and must not take a sibling from its live controller (docs/security.md)."""
+        if self.takeover is None:
+            raise ProtocolError("this worker's app runs without a takeover: it is not taken over")
+        epoch = p.get("epoch") if isinstance(p, dict) else None
+        if conn is None or type(epoch) is not int or type(p.get("addr")) is not str:
+            raise ProtocolError("adopt needs the controller's epoch (an int) and address")
+        if epoch <= self.epoch:
+            raise FencedError(
+                f"this worker serves epoch {self.epoch}; a controller at epoch {epoch} is fenced "
+                "off (a standby took the app over)"
+            )
+        # The old controller's death and its lease's release are one event: its EOF may still
+        # be on its way here.
+        with trio.move_on_after(ADOPT_WAIT):
+            while self.controller is not None and not self.controller.closed:
+                await trio.sleep(0.01)
+        if self.controller is not None and not self.controller.closed:
+            raise ProtocolError("this worker's controller is alive: it is not taken over")
+        self.epoch = epoch
+        self.controller = conn
+        self.node.parent = conn
+        self.node.register(p["addr"], conn)
+        if conn.peer_pid is not None:
+            self._adopters.add(conn.peer_pid)
+        rewired = self._rewire(conn, p.get("pipes"))
+        self._adopted.set()
+        return {
+            "pid": os.getpid(),
+            "addr": self.node.addr,
+            "actors": {path: cell.incarnation for path, cell in self.node.actors.items()},
+            "rewired": rewired,
+        }
+
+    def _rewire(self, conn: Connection, keys: Any) -> bool:
+        """Output, heartbeats and stack requests through the pipes the new controller passed
+        with its adoption (their worker ends), if it passed all four."""
+        names = ("out", "err", "beat", "control")
+        fds = [conn.take_fd(keys.get(n)) if isinstance(keys, dict) else None for n in names]
+        if any(fd is None for fd in fds) or self.watchdog is None:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+            return False  # its output stays in the state directory's file; no beats
+        out, err, beat, control = fds
+        assert out is not None and err is not None and beat is not None and control is not None
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        self.watchdog.rewire(beat, control)
+        return True
 
     async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str | ActorCrash:
         # A constructor or on_start that raised answers with its crash (the user's frames only),

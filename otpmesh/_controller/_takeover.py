@@ -1,0 +1,212 @@
+"""``otpmesh.start(tree, takeover=Takeover(dir=...))``: a tree that outlives its controller.
+
+The controller that holds the lease in the state directory is the active one; a second copy of
+the program started with ``Takeover(..., standby=True)`` waits for the lease, which the kernel
+releases when the active controller dies. Whoever takes the lease bumps the fencing epoch and,
+when the journal shows a run that did not stop in order, takes its processes over
+(_runtime/_adoption.py): the fork server and every live worker accept it only with the app's
+secret and the higher epoch. The tree then starts as usual, except that an actor still running
+in an adopted worker is taken as started, with its incarnation and its state; only the actors
+whose process died in the gap are started again. docs/guides/takeover.md tells the story.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._core._errors import StandbyDoneError, TakeoverError
+from .._runtime._adoption import adopt
+from .._runtime._controller_runtime import Proc, Runtime, runtime
+from .._runtime._run import run_is_standby
+from .._runtime._statedir import (
+    Journal,
+    Lease,
+    TakeoverState,
+    bump_epoch,
+    open_state_dir,
+    read_journal,
+)
+
+if TYPE_CHECKING:
+    from ._tree import TreeContext
+
+log = logging.getLogger("otpmesh.takeover")
+
+#: How often a standby tries the lease (a held flock cannot be waited for cancellably).
+LEASE_POLL = 0.02
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Takeover:
+    """Run a tree so that a standby controller can take it over when this one dies.
+
+    `dir` is the state directory (made 0700; it holds the app's secret, so it must be this
+    user's alone). `grace` is how long, in seconds, workers and the fork server keep running
+    (and keep their actors' state) without a controller before they exit. With `standby`, a
+    start whose lease another controller holds waits for it instead of failing.
+    """
+
+    dir: str | os.PathLike[str]
+    grace: float = 30.0
+    standby: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
+            raise TypeError(
+                f"Takeover(dir=...) needs a directory path, not {self.dir!r}; e.g. "
+                "Takeover(dir='/var/tmp/myjob-takeover')"
+            )
+        grace = self.grace
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not (math.isfinite(grace) and grace > 0)
+        ):
+            raise ValueError(
+                f"Takeover(grace=...) is how many seconds workers wait for a standby: a positive "
+                f"number, not {grace!r}; e.g. grace=30.0"
+            )
+        if not isinstance(self.standby, bool):
+            raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
+
+
+@dataclass(eq=False)
+class Resumed:
+    """What a start with a takeover found: its runtime, its lease, and what it adopted."""
+
+    rt: Runtime
+    lease: Lease
+    #: Actor path -> the adopted process it runs in (alive when adopted).
+    procs: dict[str, Proc] = field(default_factory=dict)
+    #: Actor path -> the incarnation running now in an adopted process.
+    running: dict[str, int] = field(default_factory=dict)
+    #: Actor path -> the last incarnation the journal saw started.
+    journalled: dict[str, int] = field(default_factory=dict)
+    #: Supervisor path -> the wall-clock times of its restarts the journal saw.
+    restarts: dict[str, list[float]] = field(default_factory=dict)
+
+    def seed(self, ctx: TreeContext) -> None:
+        """Make the tree's first start of each journalled actor reuse a running incarnation,
+        or follow the lost one's; carry each supervisor's restart history over; journal the
+        restarts to come."""
+        for path, incarnation in self.journalled.items():
+            sup, _, child = path.rpartition("/")
+            alive = self.running.get(path) == incarnation
+            ctx.incarnations(sup)[child] = incarnation - 1 if alive else incarnation
+        # Restart times in this run's clock: as long ago as they were by the wall clock.
+        ago = trio.current_time() - time.time()
+        for sup, times in self.restarts.items():
+            ctx.carried_restarts[sup] = tuple(sorted((t + ago for t in times), reverse=True))
+        state = self.rt.takeover
+        if state is not None:
+            for sup, times in self.restarts.items():  # into this run's part of the journal
+                for wall in times:
+                    state.restarted(sup, wall)
+            ctx.on_restart = lambda sup, at: state.restarted(
+                sup, at - trio.current_time() + time.time()
+            )
+
+    def stopped(self) -> None:
+        """The tree stopped in order: nothing to take over; the fork server goes now."""
+        state = self.rt.takeover
+        if state is not None:
+            state.stopped()
+            state.journal.close()
+            self.rt.takeover = None
+        self.rt.forkserver.quit()
+        self.lease.release()
+
+
+async def resume(takeover: Takeover) -> Resumed:
+    """Take the lease (waiting for it as a standby), bump the epoch, and take over the run the
+    journal shows, if one is still running; else start a fresh journal."""
+    root = open_state_dir(takeover.dir)
+    lease = Lease(root)
+    standby = takeover.standby or run_is_standby()
+    if not lease.try_acquire():
+        if not standby:
+            lease.release()
+            raise TakeoverError(
+                f"takeover: another controller holds the lease in {str(root)!r}; start this one "
+                "as its standby (Takeover(..., standby=True), otpmesh.run(main, standby=True) or "
+                "otpmesh run --standby job.py:main), or give it another dir"
+            )
+        while not lease.try_acquire():
+            await trio.sleep(LEASE_POLL)
+    try:
+        return await _take(takeover, root, lease, standby)
+    except BaseException:
+        lease.release()
+        raise
+
+
+async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> Resumed:
+    records = read_journal(root)
+    run = last_run(records)
+    if standby and records and "stopped" in records[-1]:
+        raise StandbyDoneError(
+            f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
+            "there is nothing to take over"
+        )
+    epoch = bump_epoch(root)
+    if run.app is None:
+        rt = await runtime()
+        rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))
+        rt.takeover.app_started(rt.node.secret)
+        return Resumed(rt, lease)
+    secret = bytes.fromhex(str(run.app["secret"]))
+    rt = await runtime(secret)
+    rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=False))
+    rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
+    try:
+        live = await adopt(rt, list(run.procs.values()))
+    except OSError as exc:
+        log.warning("takeover: nothing to take over in %s (%s): starting afresh", root, exc)
+        return Resumed(rt, lease)
+    resumed = Resumed(rt, lease, restarts=run.restarts)
+    for path, (incarnation, proc_id) in run.actors.items():
+        resumed.journalled[path] = incarnation
+        proc = live.get(proc_id)
+        if proc is not None and proc.actors.get(path) == incarnation:
+            resumed.procs[path] = proc
+            resumed.running[path] = incarnation
+        elif proc is not None:
+            resumed.procs[path] = proc  # its actor died in the gap; its process serves again
+    return resumed
+
+
+@dataclass
+class LastRun:
+    """The journal's last run: its app record, processes, actor starts and restarts."""
+
+    app: dict[str, Any] | None = None
+    procs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Actor path -> (its last incarnation, the id of the process it started in).
+    actors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: Supervisor path -> its restarts' wall-clock times, oldest first.
+    restarts: dict[str, list[float]] = field(default_factory=dict)
+
+
+def last_run(records: list[dict[str, Any]]) -> LastRun:
+    """The journal's last run; an empty one if it stopped in order (or there was none)."""
+    run = LastRun()
+    for record in records:
+        if "app" in record:
+            run = LastRun(app=record)
+        elif "stopped" in record:
+            run = LastRun()
+        elif "actor" in record:
+            run.actors[str(record["actor"])] = (int(record["incarnation"]), str(record["proc"]))
+        elif "proc" in record:
+            run.procs[str(record["proc"])] = record
+        elif "restart" in record:
+            run.restarts.setdefault(str(record["restart"]), []).append(float(record["at"]))
+    return run

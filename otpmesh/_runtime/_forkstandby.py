@@ -1,0 +1,169 @@
+"""The fork server's side of a takeover: it outlives its controller for a grace period, and
+hands its children to a standby controller that proves the app's secret and a higher epoch.
+
+Runs inside the fork server (plain sockets, no trio). The standby dials ``forkserver.sock`` in
+the takeover's state directory (0700: only this user reaches it; the kernel's word on the
+peer's uid is checked too), then:
+
+    fork server -> standby    {"op": "challenge", "nonce"}
+    standby -> fork server    {"op": "attach", "epoch", "proof": attach_proof(...)}
+    fork server -> standby    {"op": "ready", "pid", "children", "epoch"}, then the exits it
+                              saw while no controller was attached
+or                            {"op": "refused", "why"} (a stale epoch), then it hangs up.
+
+A wrong proof gets no answer at all. An attached controller cut off by a newer one is sent
+``{"op": "fenced", "epoch"}`` and hung up on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import time
+from typing import Any
+
+import msgpack
+
+from .._core._errors import FencedError
+from .._wire._peercred import peer_credentials
+
+#: How long a dialer of the standby socket has to prove itself (the server waits meanwhile).
+PROOF_TIMEOUT = 2.0
+_MAX = 1 << 16
+
+
+def attach_proof(secret: bytes, nonce: bytes, epoch: int) -> bytes:
+    """What a controller presents to attach at `epoch` (bound to it: no replay at another)."""
+    return hmac.new(
+        secret, b"otpmesh-forkserver" + nonce + str(epoch).encode(), hashlib.sha256
+    ).digest()
+
+
+async def dial_standby(
+    path: str, secret: bytes, epoch: int
+) -> tuple[socket.socket, dict[str, Any]]:
+    """The controller's side: attach to the fork server listening at `path` at `epoch`; the
+    socket and the server's "ready". FencedError if it refuses (a stale epoch), OSError if it
+    is gone."""
+    import trio
+
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock = trio.socket.from_stdlib_socket(raw)
+    try:
+        await sock.connect(path)
+        challenge = msgpack.unpackb(await sock.recv(_MAX))
+        proof = attach_proof(secret, challenge["nonce"], epoch)
+        await sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
+        data = await sock.recv(_MAX)
+    except BaseException:
+        sock.close()
+        raise
+    reply = msgpack.unpackb(data) if data else {"op": "refused", "why": "it hung up"}
+    if reply.get("op") != "ready":
+        sock.close()
+        raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
+    return raw, reply
+
+
+class ControllerLink:
+    """The fork server's socket to its controller, if one is attached; reports made while none
+    is are kept for the next one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock: socket.socket | None = sock
+        self._held: list[dict[str, Any]] = []
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if self.sock is None:
+            self._held.append(msg)
+            return
+        try:
+            self.sock.send(msgpack.packb(msg))
+        except OSError:
+            self._held.append(msg)  # it is going: its EOF comes next
+
+    def lost(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+
+    def attach(self, sock: socket.socket, epoch: int, children: list[int]) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.send(msgpack.packb({"op": "fenced", "epoch": epoch}))
+            except OSError:
+                pass
+            self.sock.close()
+        self.sock = sock
+        held, self._held = self._held, []
+        self.send({"op": "ready", "pid": os.getpid(), "children": children, "epoch": epoch})
+        for msg in held:
+            self.send(msg)
+
+
+class Standby:
+    """The listener a standby controller attaches through, and the grace period's clock."""
+
+    def __init__(self, req: dict[str, Any]) -> None:
+        self.secret: bytes = req["secret"]
+        self.epoch: int = int(req["epoch"])
+        self.grace: float = float(req["grace"])
+        self.path = path = str(req["socket"])
+        try:
+            os.unlink(path)  # a socket file left by an earlier run of this app
+        except FileNotFoundError:
+            pass
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(4)
+        self._deadline = 0.0
+
+    def close(self) -> None:
+        """Stop listening, and take the socket file away: nobody attaches to a server gone."""
+        self.listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def wait_from_now(self) -> None:
+        self._deadline = time.monotonic() + self.grace
+
+    def left(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def accept(self) -> socket.socket | None:
+        """The socket of a controller that proved itself at a higher epoch, or None."""
+        conn, _ = self.listener.accept()
+        try:
+            conn.settimeout(PROOF_TIMEOUT)
+            _pid, uid, _gid = peer_credentials(conn)
+            if uid != os.getuid():
+                conn.close()
+                return None
+            nonce = secrets.token_bytes(32)
+            conn.send(msgpack.packb({"op": "challenge", "nonce": nonce}))
+            msg = msgpack.unpackb(conn.recv(_MAX))
+            epoch = msg.get("epoch") if isinstance(msg, dict) else None
+            proof = msg.get("proof") if isinstance(msg, dict) else None
+            if type(epoch) is not int or type(proof) is not bytes:
+                conn.close()
+                return None
+            if not hmac.compare_digest(proof, attach_proof(self.secret, nonce, epoch)):
+                conn.close()  # no secret, no answer
+                return None
+            if epoch <= self.epoch:
+                why = f"epoch {epoch} is not above the epoch served, {self.epoch}: fenced"
+                conn.send(msgpack.packb({"op": "refused", "why": why}))
+                conn.close()
+                return None
+        except (OSError, ValueError, msgpack.UnpackException):
+            conn.close()
+            return None
+        conn.settimeout(None)
+        self.epoch = epoch
+        return conn

@@ -1,0 +1,212 @@
+"""A takeover's state directory: the lease, the fencing epoch and the journal.
+
+The directory holds the app's secret (in the journal), so it must be this user's alone: 0700,
+owned by this uid, and every file in it 0600; anything else is refused, never repaired, since a
+directory another user could write to may already hold their files.
+
+- ``lease``: ``flock``ed by the active controller. The kernel releases it when the holder dies
+  (SIGKILL included), which is what wakes a standby.
+- ``epoch``: the fencing epoch, bumped by each controller that takes the lease, written to a
+  temporary file, fsync'd, then renamed over the old one (never half written).
+- ``journal``: one JSON object a line, appended: the app record (its secret, the fork server's
+  address, its epoch), then each process and each actor start. The app record is fsync'd; the
+  rest is only written: a controller that dies leaves what it wrote in the kernel's page cache
+  for the standby, and a host that loses power loses its workers too, so nothing is left to
+  take over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .._core._errors import TakeoverError
+
+LEASE, EPOCH, JOURNAL, FORKSERVER_SOCKET = "lease", "epoch", "journal", "forkserver.sock"
+_PRIVATE_FILE = 0o600
+
+
+def open_state_dir(path: str | os.PathLike[str]) -> Path:
+    """The state directory at `path`, made (0700) if missing, checked to be this user's alone."""
+    root = Path(path).absolute()
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TakeoverError(
+            f"takeover: cannot make the state directory {str(root)!r}: {exc}"
+        ) from None
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise TakeoverError(f"takeover: {str(root)!r} is not a directory (a link is refused too)")
+    if st.st_uid != os.getuid():
+        raise TakeoverError(
+            f"takeover: the state directory {str(root)!r} belongs to uid {st.st_uid}, not to "
+            f"this user (uid {os.getuid()}); it holds the app's secret: give each user their own"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise TakeoverError(
+            f"takeover: the state directory {str(root)!r} has mode "
+            f"{stat.S_IMODE(st.st_mode):04o}; it holds the app's secret, so it must be 0700: "
+            f"chmod 700 {str(root)!r}"
+        )
+    return root
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """Open `path` (made 0600 if missing); refuse a link, another owner or a wider mode."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _PRIVATE_FILE)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise TakeoverError(
+            f"takeover: {str(path)!r} must be this user's and mode 0600, not uid {st.st_uid} "
+            f"mode {stat.S_IMODE(st.st_mode):04o}; remove it and start again"
+        )
+    return fd
+
+
+class Lease:
+    """The active controller's lease: an exclusive ``flock`` on ``lease`` in the directory."""
+
+    def __init__(self, root: Path) -> None:
+        self._fd = _open_private(root / LEASE, os.O_RDWR)
+
+    def try_acquire(self) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the last descriptor releases the lock
+            self._fd = -1
+
+
+def bump_epoch(root: Path) -> int:
+    """Read the fencing epoch, write it plus one durably, and return the new one."""
+    path = root / EPOCH
+    epoch = 0
+    if path.exists():
+        fd = _open_private(path, os.O_RDONLY)
+        with os.fdopen(fd) as f:
+            text = f.read().strip()
+        epoch = int(text) if text.isdigit() else 0
+    new = epoch + 1
+    tmp = root / f"{EPOCH}.new"
+    tmp.unlink(missing_ok=True)
+    fd = _open_private(tmp, os.O_WRONLY | os.O_EXCL)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{new}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)  # the rename itself, durable
+    finally:
+        os.close(dir_fd)
+    return new
+
+
+class Placed(Protocol):
+    """What the journal records of a worker process (the runtime's ``Proc``)."""
+
+    proc_id: str
+    pid: int
+    addr: str
+    rank: int
+    coords: dict[str, int]
+
+
+@dataclass(eq=False)
+class TakeoverState:
+    """What a controller run with a takeover keeps: its state directory, grace and epoch."""
+
+    root: Path
+    grace: float
+    epoch: int
+    journal: Journal
+
+    def for_fork_server(self, secret: bytes) -> dict[str, Any]:
+        return {
+            "socket": str(self.root / FORKSERVER_SOCKET),
+            "grace": self.grace,
+            "secret": secret,
+            "epoch": self.epoch,
+        }
+
+    def for_worker(self, proc_id: str) -> dict[str, Any]:
+        output = str(self.root / f"{proc_id}.out")
+        return {"epoch": self.epoch, "takeover": {"grace": self.grace, "output": output}}
+
+    def app_started(self, secret: bytes) -> None:
+        """The record a standby starts from: fsync'd, it must survive whatever comes next."""
+        record = {"app": os.getpid(), "epoch": self.epoch, "secret": secret.hex()}
+        self.journal.append(record, durable=True)
+
+    def proc_started(self, proc: Placed) -> None:
+        self.journal.append(
+            {
+                "proc": proc.proc_id,
+                "pid": proc.pid,
+                "addr": proc.addr,
+                "rank": proc.rank,
+                "coords": proc.coords,
+            }
+        )
+
+    def actor_started(self, path: str, incarnation: int, proc: Placed) -> None:
+        self.journal.append({"actor": path, "incarnation": incarnation, "proc": proc.proc_id})
+
+    def restarted(self, sup_path: str, at: float) -> None:
+        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds: the next
+        controller's clock is another)."""
+        self.journal.append({"restart": sup_path, "at": at})
+
+    def stopped(self) -> None:
+        self.journal.append({"stopped": os.getpid()}, durable=True)
+
+
+class Journal:
+    """The append-only journal of one app run (see the module's docstring)."""
+
+    def __init__(self, root: Path, *, fresh: bool) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_TRUNC if fresh else 0)
+        self._fd = _open_private(root / JOURNAL, flags)
+
+    def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        os.write(self._fd, line)  # O_APPEND, one write: lines never interleave
+        if durable:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_journal(root: Path) -> list[dict[str, Any]]:
+    """The journal's records, oldest first; a torn last line (a write cut short) is dropped."""
+    path = root / JOURNAL
+    if not path.exists():
+        return []
+    fd = _open_private(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        lines = f.read().split(b"\n")
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
