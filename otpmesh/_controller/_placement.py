@@ -190,6 +190,8 @@ class ProcsPlacement:
             slot.mark_up(proc.addr, proc)
         else:
             self._rt.exited_hooks(path, incarnation, NORMAL)  # ignored: it owns nothing
+        if proc.host is None:
+            self._rt.want_spare()  # the next restart's process, forked now it costs no one
         return str(result)
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:

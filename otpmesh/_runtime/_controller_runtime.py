@@ -32,8 +32,9 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
+from . import _spare
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
-from ._liveness import HARD_FACTOR
+from ._liveness import HARD_FACTOR, describe_status, zombie_status
 from ._watchdog import Watchdog, hung_reason
 
 log = logging.getLogger("otpmesh.runtime")
@@ -315,24 +316,38 @@ class Runtime:
 
     def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
         return {
-            "controller": controller,
+            **self._app_cfg(controller),
             "proc": proc.proc_id,
+            # Presented in its HELLO: no other holder of the secret can register as it.
+            "token": proc.token,
+        }
+
+    def _app_cfg(self, controller: str | None) -> dict[str, Any]:
+        """What every worker of this app is started with, whichever process it will be."""
+        return {
+            "controller": controller,
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
             # Where __main__'s classes come from: its file, or its definitions (_mainmodule.py).
             **this_main().to_cfg(),
             "heartbeat_interval": HEARTBEAT_INTERVAL,
-            # Presented in its HELLO: no other holder of the secret can register as it.
-            "token": proc.token,
         }
+
+    def want_spare(self) -> None:
+        """Have this host's fork server start a spare worker for the next process it forks
+        (_spare.py), unless it has one: called once an actor is up, off any critical path."""
+        if _spare.WANTED and self.forkserver.ready.is_set() and not self.forkserver.gone:
+            self.forkserver.want_spare(self._secret_cfg(self._app_cfg(self.node.addr)))
+
+    def _secret_cfg(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        # The secrets ride the fork server's private socket pair, never argv or the environment
+        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
+        return dict(cfg, secret=self.node.secret, tcp_secret=self.node.tcp_secret)
 
     async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
         assert self.nursery is not None
-        cfg = self._worker_cfg(proc, self.node.addr)
-        # The secrets ride the fork server's private socket pair, never argv or the environment
-        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
-        cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
+        cfg = self._secret_cfg(self._worker_cfg(proc, self.node.addr))
         out_r, err_r, beat_r, ctl_w = await self.forkserver.spawn(proc.proc_id, env, cfg)
         proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
         self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
@@ -461,7 +476,12 @@ class Runtime:
         return True
 
     async def _report_death(self, proc: Proc, conn: Connection) -> None:
-        # EOF comes first; the exit status follows from the fork server within milliseconds.
+        # EOF comes first; the exit status follows from the fork server within milliseconds,
+        # more on a busy machine (it must be scheduled to reap): a worker of this host that is
+        # a zombie already says it itself, the same status its fork server will report.
+        status = None if proc.host is not None else zombie_status(proc.pid, self.forkserver.pid)
+        if status is not None and self._by_pid.pop(proc.pid, None) is proc:
+            self.mark_exited(proc, describe_status(status))
         with trio.move_on_after(_EXIT_STATUS_WAIT):
             await proc.exited.wait()
         if proc.exit_reason is None:

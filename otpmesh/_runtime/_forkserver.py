@@ -25,6 +25,8 @@ from typing import Any
 import msgpack
 
 from ._exitfuncs import disown_finalizers, run_exit_functions
+from ._liveness import describe_status
+from ._spare import SparePool, template
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
@@ -39,18 +41,6 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def describe_status(status: int) -> str:
-    """A waitpid status in words: 'exited with code 1', 'killed by signal 9 (SIGKILL)'."""
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown"
-        return f"killed by signal {-code} ({name})"
-    return f"exited with code {code}"
-
-
 def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.send(msgpack.packb(msg))
 
@@ -62,6 +52,7 @@ def _child(
     req: dict[str, Any],
     fds: list[int],
     server_pid: int,
+    server_fds: list[int],
 ) -> None:
     code = 1
     started = False
@@ -70,15 +61,16 @@ def _child(
         sock.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.close(wake_r)
-        os.close(wake_w)
-        out, err, heartbeat, control = fds
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.close(out)
-        os.close(err)
-        req["cfg"]["heartbeat_fd"] = heartbeat
-        req["cfg"]["control_fd"] = control
+        for fd in (wake_r, wake_w, *server_fds):
+            os.close(fd)
+        if fds:  # a spare (_spare.py) is given its pipes and environment with its process
+            out, err, heartbeat, control = fds
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            os.close(out)
+            os.close(err)
+            req["cfg"]["heartbeat_fd"] = heartbeat
+            req["cfg"]["control_fd"] = control
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
@@ -120,6 +112,19 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
     sel.register(wake_r, selectors.EVENT_READ)
     children: set[int] = set()
     server_pid = os.getpid()
+
+    def fork_spare(cfg: dict[str, Any]) -> tuple[int, socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            req = {"env": {}, "cfg": dict(cfg, spare_fd=theirs.fileno())}
+            _child(sock, wake_r, wake_w, req, [], server_pid, spares.fds())
+        theirs.close()
+        children.add(pid)
+        return pid, ours
+
+    spares = SparePool(fork_spare)
     _send(sock, {"op": "ready", "pid": server_pid})
     try:
         while True:
@@ -133,16 +138,21 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                         if req["pid"] in children:
                             os.kill(req["pid"], req.get("sig", signal.SIGKILL))
                         continue
-                    pid = os.fork()
+                    if req["op"] == "spare":
+                        spares.want(template(req["cfg"]))
+                        continue
+                    spare = spares.take(req, fds)
+                    pid = os.fork() if spare is None else spare
                     if pid == 0:
-                        _child(sock, wake_r, wake_w, req, fds, server_pid)
+                        _child(sock, wake_r, wake_w, req, fds, server_pid, spares.fds())
                     for fd in fds:
                         os.close(fd)
                     children.add(pid)
                     _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
                 else:
                     os.read(wake_r, 4096)
-                    _reap(sock, children)
+                    for pid in _reap(sock, children):
+                        spares.exited(pid)
     finally:
         for pid in children:
             try:
@@ -151,16 +161,20 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 pass
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
+def _reap(sock: socket.socket, children: set[int]) -> list[int]:
+    """Report every child that exited; return their pids."""
+    reaped: list[int] = []
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
+            break
         children.discard(pid)
+        reaped.append(pid)
         _send(sock, {"op": "exit", "pid": pid, "status": status, "reason": describe_status(status)})
+    return reaped
 
 
 def main() -> None:
