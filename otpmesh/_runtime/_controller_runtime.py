@@ -476,13 +476,10 @@ class Runtime:
         return True
 
     async def _report_death(self, proc: Proc, conn: Connection) -> None:
-        # EOF comes first; the exit status follows from the fork server within milliseconds,
-        # more on a busy machine (it must be scheduled to reap): a worker of this host that is
-        # a zombie already says it itself, the same status its fork server will report.
-        status = None if proc.host is not None else zombie_status(proc.pid, self.forkserver.pid)
-        if status is not None and self._by_pid.pop(proc.pid, None) is proc:
-            self.mark_exited(proc, describe_status(status))
+        # EOF comes first; the exit status follows from the fork server within milliseconds.
         with trio.move_on_after(_EXIT_STATUS_WAIT):
+            if proc.host is None:
+                await self._exit_status(proc)
             await proc.exited.wait()
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
@@ -494,6 +491,33 @@ class Runtime:
         # anything else is a process failure.
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
+
+    async def _exit_status(self, proc: Proc) -> None:
+        """Until `proc` is known to have exited, and why: from its fork server's report, or
+        from the process itself, once it is a zombie (the kernel keeps its wait status until
+        its parent reaps it), whichever comes first. On a busy machine the fork server's report
+        can come well after (it must be scheduled to wake, reap and write); the status is the
+        same. A closed connection means the process is exiting, not yet that it is a zombie:
+        its pidfd says when."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            return  # reaped already: its fork server's report is on its way
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def from_itself() -> None:
+                    await trio.lowlevel.wait_readable(pidfd)
+                    status = zombie_status(proc.pid, self.forkserver.pid)
+                    if status is not None and self._by_pid.pop(proc.pid, None) is proc:
+                        self.mark_exited(proc, describe_status(status))
+
+                nursery.start_soon(from_itself)
+                await proc.exited.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)
