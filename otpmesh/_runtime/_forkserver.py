@@ -58,6 +58,10 @@ def _child(
     started = False
     try:
         disown_finalizers()  # the server's objects' finalizers are not this worker's
+        # A session of its own, so a scheduling group (autogroup) of its own: CPU is shared
+        # between groups first. In the server's, every worker shared one group's share, and a
+        # restarting worker got a sliver of it beside busy siblings' threads (issue 26).
+        os.setsid()
         sock.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

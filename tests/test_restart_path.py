@@ -1,7 +1,11 @@
-"""A SIGKILLed worker's slot is refilled by the spare its fork server started ahead
+"""The path of a restart after a SIGKILL (docs/architecture.md, "How a restart flows").
+
+A SIGKILLed worker's slot is refilled by the spare its fork server started ahead
 (_runtime/_spare.py): the new incarnation runs in that process, with its own slot's environment
-and output; a spare started for other settings is retired, never handed out; and a death is
-known from the dead worker's own exit status even while its fork server cannot report it."""
+and output; a spare started for other settings is retired, never handed out. A death is known
+from the dead worker's own exit status even while its fork server cannot report it. Every worker
+is in a session (so a scheduling group) of its own, not its siblings'. How fast each step is,
+``python -m otpmesh.bench`` and ``python -m otpmesh.bench_rl`` measure; no test times it."""
 
 from __future__ import annotations
 
@@ -147,5 +151,23 @@ def test_a_death_is_known_from_its_exit_status_while_its_fork_server_cannot_repo
             finally:
                 os.kill(server, signal.SIGCONT)
             assert await _new_pid(ref, pid) != pid  # and the restart goes on once it runs
+
+    run_trio(body)
+
+
+def test_every_worker_is_in_a_session_of_its_own_so_busy_siblings_share_no_cpu_with_it() -> None:
+    """Linux shares CPU between sessions' scheduling groups (autogroups) before the processes
+    in them: in one session, a restarting worker beside busy siblings got a sliver of their
+    one share (issue 26: a rollout's restart 3x the learner's, whose siblings were idle)."""
+    tree = otpmesh.Supervisor(
+        "s", children=[otpmesh.Mesh("m", Probe, shape={"procs": 2}, intensity=5)]
+    )
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            pids = (await app.mesh("s/m").pid()).values()
+            assert [os.getsid(pid) for pid in pids] == pids
+            spare = await _spare(set(pids))
+            assert os.getsid(spare) == spare
 
     run_trio(body)
