@@ -124,6 +124,12 @@ def test_a_spare_started_for_other_settings_is_retired_not_handed_out(tmp_path: 
                 assert await _spare({new}) != spare  # the next one, with the new settings
             finally:
                 sys.path.remove(extra)
+        # The tree stopped: nothing of it will restart, so no spare is kept either.
+        server = (await runtime()).forkserver.pid
+        assert server is not None
+        with trio.fail_after(10):
+            while _children(server):
+                await trio.sleep(0.01)
 
     run_trio(body)
 

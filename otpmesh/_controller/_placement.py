@@ -243,6 +243,7 @@ class ProcsPlacement:
         return proc if proc is not None and proc.alive else None
 
     async def close(self) -> None:
+        self._rt.retire_spare()  # stopped: no process of this tree will be restarted
         for proc in self._procs.values():
             if proc.alive and proc.conn is not None:
                 self._rt.node.sys_cast(proc.conn, "shutdown", {"timeout": 1.0})

@@ -340,6 +340,11 @@ class Runtime:
         if _spare.WANTED and self.forkserver.ready.is_set() and not self.forkserver.gone:
             self.forkserver.want_spare(self._secret_cfg(self._app_cfg(self.node.addr)))
 
+    def retire_spare(self) -> None:
+        """No spare worker now (the tree that would restart processes has stopped)."""
+        if self.forkserver.ready.is_set() and not self.forkserver.gone:
+            self.forkserver.want_spare(None)
+
     def _secret_cfg(self, cfg: dict[str, Any]) -> dict[str, Any]:
         # The secrets ride the fork server's private socket pair, never argv or the environment
         # (a host agent gives its workers the cluster's instead: this app's never leaves it).

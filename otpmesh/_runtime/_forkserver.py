@@ -142,8 +142,11 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                         if req["pid"] in children:
                             os.kill(req["pid"], req.get("sig", signal.SIGKILL))
                         continue
-                    if req["op"] == "spare":
-                        spares.want(template(req["cfg"]))
+                    if req["op"] == "spare":  # without a config: none
+                        if req["cfg"] is None:
+                            spares.retire()
+                        else:
+                            spares.want(template(req["cfg"]))
                         continue
                     spare = spares.take(req, fds)
                     pid = os.fork() if spare is None else spare

@@ -69,7 +69,7 @@ class SparePool:
         if self._spare is not None:
             if self._spare.cfg == cfg:
                 return
-            self._retire()
+            self.retire()
         pid, sock = self._fork_spare(cfg)
         self._spare = _Spare(pid, sock, cfg)
 
@@ -81,7 +81,7 @@ class SparePool:
             return None
         if spare.cfg != template(req["cfg"]):
             self._spare = spare
-            self._retire()
+            self.retire()
             return None
         assignment = {
             "env": req["env"],
@@ -105,7 +105,8 @@ class SparePool:
             self._spare.sock.close()
             self._spare = None
 
-    def _retire(self) -> None:
+    def retire(self) -> None:
+        """Have no spare (it is SIGKILLed: it ran no user code)."""
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.sock.close()  # it reads the end of its socket and exits
