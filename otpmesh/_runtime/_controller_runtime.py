@@ -168,6 +168,7 @@ class Runtime:
         #: itself, outside any tree): otpmesh.monarch's unhandled-fault hook listens here.
         self.unowned_failures: list[Callable[[MeshFailure], None]] = []
         self._fork_server_started = False
+        self._spare_asked = False  # a spare is to be asked for (want_spare)
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
@@ -336,8 +337,17 @@ class Runtime:
 
     def want_spare(self) -> None:
         """Have this host's fork server start a spare worker for the next process it forks
-        (_spare.py), unless it has one: called once an actor is up, off any critical path."""
-        if _spare.WANTED and self.forkserver.ready.is_set() and not self.forkserver.gone:
+        (_spare.py), unless it has one: called once an actor is up. Asked a moment later, so
+        that forking it (a torch-sized page table copied) does not compete for the CPU with
+        the calls waiting for that actor."""
+        if _spare.WANTED and self.nursery is not None and not self._spare_asked:
+            self._spare_asked = True
+            self.nursery.start_soon(self._ask_for_spare)
+
+    async def _ask_for_spare(self) -> None:
+        await trio.sleep(_spare.ASK_AFTER)
+        self._spare_asked = False
+        if self.forkserver.ready.is_set() and not self.forkserver.gone:
             self.forkserver.want_spare(self._secret_cfg(self._app_cfg(self.node.addr)))
 
     def retire_spare(self) -> None:

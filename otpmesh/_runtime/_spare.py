@@ -37,6 +37,8 @@ PER_PROCESS = ("proc", "token")
 #: How many spares the controller keeps (0 or 1): ``OTPMESH_SPARE_WORKERS=0`` turns them off,
 #: for a program that never restarts a process and would rather not hold an idle one.
 WANTED = 1 if os.environ.get("OTPMESH_SPARE_WORKERS", "1") != "0" else 0
+#: Seconds from an actor's start to asking for the next spare: its first calls go first.
+ASK_AFTER = 0.05
 _MAX_PACKET = 1 << 20
 
 
