@@ -181,19 +181,24 @@ async def _restart_after_exception(n: int) -> list[float]:
     return samples
 
 
-async def _restart_after_sigkill(n: int) -> list[float]:
+async def _restart_after_sigkill(n: int) -> tuple[list[float], list[float]]:
+    """Seconds from a SIGKILL to the next reply (the new incarnation's), and to the death
+    noticed: its supervisor deciding on the child's exit (the log entry's time)."""
     tree = otpmesh.Supervisor("b", intensity=n + 1, children=[otpmesh.Worker("w", BenchActor)])
-    samples = []
+    samples, noticed = [], []
     async with otpmesh.start(tree) as app:
         ref = app.actor("b/w")
         for _ in range(n):
             pid, _token = await ref.ident()
-            start = time.perf_counter()
+            await app.settled()
+            exits = len(app.events.of_kind("child_exited"))
+            start, clock = time.perf_counter(), trio.current_time()
             os.kill(pid, signal.SIGKILL)
             while (await _until_answers(ref.ident))[0] == pid:
                 await trio.sleep(0)
             samples.append(time.perf_counter() - start)
-    return samples
+            noticed.append(app.events.of_kind("child_exited")[exits].time - clock)
+    return samples, noticed
 
 
 async def _one_for_all_after_sigkill(n: int) -> list[float]:
@@ -347,7 +352,7 @@ async def run_benchmarks(
     step()
     after_exception = await _restart_after_exception(restarts[0])
     step()
-    after_sigkill = await _restart_after_sigkill(restarts[1])
+    after_sigkill, death_noticed = await _restart_after_sigkill(restarts[1])
     step()
     group_after_sigkill = await _one_for_all_after_sigkill(restarts[2])
 
@@ -370,6 +375,7 @@ async def run_benchmarks(
         "mesh_4_to_first_reply_s": round(first_reply, 3),
         "restart_ms": {
             "after_exception_to_next_reply_p50": _ms(after_exception),
+            "sigkill_to_death_noticed_p50": _ms(death_noticed),
             "after_sigkill_to_next_reply_p50": _ms(after_sigkill),
             "one_for_all_4_after_sigkill_p50": _ms(group_after_sigkill),
             "after_exception_vs_baseline_round_trips": round(

@@ -8,7 +8,13 @@ import subprocess
 import sys
 import time
 
-from otpmesh._runtime._liveness import HARD_FACTOR, proc_state, verdict
+from otpmesh._runtime._liveness import (
+    HARD_FACTOR,
+    describe_status,
+    proc_state,
+    verdict,
+    zombie_status,
+)
 
 
 def test_a_stopped_process_is_hung_at_the_timeout() -> None:
@@ -67,3 +73,20 @@ def test_a_worker_silent_but_not_stopped_is_not_killed_at_the_heartbeat_timeout(
             assert procs.pids == [pid] and await holder.hold(0) == pid
 
     run_trio(body, timeout=60)
+
+
+def test_an_unreaped_child_says_its_own_exit_status_and_only_to_its_parent() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    try:
+        deadline = time.monotonic() + 10
+        while proc_state(pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert zombie_status(pid, os.getppid()) is None  # not a child of that process
+        status = zombie_status(pid, os.getpid())
+    finally:
+        _, reaped = os.waitpid(pid, 0)
+    assert status == reaped
+    assert describe_status(reaped) == "exited with code 3"
+    assert zombie_status(pid, os.getpid()) is None  # reaped: the pid may be anyone's now

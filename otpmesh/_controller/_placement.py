@@ -196,6 +196,8 @@ class ProcsPlacement:
             self._started(slot, path, incarnation, proc)
         else:
             self._rt.exited_hooks(path, incarnation, NORMAL)  # ignored: it owns nothing
+        if proc.host is None:
+            self._rt.want_spare()  # the next restart's process, forked now it costs no one
         return str(result)
 
     def _started(self, slot: Slot, path: str, incarnation: int, proc: Proc) -> None:
@@ -253,6 +255,7 @@ class ProcsPlacement:
         return proc if proc is not None and proc.alive else None
 
     async def close(self) -> None:
+        self._rt.retire_spare()  # stopped: no process of this tree will be restarted
         for proc in self._procs.values():
             if proc.alive and proc.conn is not None:
                 self._rt.node.sys_cast(proc.conn, "shutdown", {"timeout": 1.0})

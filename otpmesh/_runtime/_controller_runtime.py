@@ -32,8 +32,9 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
+from . import _spare
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
-from ._liveness import HARD_FACTOR
+from ._liveness import HARD_FACTOR, describe_status, zombie_status
 from ._statedir import TakeoverState
 from ._watchdog import Watchdog, hung_reason
 
@@ -185,6 +186,7 @@ class Runtime:
         #: With a takeover set up (_takeover.py): the epoch, the fork server's standby socket
         #: and grace, and where workers write while no controller reads their pipes.
         self.takeover: TakeoverState | None = None
+        self._spare_asked = False  # a spare is to be asked for (want_spare)
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
@@ -361,8 +363,19 @@ class Runtime:
 
     def _worker_cfg(self, proc: Proc, controller: str | None) -> dict[str, Any]:
         return {
-            "controller": controller,
+            **self._app_cfg(controller),
             "proc": proc.proc_id,
+            # Presented in its HELLO: no other holder of the secret can register as it.
+            "token": proc.token,
+            # Per process (its output file), so a spare, started from the app's part, is not
+            # taken for an app with a takeover set up: a fresh fork gets these.
+            **(self.takeover.for_worker(proc.proc_id) if self.takeover else {}),
+        }
+
+    def _app_cfg(self, controller: str | None) -> dict[str, Any]:
+        """What every worker of this app is started with, whichever process it will be."""
+        return {
+            "controller": controller,
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
             "log_level": logging.getLogger("otpmesh").getEffectiveLevel(),
@@ -370,17 +383,36 @@ class Runtime:
             **this_main().to_cfg(),
             # A host agent's worker is watched with the agent's own timeout, unknown here.
             "heartbeat_interval": HEARTBEAT_INTERVAL,
-            # Presented in its HELLO: no other holder of the secret can register as it.
-            "token": proc.token,
-            **(self.takeover.for_worker(proc.proc_id) if self.takeover else {}),
         }
+
+    def want_spare(self) -> None:
+        """Have this host's fork server start a spare worker for the next process it forks
+        (_spare.py), unless it has one: called once an actor is up. Asked a moment later, so
+        that forking it (a torch-sized page table copied) does not compete for the CPU with
+        the calls waiting for that actor."""
+        if _spare.WANTED and self.nursery is not None and not self._spare_asked:
+            self._spare_asked = True
+            self.nursery.start_soon(self._ask_for_spare)
+
+    async def _ask_for_spare(self) -> None:
+        await trio.sleep(_spare.ASK_AFTER)
+        self._spare_asked = False
+        if self.forkserver.ready.is_set() and not self.forkserver.gone:
+            self.forkserver.want_spare(self._secret_cfg(self._app_cfg(self.node.addr)))
+
+    def retire_spare(self) -> None:
+        """No spare worker now (the tree that would restart processes has stopped)."""
+        if self.forkserver.ready.is_set() and not self.forkserver.gone:
+            self.forkserver.want_spare(None)
+
+    def _secret_cfg(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        # The secrets ride the fork server's private socket pair, never argv or the environment
+        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
+        return dict(cfg, secret=self.node.secret, tcp_secret=self.node.tcp_secret)
 
     async def _fork(self, proc: Proc, env: dict[str, str]) -> None:
         assert self.nursery is not None
-        cfg = self._worker_cfg(proc, self.node.addr)
-        # The secrets ride the fork server's private socket pair, never argv or the environment
-        # (a host agent gives its workers the cluster's instead: this app's never leaves it).
-        cfg.update(secret=self.node.secret, tcp_secret=self.node.tcp_secret)
+        cfg = self._secret_cfg(self._worker_cfg(proc, self.node.addr))
         cfg["heartbeat_interval"] = beat_interval(proc.heartbeat_timeout)  # watched here
         self.watch_pipes(proc, *await self.forkserver.spawn(proc.proc_id, env, cfg))
 
@@ -518,6 +550,8 @@ class Runtime:
     async def _report_death(self, proc: Proc, conn: Connection) -> None:
         # EOF comes first; the exit status follows from the fork server within milliseconds.
         with trio.move_on_after(_EXIT_STATUS_WAIT):
+            if proc.host is None:
+                await self._exit_status(proc)
             await proc.exited.wait()
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
@@ -529,6 +563,33 @@ class Runtime:
         # anything else is a process failure.
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
+
+    async def _exit_status(self, proc: Proc) -> None:
+        """Until `proc` is known to have exited, and why: from its fork server's report, or
+        from the process itself, once it is a zombie (the kernel keeps its wait status until
+        its parent reaps it), whichever comes first. On a busy machine the fork server's report
+        can come well after (it must be scheduled to wake, reap and write); the status is the
+        same. A closed connection means the process is exiting, not yet that it is a zombie:
+        its pidfd says when."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            return  # reaped already: its fork server's report is on its way
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def from_itself() -> None:
+                    await trio.lowlevel.wait_readable(pidfd)
+                    status = zombie_status(proc.pid, self.forkserver.pid)
+                    if status is not None and self._by_pid.pop(proc.pid, None) is proc:
+                        self.mark_exited(proc, describe_status(status))
+
+                nursery.start_soon(from_itself)
+                await proc.exited.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)

@@ -161,6 +161,15 @@ class ForkServer:
                 os.close(fd)
         return out_r, err_r, beat_r, ctl_w
 
+    def want_spare(self, cfg: dict[str, Any] | None) -> None:
+        """Ask for a spare worker started from `cfg`, the app's part of a worker config
+        (_spare.py); one the server has for it already is kept. None: no spare."""
+        if self._raw is not None and not self.gone:
+            try:
+                self._raw.send(msgpack.packb({"op": "spare", "cfg": cfg}))
+            except OSError:
+                pass
+
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         """Signal a worker (SIGKILL: the fork server, its parent, then reports the exit)."""
         if pid and self._raw is not None and not self.gone:

@@ -28,6 +28,8 @@ import msgpack
 
 from ._exitfuncs import disown_finalizers, run_exit_functions
 from ._forkstandby import ControllerLink, Standby
+from ._liveness import describe_status
+from ._spare import SparePool, template
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
@@ -42,18 +44,6 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def describe_status(status: int) -> str:
-    """A waitpid status in words: 'exited with code 1', 'killed by signal 9 (SIGKILL)'."""
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown"
-        return f"killed by signal {-code} ({name})"
-    return f"exited with code {code}"
-
-
 def _child(
     sock: socket.socket,
     wake_r: int,
@@ -62,25 +52,31 @@ def _child(
     fds: list[int],
     server_pid: int,
     standby: Standby | None,
+    server_fds: list[int],
 ) -> None:
     code = 1
     started = False
     try:
         disown_finalizers()  # the server's objects' finalizers are not this worker's
+        # A session of its own, so a scheduling group (autogroup) of its own: CPU is shared
+        # between groups first. In the server's, every worker shared one group's share, and a
+        # restarting worker got a sliver of it beside busy siblings' threads (issue 26).
+        os.setsid()
         sock.close()
         if standby is not None:
             standby.listener.close()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.close(wake_r)
-        os.close(wake_w)
-        out, err, heartbeat, control = fds
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.close(out)
-        os.close(err)
-        req["cfg"]["heartbeat_fd"] = heartbeat
-        req["cfg"]["control_fd"] = control
+        for fd in (wake_r, wake_w, *server_fds):
+            os.close(fd)
+        if fds:  # a spare (_spare.py) is given its pipes and environment with its process
+            out, err, heartbeat, control = fds
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            os.close(out)
+            os.close(err)
+            req["cfg"]["heartbeat_fd"] = heartbeat
+            req["cfg"]["control_fd"] = control
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
@@ -143,8 +139,22 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
     children: set[int] = set()
     server_pid = os.getpid()
     link = ControllerLink(sock)
-    link.send({"op": "ready", "pid": server_pid})
     standby: Standby | None = None
+
+    def fork_spare(cfg: dict[str, Any]) -> tuple[int, socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            req = {"env": {}, "cfg": dict(cfg, spare_fd=theirs.fileno())}
+            assert link.sock is not None  # a spare is asked for by the controller linked now
+            _child(link.sock, wake_r, wake_w, req, [], server_pid, standby, spares.fds())
+        theirs.close()
+        children.add(pid)
+        return pid, ours
+
+    spares = SparePool(fork_spare)
+    link.send({"op": "ready", "pid": server_pid})
     try:
         while True:
             timeout = standby.left() if standby is not None and link.sock is None else None
@@ -178,16 +188,26 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                         if req["pid"] in children:
                             os.kill(req["pid"], req.get("sig", signal.SIGKILL))
                         continue
-                    pid = os.fork()
+                    if req["op"] == "spare":  # without a config: none
+                        if req["cfg"] is None:
+                            spares.retire()
+                        else:
+                            spares.want(template(req["cfg"]))
+                        continue
+                    spare = spares.take(req, fds)
+                    pid = os.fork() if spare is None else spare
                     if pid == 0:
-                        _child(link.sock, wake_r, wake_w, req, fds, server_pid, standby)
+                        _child(
+                            link.sock, wake_r, wake_w, req, fds, server_pid, standby, spares.fds()
+                        )
                     for fd in fds:
                         os.close(fd)
                     children.add(pid)
                     link.send({"op": "spawned", "id": req["id"], "pid": pid})
                 else:
                     os.read(wake_r, 4096)
-                    _reap(link, children)
+                    for pid in _reap(link, children):
+                        spares.exited(pid)
     finally:
         if standby is not None:
             standby.close()
@@ -198,16 +218,20 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 pass
 
 
-def _reap(link: ControllerLink, children: set[int]) -> None:
+def _reap(link: ControllerLink, children: set[int]) -> list[int]:
+    """Report every child that exited; return their pids."""
+    reaped: list[int] = []
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
+            break
         children.discard(pid)
+        reaped.append(pid)
         link.send({"op": "exit", "pid": pid, "status": status, "reason": describe_status(status)})
+    return reaped
 
 
 def main() -> None:

@@ -16,7 +16,10 @@ Pure functions over the state and the silence; ``_forkclient.watch_heartbeat`` d
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
+
+from .._wire._unproven import stat_fields
 
 #: A live, not stopped process is declared hung after this many heartbeat timeouts of silence.
 HARD_FACTOR = 10.0
@@ -24,16 +27,32 @@ HARD_FACTOR = 10.0
 
 def proc_state(pid: int) -> str | None:
     """The kernel's one-letter state of process `pid` (R, S, D, T, t, Z, X, ...), or None."""
-    if pid <= 0:
+    fields = stat_fields(pid)
+    return fields[0].decode() if fields else None
+
+
+def describe_status(status: int) -> str:
+    """A waitpid status in words: 'exited with code 1', 'killed by signal 9 (SIGKILL)'."""
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def zombie_status(pid: int, parent: int | None) -> int | None:
+    """The wait status of `pid` if it already exited and `parent` has not reaped it yet (a
+    zombie: its pid cannot be reused meanwhile), from ``/proc/PID/stat``; None otherwise.
+    A worker's exit is known from this the moment its connection closes, without waiting for
+    its fork server to wake up, reap it and report (which a busy machine can delay)."""
+    fields = stat_fields(pid) if parent is not None else None
+    # From the state (field 3) on: ppid is field 4, exit_code (the wait status) field 52.
+    if fields is None or len(fields) < 50 or fields[0] != b"Z" or int(fields[1]) != parent:
         return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
-    rest = stat[stat.rfind(b")") + 2 :]
-    return rest[:1].decode() if rest else None
+    return int(fields[49])
 
 
 def verdict(state: str | None, silent_for: float, timeout: float) -> str | None:

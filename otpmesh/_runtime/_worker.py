@@ -26,6 +26,7 @@ from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
+from . import _spare
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
@@ -95,16 +96,19 @@ class Worker:
 
     async def main(self) -> None:
         set_current_node(self.node)
-        if self.cfg.get("heartbeat_fd") is not None:
-            self.watchdog = Watchdog(
-                lambda: self.node.actors,
-                beat_fd=self.cfg["heartbeat_fd"],
-                control_fd=self.cfg.get("control_fd"),
-                interval=self.cfg["heartbeat_interval"],
-                token=trio.lowlevel.current_trio_token(),
-            ).start()
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
+            if not await _spare.assignment(self.cfg):  # a spare waits here for its process
+                nursery.cancel_scope.cancel()
+                return
+            if self.cfg.get("heartbeat_fd") is not None:
+                self.watchdog = Watchdog(
+                    lambda: self.node.actors,
+                    beat_fd=self.cfg["heartbeat_fd"],
+                    control_fd=self.cfg.get("control_fd"),
+                    interval=self.cfg["heartbeat_interval"],
+                    token=trio.lowlevel.current_trio_token(),
+                ).start()
             controller = self.cfg["controller"]
             sock, mac = await dial(controller, self.node.secret_for(controller))
             conn = Connection(

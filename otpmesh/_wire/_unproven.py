@@ -95,16 +95,25 @@ class Unproven:
                 del self._by_peer[slot.peer]
 
 
-def parent_pid(pid: int) -> int | None:
-    """The parent of process `pid` (from /proc), or None when it cannot be read (gone, no
-    /proc, no descriptor left to open it with)."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` from the state (field 3) on, or None when it cannot be
+    read (gone, no /proc, no descriptor left to open it with)."""
+    if pid <= 0:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of process `pid` (from /proc), or None when it cannot be read."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     try:
         return int(fields[1])
     except (IndexError, ValueError):
