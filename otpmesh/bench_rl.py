@@ -382,8 +382,14 @@ def table(result: dict[str, Any]) -> Any:
         row("  extra before the update", lambda v, k=key: v[k]["extra_before_update_s"], extra)
         row("  kill to the update asked again", lambda v, k=key: v[k]["kill_to_update_again_s"])
         for figure in RESTART_FIGURES:
-            row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f])
+            row(f"  {figure[:-2].replace('_', ' ')}", lambda v, k=key, f=figure: v[k][f], before)
     return out
+
+
+def before(value: float) -> str:
+    """A restart figure; one before the kill (a spare worker forked ahead, a module it had
+    imported already) says so rather than showing a negative time."""
+    return seconds(value) if value >= 0 else f"before the kill ({seconds(-value)})"
 
 
 def main(argv: list[str] | None = None) -> None:

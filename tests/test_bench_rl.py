@@ -86,7 +86,8 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
         "weight_sync_share": 0.1,
         "rollout_sigkill_mid_generate": figures | {"extra_before_update_s": 0.125},
         "learner_sigkill_mid_update": figures | {"kill_to_update_again_s": 0.375},
-        "rollout_sigkill_idle": {f: 0.75 for f in RESTART_FIGURES},
+        "rollout_sigkill_idle": {f: 0.75 for f in RESTART_FIGURES}
+        | {"kill_to_process_start_s": -20.5},  # the spare it restarted in was forked before
     }
     console = Console(width=120, record=True)
     console.print(table({"machine": {"cpus": 2}, "variants": [variant]}))
@@ -96,6 +97,7 @@ def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
     assert "0.100 s (19)" in text  # the median iteration and how many it is the median of
     assert "handle round trip" in text and "3.0 ms" in text
     assert "rollout SIGKILLed between iterations" in text and "0.750 s" in text
+    assert "before the kill (20.500 s)" in text and "-20" not in text
     assert "kill to the update asked again" in text and "0.375 s" in text
     assert "score" in text and "10.0 ms" in text  # under a tenth of a second: in ms
     # The idle kill has no extra time: its row is left out, not filled with "-".
