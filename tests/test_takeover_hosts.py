@@ -1,0 +1,168 @@
+"""A takeover across hosts (docs/guides/takeover.md, "Across hosts"): the active controller,
+its standby and two host agents each in a network namespace of their own, 4 workers holding
+state, a driver loop running. The active controller is SIGKILLed, or its host cut off; the
+standby takes the agents and their workers over, every actor keeps its state value by value,
+none is restarted, and the old controller never drives an actor after the takeover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from otpmesh._hosts._hostover import GIVE_UP_STATUS
+from otpmesh.testing import netns
+from tests.conftest import SLOWDOWN, alive
+
+NETNS_UNAVAILABLE = netns.unavailable()
+pytestmark = pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"{NETNS_UNAVAILABLE}")
+
+JOB = str(Path(__file__).with_name("hosts_takeover_job.py"))
+PORT = 7391
+STEPS = 60
+
+
+@pytest.fixture
+def spaces() -> Iterator[netns.NetnsHosts]:
+    hosts = netns.make_hosts(4)  # 0: the active controller, 1: the standby, 2 and 3: agents
+    try:
+        yield hosts
+    finally:
+        hosts.remove()
+
+
+def _wait(what: str, predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout * SLOWDOWN
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _read(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Run:
+    """The four processes of one run, and where their results land."""
+
+    def __init__(self, spaces: netns.NetnsHosts, tmp: Path) -> None:
+        self.spaces, self.tmp = spaces, tmp
+        self.out = tmp / "report.json"
+        env = dict(os.environ, OTPMESH_SECRET="test-cluster-secret", PYTHONUNBUFFERED="1")
+        controllers = f"tcp:{spaces.ip(0)}:{PORT},tcp:{spaces.ip(1)}:{PORT}"
+        self.agents = [
+            subprocess.Popen(
+                [*spaces.prefixes()[2 + rank], sys.executable, "-m", "otpmesh", "agent"]
+                + ["--controller", controllers, "--rank", str(rank), "--name", f"host{rank}"],
+                env=env,
+            )
+            for rank in (0, 1)
+        ]
+        state = tmp / "state"
+        self.controllers = []
+        for i, extra in ((0, []), (1, ["--standby"])):
+            argv = [*spaces.prefixes()[i], sys.executable, JOB, "--dir", str(state)]
+            argv += ["--listen", spaces.ip(i), "--port", str(PORT), "--out", str(self.out)]
+            err = open(tmp / f"controller{i}.err", "wb")  # noqa: SIM115
+            self.controllers.append(
+                subprocess.Popen(argv + extra, env=env, stderr=err, cwd=os.getcwd())
+            )
+            if i == 0:  # the standby comes once the active one runs the tree
+                _wait("the active controller's first step", self.progress_at_least(1), 120)
+
+    def progress_at_least(self, n: int) -> object:
+        return lambda: (_read(self.tmp / "report.json.progress") or 0) >= n
+
+    def start_states(self, pid: int) -> list[dict[str, object]]:
+        states = _read(self.tmp / f"report.json.{pid}.start")
+        assert isinstance(states, list), f"no start states from pid {pid}"
+        return states
+
+    def stop(self) -> None:
+        for proc in [*self.controllers, *self.agents]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _check_the_takeover(run: Run, old: subprocess.Popen[bytes]) -> None:
+    active, standby = run.controllers
+    assert standby.wait(120 * SLOWDOWN) == 0, (run.tmp / "controller1.err").read_text()
+    report = _read(run.out)
+    assert isinstance(report, dict) and report["controller"] == standby.pid
+    before = run.start_states(active.pid)
+    after_start = run.start_states(standby.pid)
+    # No actor restarted: the same 4 processes before and after, every one still counting.
+    pids = sorted(s["pid"] for s in before)
+    assert len(set(pids)) == 4
+    err = (run.tmp / "controller1.err").read_text()
+    assert sorted(s["pid"] for s in report["states"]) == pids, err
+    assert min(s["step"] for s in after_start) >= 10  # it resumed where the active one was
+    # Value by value: every step applied exactly once, in order, in the same process.
+    for state in report["states"]:
+        assert state["step"] == STEPS
+        assert state["total"] == sum(range(STEPS))
+        senders = [sender for _, sender in state["seen"]]
+        # The old controller never drove an actor after the takeover: its calls all come
+        # before the standby's first.
+        first_new = senders.index(standby.pid)
+        assert set(senders[:first_new]) == {active.pid}
+        assert set(senders[first_new:]) == {standby.pid}
+        applied = sorted({step for step, _ in state["seen"]})
+        assert applied == list(range(STEPS))
+    # The old controller is gone, and so is everything else: the standby stopped the tree in
+    # order, and its agents with it.
+    assert old.poll() is not None and not alive(active.pid)
+    for agent in run.agents:
+        assert agent.wait(30 * SLOWDOWN) == 0
+    _wait("every worker to exit", lambda: not any(alive(p) for p in pids), 10)
+
+
+def test_standby_takes_the_agents_over_when_the_active_controller_is_sigkilled(
+    spaces: netns.NetnsHosts, tmp_path: Path
+) -> None:
+    run = Run(spaces, tmp_path)
+    try:
+        _wait("step 10", run.progress_at_least(10), 60)
+        active = run.controllers[0]
+        os.kill(active.pid, signal.SIGKILL)
+        active.wait()
+        _check_the_takeover(run, active)
+    finally:
+        run.stop()
+
+
+def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
+    spaces: netns.NetnsHosts, tmp_path: Path
+) -> None:
+    run = Run(spaces, tmp_path)
+    try:
+        _wait("step 10", run.progress_at_least(10), 60)
+        active = run.controllers[0]
+        spaces.cut(0)  # its host leaves the network: nothing is told, no connection closes
+        try:
+            _wait("the standby's first step", lambda: run.tmp.glob("report.json.*.start"), 60)
+            _wait(
+                "the standby's start",
+                lambda: (run.tmp / f"report.json.{run.controllers[1].pid}.start").exists(),
+                60,
+            )
+        finally:
+            spaces.reconnect(0)  # the partition heals
+        assert active.wait(30 * SLOWDOWN) == GIVE_UP_STATUS
+        err = (tmp_path / "controller0.err").read_text()
+        assert "gives up its place" in err, err
+        _check_the_takeover(run, active)
+    finally:
+        run.stop()
