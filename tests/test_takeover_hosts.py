@@ -56,28 +56,26 @@ def _read(path: Path) -> object:
 class Run:
     """The four processes of one run, and where their results land."""
 
-    def __init__(self, spaces: netns.NetnsHosts, tmp: Path) -> None:
+    def __init__(
+        self, spaces: netns.NetnsHosts, tmp: Path, *, standby: bool = True, grace: float = 30.0
+    ) -> None:
         self.spaces, self.tmp = spaces, tmp
         self.out = tmp / "report.json"
         env = dict(os.environ, OTPMESH_SECRET="test-cluster-secret", PYTHONUNBUFFERED="1")
         controllers = f"tcp:{spaces.ip(0)}:{PORT},tcp:{spaces.ip(1)}:{PORT}"
-        self.agents = [
-            subprocess.Popen(
-                [*spaces.prefixes()[2 + rank], sys.executable, "-m", "otpmesh", "agent"]
-                + ["--controller", controllers, "--rank", str(rank), "--name", f"host{rank}"],
-                env=env,
-            )
-            for rank in (0, 1)
-        ]
+        self.agents = []
+        for rank in (0, 1):
+            argv = [*spaces.prefixes()[2 + rank], sys.executable, "-m", "otpmesh", "agent"]
+            argv += ["--controller", controllers, "--rank", str(rank), "--name", f"host{rank}"]
+            self.agents.append(subprocess.Popen(argv, env=env))
         state = tmp / "state"
         self.controllers = []
-        for i, extra in ((0, []), (1, ["--standby"])):
+        for i in (0, 1) if standby else (0,):
             argv = [*spaces.prefixes()[i], sys.executable, JOB, "--dir", str(state)]
             argv += ["--listen", spaces.ip(i), "--port", str(PORT), "--out", str(self.out)]
-            err = open(tmp / f"controller{i}.err", "wb")  # noqa: SIM115
-            self.controllers.append(
-                subprocess.Popen(argv + extra, env=env, stderr=err, cwd=os.getcwd())
-            )
+            argv += ["--grace", str(grace), *(["--standby"] if i else [])]
+            with open(tmp / f"controller{i}.err", "wb") as err:
+                self.controllers.append(subprocess.Popen(argv, env=env, stderr=err))
             if i == 0:  # the standby comes once the active one runs the tree
                 _wait("the active controller's first step", self.progress_at_least(1), 120)
 
@@ -162,7 +160,33 @@ def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
             spaces.reconnect(0)  # the partition heals
         assert active.wait(30 * SLOWDOWN) == GIVE_UP_STATUS
         err = (tmp_path / "controller0.err").read_text()
-        assert "gives up its place" in err, err
+        assert "is cut off from 2 of its 2 hosts" in err, err
+        # It still held the flock lease when the standby took over: the hosts were the
+        # standby's witnesses, and the old one learnt of the new epoch, and gave up.
+        assert "fenced: a controller at epoch 2 took the app over" in err, err
         _check_the_takeover(run, active)
+    finally:
+        run.stop()
+
+
+def test_without_a_standby_the_agents_kill_their_workers_when_the_grace_ends(
+    spaces: netns.NetnsHosts, tmp_path: Path
+) -> None:
+    """Nobody takes over: each agent keeps its workers for the grace period, then kills them,
+    and goes on as an agent without a controller (registering afresh): nothing is orphaned."""
+    grace = 3.0
+    run = Run(spaces, tmp_path, standby=False, grace=grace)
+    try:
+        _wait("step 3", run.progress_at_least(3), 60)
+        active = run.controllers[0]
+        pids = [s["pid"] for s in run.start_states(active.pid)]
+        os.kill(active.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        active.wait()
+        time.sleep(grace / 2)
+        assert all(alive(p) for p in pids)  # kept for a standby meanwhile
+        _wait("every worker to exit", lambda: not any(alive(p) for p in pids), grace + 10)
+        assert time.monotonic() - killed >= grace
+        assert all(agent.poll() is None for agent in run.agents)  # the agents stay
     finally:
         run.stop()

@@ -142,7 +142,8 @@ class Agent:
                     await self._session()
                     give_up = trio.current_time() + self.reconnect
                 except (OSError, ProtocolError, trio.TooSlowError) as exc:
-                    log.warning("agent %s: cannot reach %s: %s", self.name, self.controller, exc)
+                    level = logging.DEBUG if self.grace.waiting else logging.WARNING
+                    log.log(level, "agent %s: cannot reach %s: %s", self.name, self.controller, exc)
                 if not self._stopping and self.grace.keeps_workers():
                     # Waiting for a standby: the next address of the list, at once.
                     i = self.controllers.index(self.controller) + 1

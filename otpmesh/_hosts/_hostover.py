@@ -24,13 +24,16 @@ import logging
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, OtpmeshError
 from .._runtime._controller_runtime import Proc, Runtime
+from .._runtime._statedir import EPOCH
 from .._wire._secret import load_secret
 from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster, Host
 from ._launcher import Launcher
@@ -96,7 +99,7 @@ class TakeoverHosts:
         """A fresh run: start the agents, wait for them, tell each the epoch and grace."""
         await self.attach(rt)
         assert self._cluster is not None
-        self._cluster.takeover.activate(state.epoch, state.grace)
+        self._cluster.takeover.activate(state)
         await self.launcher.start(self._cluster.address, rt.node.tcp_secret or b"")
         await self._cluster.wait_for(self.launcher, self.timeout)
 
@@ -108,7 +111,7 @@ class TakeoverHosts:
         await self.attach(rt)
         hosts = self._cluster
         assert hosts is not None
-        hosts.takeover.activate(state.epoch, state.grace)
+        hosts.takeover.activate(state)
         ranks = {int(r["coords"]["hosts"]) for r in procs}
         with trio.move_on_after(state.grace):
             while not ranks <= {h.rank for h in hosts.live if h.resumed is not None}:
@@ -176,9 +179,11 @@ class _HostsLease:
         self._hosts = hosts
         self.epoch: int | None = None  # None: a standby not yet active (agents are held)
         self.grace = 0.0
+        self._epoch_file: Path | None = None
 
-    def activate(self, epoch: int, grace: float) -> None:
-        self.epoch, self.grace = epoch, grace
+    def activate(self, state: TakeoverState) -> None:
+        self.epoch, self.grace = state.epoch, state.grace
+        self._epoch_file = state.root / EPOCH
         for host in self._hosts.live:
             self.registered(host)
 
@@ -200,12 +205,37 @@ class _HostsLease:
         if 2 * len(silent) < len(live):
             return
         names = ", ".join(h.name for h in silent)
-        print(
-            f"otpmesh: this controller (epoch {self.epoch}) is cut off from {len(silent)} of its "
+        _say(
+            f"this controller (epoch {self.epoch}) is cut off from {len(silent)} of its "
             f"{len(live)} hosts ({names}) for {QUORUM_TIMEOUT:g} s: a standby may take the app "
-            "over at a higher epoch, so this controller gives up its place and stops here, "
-            f"touching no actor (exit status {GIVE_UP_STATUS})",
-            file=sys.stderr,
-            flush=True,
+            "over, so it stops acting now and waits to learn whether one did"
         )
-        os._exit(GIVE_UP_STATUS)  # no stop, no cleanup: every step of one would act on actors
+        # It blocks its own event loop: no task of this process runs again, so none can act
+        # (a restart, a driver's call) once the partition heals and connections break.
+        deadline = time.monotonic() + self.grace + HOST_TIMEOUT
+        while time.monotonic() < deadline:
+            newer = self._newer_epoch()
+            if newer is not None:
+                _say(f"fenced: a controller at epoch {newer} took the app over; this one gives up")
+                os._exit(GIVE_UP_STATUS)
+            time.sleep(0.1)
+        _say(
+            f"no word of a standby in {self.grace + HOST_TIMEOUT:g} s, and its hosts' agents "
+            "have killed their workers by now: this controller gives up"
+        )
+        os._exit(GIVE_UP_STATUS)  # no stop, no cleanup: every step of one would act
+
+    def _newer_epoch(self) -> int | None:
+        """The epoch in the state directory, if a standby bumped it past ours (a directory on
+        storage this host cannot reach now reads as no news: it waits for the partition to
+        heal, or for the grace period to end)."""
+        try:
+            assert self._epoch_file is not None and self.epoch is not None
+            text = self._epoch_file.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() and int(text) > self.epoch else None
+
+
+def _say(what: str) -> None:
+    print(f"otpmesh: {what} (exit status {GIVE_UP_STATUS})", file=sys.stderr, flush=True)
