@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from otpmesh._hosts._hostover import GIVE_UP_STATUS
 from otpmesh.testing import netns
 from tests.conftest import SLOWDOWN, alive
 
 NETNS_UNAVAILABLE = netns.unavailable()
-pytestmark = pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"{NETNS_UNAVAILABLE}")
+needs_netns = pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"{NETNS_UNAVAILABLE}")
 
 JOB = str(Path(__file__).with_name("hosts_takeover_job.py"))
 PORT = 7391
@@ -127,6 +128,7 @@ def _check_the_takeover(run: Run, old: subprocess.Popen[bytes]) -> None:
     _wait("every worker to exit", lambda: not any(alive(p) for p in pids), 10)
 
 
+@needs_netns
 def test_standby_takes_the_agents_over_when_the_active_controller_is_sigkilled(
     spaces: netns.NetnsHosts, tmp_path: Path
 ) -> None:
@@ -141,6 +143,7 @@ def test_standby_takes_the_agents_over_when_the_active_controller_is_sigkilled(
         run.stop()
 
 
+@needs_netns
 def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
     spaces: netns.NetnsHosts, tmp_path: Path
 ) -> None:
@@ -169,6 +172,7 @@ def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
         run.stop()
 
 
+@needs_netns
 def test_without_a_standby_the_agents_kill_their_workers_when_the_grace_ends(
     spaces: netns.NetnsHosts, tmp_path: Path
 ) -> None:
@@ -190,3 +194,47 @@ def test_without_a_standby_the_agents_kill_their_workers_when_the_grace_ends(
         assert all(agent.poll() is None for agent in run.agents)  # the agents stay
     finally:
         run.stop()
+
+
+def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
+    """The fencing rule of an agent whose controller is gone, on a real Agent and a real
+    control pipe (no network needed): the same epoch is hung up on and its workers are not
+    touched; a higher one is served, and each worker is told to drop the old controller."""
+    from otpmesh._hosts._agent import Agent, _Proc
+    from otpmesh._runtime._forkclient import WorkerPipes
+    from otpmesh._runtime._watchdog import fence_request
+
+    class Conn:
+        reason: str | None = None
+
+        def abort(self, reason: str) -> None:
+            self.reason = reason
+
+    async def main() -> None:
+        agent = Agent("tcp:127.0.0.1:1,tcp:127.0.0.1:2", b"secret")
+        assert agent.controllers == ["tcp:127.0.0.1:1", "tcp:127.0.0.1:2"]
+        beat_r, beat_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        proc = _Proc("p1")
+        proc.pid, proc.pipes = os.getpid(), WorkerPipes(beat_r, ctl_w, lambda report: None)
+        agent.procs["p1"] = proc
+        agent.grace.on_takeover({"epoch": 2, "grace": 5.0})  # registered: serves epoch 2
+        agent.conn = stale = Conn()  # type: ignore[assignment]
+        agent.grace.on_takeover({"epoch": 2, "grace": 5.0})
+        assert stale.reason is None  # not waiting: its own controller, telling it again
+        assert agent.grace.keeps_workers()  # the controller is lost: the wait begins
+        assert agent.grace.hello()["resume"] == {"epoch": 2, "procs": {"p1": os.getpid()}}
+        agent.grace.on_takeover({"epoch": 2, "grace": 5.0})  # the old one, back
+        assert stale.reason is not None and "fenced" in stale.reason
+        assert agent.grace.waiting and agent.grace.epoch == 2
+        os.set_blocking(ctl_r, False)
+        with pytest.raises(BlockingIOError):
+            os.read(ctl_r, 64)  # its workers were not touched
+        agent.conn = standby = Conn()  # type: ignore[assignment]
+        agent.grace.on_takeover({"epoch": 3, "grace": 5.0})
+        assert standby.reason is None and agent.grace.epoch == 3 and not agent.grace.waiting
+        assert os.read(ctl_r, 64) == fence_request(3)
+        for fd in (beat_r, beat_w, ctl_r, ctl_w):
+            os.close(fd)
+
+    trio.run(main)
