@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,8 +31,11 @@ PORT = 7391
 STEPS = 60
 
 
-@pytest.fixture
-def spaces() -> Iterator[netns.NetnsHosts]:
+@pytest.fixture(scope="module")
+def spaces() -> Iterator[netns.NetnsHosts | None]:
+    if NETNS_UNAVAILABLE is not None:
+        yield None
+        return
     hosts = netns.make_hosts(4)  # 0: the active controller, 1: the standby, 2 and 3: agents
     try:
         yield hosts
@@ -163,7 +167,7 @@ def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
             spaces.reconnect(0)  # the partition heals
         assert active.wait(30 * SLOWDOWN) == GIVE_UP_STATUS
         err = (tmp_path / "controller0.err").read_text()
-        assert "is cut off from 2 of its 2 hosts" in err, err
+        assert re.search(r"is cut off from [12] of its 2 hosts", err), err
         # It still held the flock lease when the standby took over: the hosts were the
         # standby's witnesses, and the old one learnt of the new epoch, and gave up.
         assert "fenced: a controller at epoch 2 took the app over" in err, err
