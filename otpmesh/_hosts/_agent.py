@@ -14,7 +14,8 @@ polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT
 The controller's heartbeats are its lifeline: when none came for AGENT_TIMEOUT (shorter than the
 controller's HOST_TIMEOUT), the agent kills its workers *before* the controller declares the host
 dead and restarts their actors elsewhere, so no actor runs twice; then it registers afresh, as a
-new host, for up to `reconnect` seconds.
+new host, for up to `reconnect` seconds. With a takeover, it keeps them for a standby instead
+(_agentgrace.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
+from ._agentcli import parser
 from ._agentgrace import AgentGrace
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 
@@ -331,48 +333,6 @@ async def _exit_on_stdin_eof() -> None:
             pass
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
-
-
-def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="otpmesh agent", description=__doc__.split("\n")[0])
-    p.add_argument("--controller", required=True, help="the controller, tcp:HOST:PORT")
-    p.add_argument(
-        "--listen",
-        help="the address this host's workers listen on (default: the "
-        "address this host reaches the controller from)",
-    )
-    p.add_argument("--rank", type=int, help="this host's index in the mesh's hosts dimension")
-    p.add_argument(
-        "--rank-from-env",
-        metavar="VAR",
-        help="take the rank from this environment variable (SLURM_NODEID, GROUP_RANK)",
-    )
-    p.add_argument("--name", help="this host's name in logs and exit reasons (default: hostname)")
-    p.add_argument(
-        "--secret-stdin",
-        action="store_true",
-        help="read the secret from the first line of stdin; exit when stdin closes",
-    )
-    p.add_argument(
-        "--token-stdin",
-        action="store_true",
-        help="read a one-time registration token from the line of stdin after the secret "
-        "(launchers give one to each agent they start: only that agent may register as its rank)",
-    )
-    p.add_argument(
-        "--reconnect",
-        type=float,
-        default=60.0,
-        help="seconds to keep trying to register again after losing the controller",
-    )
-    p.add_argument(
-        "--ignore-sigterm",
-        action="store_true",
-        help="ignore SIGTERM, and so do the workers (Slurm sends it to every process of a job "
-        "that ends, the controller included, which then stops the tree within the grace)",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="log registrations and spawns")
-    return p
 
 
 def run_agent(args: argparse.Namespace) -> int:

@@ -91,11 +91,9 @@ class Cluster:
         # launcher gives agents no token (Static): any holder of the cluster secret may register.
         self.tokens: dict[int, bytes] | None = None
         # By rank: the token its agent presented last. It stays good until the agent presents
-        # the next one: the cast carrying that one may be lost with the connection it was sent
-        # on, and the agent must still be able to register again.
+        # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
-        #: With a takeover (_hostover.py): the epoch agents are told, and when to give up.
-        self.takeover: Any = None
+        self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
 
     # ------------------------------------------------------------ membership
 
