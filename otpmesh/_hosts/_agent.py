@@ -48,7 +48,7 @@ from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
-from ._agentcli import parser
+from ._agentcli import parser as parser
 from ._agentgrace import AgentGrace
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from .._runtime._watchdog import fence_request
-
-if TYPE_CHECKING:
-    from ._agent import Agent
 
 log = logging.getLogger("otpmesh.agent")
 
@@ -32,10 +29,18 @@ log = logging.getLogger("otpmesh.agent")
 RESUME_DIAL_TIMEOUT = 1.0
 
 
+class _Agent(Protocol):
+    """What of its agent (_agent.py) this needs: its name, its processes, its connection."""
+
+    name: str
+    procs: dict[str, Any]
+    conn: Any
+
+
 class AgentGrace:
     """The takeover state of one agent: the epoch served, the grace, the wait for a standby."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: _Agent) -> None:
         self._agent = agent
         #: The epoch of the controller served (0: none with a takeover yet).
         self.epoch = 0
