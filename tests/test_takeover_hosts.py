@@ -242,3 +242,20 @@ def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
             os.close(fd)
 
     trio.run(main)
+
+
+@needs_netns
+def test_bench_takeover_has_a_hosts_variant(spaces: netns.NetnsHosts) -> None:
+    """``python -m otpmesh.bench_takeover --hosts``: a SIGKILL and a partition, one trial each
+    (its own namespaces: the module's set is this process's; figures are not asserted)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "otpmesh.bench_takeover", "--hosts", "--trials", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240 * SLOWDOWN,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for fault in ("sigkill", "partition"):
+        assert figures[fault]["trials"] == 1
+        assert 0 < figures[fault]["takeover_median_s"] < figures[fault]["fresh_start_median_s"] * 10

@@ -42,6 +42,8 @@ log = logging.getLogger("otpmesh.takeover")
 
 #: How often a standby tries the lease (a held flock cannot be waited for cancellably).
 LEASE_POLL = 0.02
+#: How often a standby on hosts reads the journal again for the run's hosts.
+JOURNAL_POLL = 0.5
 
 
 class Hosts(Protocol):
@@ -219,13 +221,21 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
 async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease) -> None:
     """A standby's wait: for the lease, or, on hosts, for a majority of the run's hosts to come
     to it having lost their controller (a partitioned controller keeps the lease)."""
-    run = last_run(read_journal(root)) if takeover.hosts is not None else LastRun()
-    ranks = {int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]}
-    if takeover.hosts is not None and run.app is not None:
-        await takeover.hosts.attach(await runtime(bytes.fromhex(str(run.app["secret"]))))
+    hosts = takeover.hosts
+    ranks: set[int] = set()
+    next_read = 0.0
     while not lease.try_acquire():
-        if ranks and takeover.hosts is not None:
-            came = takeover.hosts.witnesses() & ranks
+        if hosts is not None and trio.current_time() >= next_read:
+            # Read again and again: the active controller may still be starting its workers.
+            next_read = trio.current_time() + JOURNAL_POLL
+            run = last_run(read_journal(root))
+            ranks = {
+                int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]
+            }
+            if run.app is not None:  # its agents come to this address: listen from now on
+                await hosts.attach(await runtime(bytes.fromhex(str(run.app["secret"]))))
+        if hosts is not None and ranks:
+            came = hosts.witnesses() & ranks
             if 2 * len(came) > len(ranks):
                 log.warning("takeover: %d of %d hosts lost their controller", len(came), len(ranks))
                 return
