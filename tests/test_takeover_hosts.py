@@ -245,9 +245,9 @@ def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
 
 
 @needs_netns
-def test_bench_takeover_has_a_hosts_variant(spaces: netns.NetnsHosts) -> None:
+def test_bench_takeover_has_a_hosts_variant() -> None:
     """``python -m otpmesh.bench_takeover --hosts``: a SIGKILL and a partition, one trial each
-    (its own namespaces: the module's set is this process's; figures are not asserted)."""
+    (in namespaces of its own; the figures are not asserted: a benchmark's, not a test's)."""
     done = subprocess.run(
         [sys.executable, "-m", "otpmesh.bench_takeover", "--hosts", "--trials", "1"],
         capture_output=True,
