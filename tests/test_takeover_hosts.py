@@ -84,6 +84,14 @@ class Run:
             if i == 0:  # the standby comes once the active one runs the tree
                 _wait("the active controller's first step", self.progress_at_least(1), 120)
 
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        """The active controller, once its driver is past step 10."""
+        _wait("step 10", self.progress_at_least(10), 60)
+        return self.controllers[0]
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def progress_at_least(self, n: int) -> object:
         return lambda: (_read(self.tmp / "report.json.progress") or 0) >= n
 
@@ -136,28 +144,19 @@ def _check_the_takeover(run: Run, old: subprocess.Popen[bytes]) -> None:
 def test_standby_takes_the_agents_over_when_the_active_controller_is_sigkilled(
     spaces: netns.NetnsHosts, tmp_path: Path
 ) -> None:
-    run = Run(spaces, tmp_path)
-    try:
-        _wait("step 10", run.progress_at_least(10), 60)
-        active = run.controllers[0]
+    with (run := Run(spaces, tmp_path)) as active:
         os.kill(active.pid, signal.SIGKILL)
         active.wait()
         _check_the_takeover(run, active)
-    finally:
-        run.stop()
 
 
 @needs_netns
 def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
     spaces: netns.NetnsHosts, tmp_path: Path
 ) -> None:
-    run = Run(spaces, tmp_path)
-    try:
-        _wait("step 10", run.progress_at_least(10), 60)
-        active = run.controllers[0]
+    with (run := Run(spaces, tmp_path)) as active:
         spaces.cut(0)  # its host leaves the network: nothing is told, no connection closes
         try:
-            _wait("the standby's first step", lambda: run.tmp.glob("report.json.*.start"), 60)
             _wait(
                 "the standby's start",
                 lambda: (run.tmp / f"report.json.{run.controllers[1].pid}.start").exists(),
@@ -172,8 +171,6 @@ def test_a_partitioned_active_controller_gives_up_and_the_standby_takes_over(
         # standby's witnesses, and the old one learnt of the new epoch, and gave up.
         assert "fenced: a controller at epoch 2 took the app over" in err, err
         _check_the_takeover(run, active)
-    finally:
-        run.stop()
 
 
 @needs_netns
@@ -182,22 +179,17 @@ def test_without_a_standby_the_agents_kill_their_workers_when_the_grace_ends(
 ) -> None:
     """Nobody takes over: each agent keeps its workers for the grace period, then kills them,
     and goes on as an agent without a controller (registering afresh): nothing is orphaned."""
-    grace = 3.0
-    run = Run(spaces, tmp_path, standby=False, grace=grace)
-    try:
-        _wait("step 3", run.progress_at_least(3), 60)
-        active = run.controllers[0]
+    grace = 4.0
+    with (run := Run(spaces, tmp_path, standby=False, grace=grace)) as active:
         pids = [s["pid"] for s in run.start_states(active.pid)]
         os.kill(active.pid, signal.SIGKILL)
         killed = time.monotonic()
         active.wait()
-        time.sleep(grace / 2)
-        assert all(alive(p) for p in pids)  # kept for a standby meanwhile
+        time.sleep(1.0)
+        assert all(alive(p) for p in pids)  # kept for a standby meanwhile (not AGENT_TIMEOUT)
         _wait("every worker to exit", lambda: not any(alive(p) for p in pids), grace + 10)
         assert time.monotonic() - killed >= grace
         assert all(agent.poll() is None for agent in run.agents)  # the agents stay
-    finally:
-        run.stop()
 
 
 def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
