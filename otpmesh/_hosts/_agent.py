@@ -164,7 +164,6 @@ class Agent:
         # A host cut off must not wait out TCP's retries.
         with trio.fail_after(self.grace.dial_timeout(DIAL_TIMEOUT)):
             sock, mac = await dial(self.controller, self.secret)
-        self.grace.accepted = trio.Event()
         self.host_id = uuid.uuid4().hex
         conn = Connection(
             sock,

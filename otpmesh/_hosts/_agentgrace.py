@@ -48,8 +48,6 @@ class AgentGrace:
         self.grace: float | None = None
         #: While waiting for a standby: when the wait ends (trio clock).
         self.deadline: float | None = None
-        #: Whether this session's controller proved a higher epoch (a resumed session only).
-        self.accepted = trio.Event()
         self._output_dir: str | None = None
 
     @property
@@ -113,7 +111,6 @@ class AgentGrace:
                         pass
             log.warning("agent %s: taken over at epoch %d", agent.name, epoch)
         self.epoch, self.grace, self.deadline = epoch, float(grace), None
-        self.accepted.set()
 
     def worker_cfg(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """A worker's output while no controller is attached goes to a file on this host (the
