@@ -59,6 +59,8 @@ class Host:
     last_seen: float
     procs: dict[str, Proc] = field(default_factory=dict)
     dead_reason: str | None = None
+    #: Registered to take over: the processes (id -> pid) its agent still ran (_hostover.py).
+    resumed: dict[str, int] | None = None
 
     @property
     def alive(self) -> bool:
@@ -89,9 +91,9 @@ class Cluster:
         # launcher gives agents no token (Static): any holder of the cluster secret may register.
         self.tokens: dict[int, bytes] | None = None
         # By rank: the token its agent presented last. It stays good until the agent presents
-        # the next one: the cast carrying that one may be lost with the connection it was sent
-        # on, and the agent must still be able to register again.
+        # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
+        self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
 
     # ------------------------------------------------------------ membership
 
@@ -128,6 +130,11 @@ class Cluster:
         conn.peer = f"agent {host.name}"
         self.hosts.append(host)
         self._by_rank[rank] = host
+        resume = hello.get("resume")
+        if isinstance(resume, dict) and isinstance(resume.get("procs"), dict):
+            host.resumed = {str(k): int(v) for k, v in resume["procs"].items()}
+        if self.takeover is not None:
+            self.takeover.registered(host)
         log.info(
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
@@ -185,6 +192,9 @@ class Cluster:
                 self._registered = trio.Event()
                 await self._registered.wait()
 
+    def by_rank(self, rank: int) -> Host | None:
+        return self._by_rank.get(rank)
+
     def host_for(self, index: int) -> Host:
         """The host a slot with ``hosts=index`` runs on (see the module docstring)."""
         host = self._by_rank.get(index)
@@ -220,11 +230,13 @@ class Cluster:
         while True:
             self._launches_ended()
             now = trio.current_time()
+            timeout = HOST_TIMEOUT
+            if self.takeover is not None:
+                self.takeover.check_quorum(now)
+                timeout = self.takeover.host_timeout()
             for host in self.live:
-                if now - host.last_seen > HOST_TIMEOUT:
-                    self.declare_dead(
-                        host, f"stopped answering (no heartbeat for {HOST_TIMEOUT:g} s)"
-                    )
+                if now - host.last_seen > timeout:
+                    self.declare_dead(host, f"stopped answering (no heartbeat for {timeout:g} s)")
                 else:
                     self._rt.node.sys_cast(host.conn, "beat", None)
             await trio.sleep(HEARTBEAT_INTERVAL / 2)
