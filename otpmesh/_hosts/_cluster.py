@@ -46,6 +46,9 @@ REGISTER_TIMEOUT = 60.0
 #: Controller and agents beat this often; a host silent for HOST_TIMEOUT is declared dead.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HOST_HEARTBEAT_INTERVAL", "0.2"))
 HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
+#: Beats to agents go out from the controller's event loop: a loop held for half of what an
+#: agent waits for one (0.75 of the timeout) is logged, with what to do about it.
+HELD_WARNING = 0.375 * HOST_TIMEOUT
 
 
 @dataclass(eq=False)
@@ -227,9 +230,18 @@ class Cluster:
     async def watch(self) -> None:
         """Beat to every live agent; declare dead those silent for HOST_TIMEOUT, and those whose
         launch ended."""
+        due = trio.current_time()
         while True:
             self._launches_ended()
             now = trio.current_time()
+            if now - due > HELD_WARNING:
+                log.warning(
+                    "the controller's event loop was held for %.2f s (a synchronous driver step?): "
+                    "agents kill their workers after 0.75 x OTPMESH_HOST_TIMEOUT without its beat; "
+                    "run it in a thread (await trio.to_thread.run_sync(f)) or raise the timeout",
+                    now - due,
+                )
+            due = now + HEARTBEAT_INTERVAL / 2
             timeout = HOST_TIMEOUT
             if self.takeover is not None:
                 self.takeover.check_quorum(now)
