@@ -145,7 +145,10 @@ class ActorCell:
         return serving
 
     def _serving(self, info: EndpointInfo) -> Serving:
-        return Serving(info.name, info.is_async, info.progress_deadline or self.progress_deadline)
+        # One that cannot suspend runs on the loop's thread as a plain def does: its stack is
+        # that thread's, and a trio cancel would never reach it (the watchdog kills at once).
+        is_async = info.is_async and info.name not in self._one_step
+        return Serving(info.name, is_async, info.progress_deadline or self.progress_deadline)
 
     def refused(self, method: str, chain: tuple[str, ...], reply: ReplyTo | None) -> bool:
         """Whether a call from `chain` to `method` would wait on itself, answered so if it
