@@ -40,6 +40,11 @@ class BenchActor(otpmesh.Actor):
 
     @otpmesh.endpoint
     async def echo(self, x: Any) -> Any:
+        return x  # no await: it runs at once when the actor is idle (_node/_inline.py)
+
+    @otpmesh.endpoint
+    async def echo_awaiting(self, x: Any) -> Any:
+        await trio.lowlevel.checkpoint()  # it may suspend: the actor's own task runs it
         return x
 
     @otpmesh.endpoint
@@ -341,6 +346,7 @@ async def run_benchmarks(
     step()
     await _time_calls(mesh[0].echo, min(200, calls))
     unicast = await _time_calls(mesh[0].echo, calls)
+    awaiting = await _time_calls(mesh[0].echo_awaiting, max(min(200, calls), calls // 4))
     step()
     broadcast = await _time_calls(mesh.echo, max(min(200, calls), calls // 4))
     step()
@@ -369,6 +375,12 @@ async def run_benchmarks(
             "p50": round(uni_p50 * 1e6, 1),
             "p99": round(_percentile(unicast, 0.99) * 1e6, 1),
             "p50_vs_baseline": round(uni_p50 / bare_p50, 2),
+        },
+        # The same round trip to an endpoint that awaits: the actor's task runs it, in a cancel
+        # scope of its own (the general async path; `echo` above has none to await).
+        "unicast_awaiting_us": {
+            "p50": round(statistics.median(awaiting) * 1e6, 1),
+            "p50_vs_baseline": round(statistics.median(awaiting) / bare_p50, 2),
         },
         "broadcast_4_us": {"p50": round(statistics.median(broadcast) * 1e6, 1)},
         "pipelined_calls_per_s": {"in_flight": pipelined, "rate": round(rate)},

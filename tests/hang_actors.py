@@ -29,6 +29,11 @@ class Stuck(otpmesh.Actor):
             pass
 
     @otpmesh.endpoint
+    async def async_spin_forever(self) -> None:
+        while True:  # no await: it cannot suspend, so it runs as a plain def would
+            pass
+
+    @otpmesh.endpoint
     def sleep_forever(self) -> None:
         time.sleep(3600)
 

@@ -30,6 +30,7 @@ def _exits(app: otpmesh.App) -> list[object]:
     ("endpoint", "how"),
     [
         ("spin_forever", "its process was killed"),  # a Python loop blocks the event loop
+        ("async_spin_forever", "its process was killed"),  # so does one in an async def
         ("sleep_forever", "its process was killed"),  # so does C code that released the GIL
         ("await_forever", "ran past its progress deadline"),  # cancelled through trio
         ("thread_forever", "its process was killed"),  # awaits a thread: cancelling cannot end it

@@ -15,6 +15,7 @@ import otpmesh
 from otpmesh._runtime._controller_runtime import runtime
 from otpmesh._wire import _secret
 from otpmesh._wire._codec import pack
+from otpmesh._wire._connection import Connection
 from otpmesh._wire._frames import decode_message
 from otpmesh._wire._framing import MAX_FRAME_SIZE, FrameDecoder, frame_header
 from otpmesh._wire._handshake import HANDSHAKE, check_handshake
@@ -177,3 +178,32 @@ def test_a_bad_connection_is_closed_and_the_worker_keeps_serving(attack: str) ->
             bystander.close()
 
     run_trio(body)
+
+
+def test_a_frame_sent_while_the_writer_waits_for_the_socket_queues_behind_it() -> None:
+    """The writer task sends a large frame and waits for the socket part-way: a small frame
+    sent meanwhile must follow it, not be written straight into the middle of its bytes."""
+    big, small = b"x" * (4 << 20), b"small"
+
+    async def body() -> list[bytes]:
+        left, right = socket.socketpair()
+        left.setblocking(False)
+        right.setblocking(False)
+        conn = Connection(left, peer="test", decode=lambda f: (f, ()), on_message=print)
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            conn.send_nowait(big)
+            while conn._out:  # until the writer has taken it (and waits for the socket)
+                await trio.sleep(0)
+            await trio.lowlevel.wait_readable(right)
+            received += right.recv(1 << 16)  # room in the socket, before the writer runs again
+            conn.send_nowait(small)
+            while len(received) < len(big) + len(small) + 8:
+                await trio.lowlevel.wait_readable(right)
+                received += right.recv(1 << 20)
+            nursery.cancel_scope.cancel()
+        right.close()
+        return FrameDecoder().feed(received)
+
+    assert run_trio(body, timeout=30) == [big, small]

@@ -6,7 +6,6 @@ trio's low-level primitives (one reschedule per wake-up, no Event or task per ac
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -32,13 +31,12 @@ class Target(Protocol):
 class CallGroup:
     """The outstanding replies of one call to `n` actors, delivered by index."""
 
-    __slots__ = ("_task", "arrived", "cancels", "offered", "paths", "remaining", "results")
+    __slots__ = ("_task", "cancels", "offered", "paths", "remaining", "results")
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         self.results: list[Any] = [_MISSING] * len(paths)
         self.remaining = len(paths)
-        self.arrived: deque[int] = deque()
         # Per index: how to forget the outstanding request if the caller gives up.
         self.cancels: list[Any] = [None] * len(paths)
         self._task: trio.lowlevel.Task | None = None
@@ -52,7 +50,6 @@ class CallGroup:
         self.results[index] = (ok, value)
         self.cancels[index] = None
         self.remaining -= 1
-        self.arrived.append(index)
         task, self._task = self._task, None
         if task is not None:
             trio.lowlevel.reschedule(task)
@@ -69,11 +66,6 @@ class CallGroup:
     async def wait_all(self) -> None:
         while self.remaining:
             await self._park()
-
-    async def wait_next(self) -> int:
-        while not self.arrived:
-            await self._park()
-        return self.arrived.popleft()
 
     def missing(self) -> list[int]:
         return [i for i, r in enumerate(self.results) if r is _MISSING]

@@ -18,6 +18,7 @@ from ._aioloop import asyncio_thread
 from ._blocking import run_blocking
 from ._calls import Message
 from ._flight import Flight, drain
+from ._inline import never_suspends
 from ._ports import Port
 from ._porttable import ReplyPorts
 from ._serving import Serving, chaos_wedge
@@ -87,6 +88,12 @@ class ActorCell:
         self._pyctx.run(set_context, ctx, self.request_stop, self.progress)
         # An asyncio actor's async code runs in the process's asyncio thread (_aioloop.py).
         self.aio = asyncio_thread() if runs_on(type(instance)) == ASYNCIO else None
+        # Async endpoints that cannot suspend run as plain-def ones do (_inline.py).
+        self._one_step = frozenset(
+            name
+            for name, info in endpoints.items()
+            if info.is_async and self.aio is None and never_suspends(type(instance), name)
+        )
         self._token = trio.lowlevel.current_trio_token()
         # The reply ports of calls to reply_port endpoints not answered yet (_porttable.py).
         self._replies = ReplyPorts(node.ports, node)
@@ -138,7 +145,10 @@ class ActorCell:
         return serving
 
     def _serving(self, info: EndpointInfo) -> Serving:
-        return Serving(info.name, info.is_async, info.progress_deadline or self.progress_deadline)
+        # One that cannot suspend runs on the loop's thread as a plain def does: its stack is
+        # that thread's, and a trio cancel would never reach it (the watchdog kills at once).
+        is_async = info.is_async and info.name not in self._one_step
+        return Serving(info.name, is_async, info.progress_deadline or self.progress_deadline)
 
     def refused(self, method: str, chain: tuple[str, ...], reply: ReplyTo | None) -> bool:
         """Whether a call from `chain` to `method` would wait on itself, answered so if it
@@ -306,14 +316,15 @@ class ActorCell:
     def handle_inline(
         self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
     ) -> bool:
-        """Run a plain-def endpoint at once if the actor is idle with an empty mailbox (no task
-        switch on the hot path). Return False when the message must be queued instead."""
+        """Run a plain-def endpoint (or an async one that cannot suspend) at once if the actor
+        is idle with an empty mailbox (no task switch on the hot path). Return False when the
+        message must be queued instead."""
         if self.busy or self.exit_reason is not None:
             return False
         if self._receive.statistics().current_buffer_used:
             return False
         info = self.endpoints.get(method)
-        if info is None or info.is_async or info.blocking:
+        if info is None or info.blocking or (info.is_async and method not in self._one_step):
             return False
         if _policy.bad_call(self, info, args, kwargs, reply):
             return True
@@ -321,7 +332,15 @@ class ActorCell:
             self._begin(info)
             if info.reply_port:
                 args = [self._reply_port(reply), *args]
-            result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
+            if info.is_async:  # its one step, here (a coroutine without its own frame between)
+                try:
+                    self._pyctx.run(getattr(self.instance, method)(*args, **kwargs).send, None)
+                except StopIteration as done:
+                    result = done.value
+                else:  # pragma: no cover - never_suspends said it cannot
+                    raise RuntimeError(f"{method} suspended although its code has no await")
+            else:
+                result = self._pyctx.run(getattr(self.instance, method), *args, **kwargs)
         except Exception as exc:
             if not _policy.failed(self, info, method, exc, reply):
                 self._wake_idle()
@@ -364,7 +383,9 @@ class ActorCell:
                 result = await run_blocking(self.ctx, serving, self.request_stop, fn, args, kwargs)
             else:
                 result = getattr(self.instance, method)(*args, **kwargs)
-            if info.is_async:
+            if method in self._one_step:
+                result = await result  # it cannot suspend (_inline.py): nothing to cancel
+            elif info.is_async:
                 with trio.CancelScope() as scope:
                     self._call_scope = scope
                     try:

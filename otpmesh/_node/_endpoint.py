@@ -157,7 +157,25 @@ class Endpoint:
         return ValueMesh(self._owner.shape, [_value(o) for o in outcomes])
 
     async def _call_one(self, args: Any, kwargs: Any) -> Any:
-        return _value((await self._outcomes(self._owner.slots, args, kwargs))[0])
+        slots = self._owner.slots
+        if self._timeout is None and self._retry is NO_RETRY and slots[0].up:
+            # The hot path: one actor, up, no timeout to keep, no re-send to count. What it
+            # cannot send at once (or must send again) goes the general way below.
+            node, slot = _node(), slots[0]
+            version = slot.version
+            group = node.call_now(slot, slot.actor_id, self._name, args, kwargs)
+            if group is not None:
+                try:
+                    await group.wait_all()
+                finally:
+                    node.ended(slots, group)
+                ok, value = group.results[0]
+                if ok:
+                    return value
+                if not _resendable(slot, value):
+                    raise value
+                return _value((await self._outcomes(slots, args, kwargs, [version]))[0])
+        return _value((await self._outcomes(slots, args, kwargs))[0])
 
     async def _choose(self, args: Any, kwargs: Any) -> Any:
         node = _node()
@@ -223,17 +241,22 @@ class Endpoint:
             nursery.start_soon(one, index)
         return receive
 
-    async def _outcomes(self, slots: list[Slot], args: Any, kwargs: Any) -> list[tuple[bool, Any]]:
-        """(ok, value-or-error) per slot, within this endpoint's timeout."""
+    async def _outcomes(
+        self, slots: list[Slot], args: Any, kwargs: Any, seen: list[int] | None = None
+    ) -> list[tuple[bool, Any]]:
+        """(ok, value-or-error) per slot, within this endpoint's timeout; `seen`: the slots'
+        versions a first attempt was sent to (its share is sent to a newer one)."""
         attempt = _Attempt()
+        if seen is None:
+            seen = [-1] * len(slots)
         if self._timeout is None:
-            return await self._gather(slots, args, kwargs, attempt)
+            return await self._gather(slots, args, kwargs, attempt, seen)
         with trio.move_on_after(self._timeout):
-            return await self._gather(slots, args, kwargs, attempt)
+            return await self._gather(slots, args, kwargs, attempt, seen)
         raise CallTimeoutError(attempt.late(), self._name, self._timeout)
 
     async def _gather(
-        self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt
+        self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt, seen: list[int]
     ) -> list[tuple[bool, Any]]:
         # A call that never reached a supervised actor (it was restarting) is sent again to the
         # next incarnation; a call that reached it and lost it reports the failure, unless
@@ -242,7 +265,6 @@ class Endpoint:
         lost = self._retry.budget(len(slots))
         results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
         todo = list(range(len(slots)))
-        seen = [-1] * len(slots)
         while todo:
             attempt.group, attempt.paths = None, [slots[i].actor_id for i in todo]
             for i in todo:
@@ -257,10 +279,7 @@ class Endpoint:
             try:
                 await group.wait_all()
             finally:
-                group.forget()
-                node.done(batch)
-                if group.offered and node.channel is not None:
-                    node.channel.drop_offered(group.offered)
+                node.ended(batch, group)
             retry = []
             for j, i in enumerate(todo):
                 ok, value = group.results[j]

@@ -194,9 +194,10 @@ class Incoming:
         target, call_id = reply
         local = isinstance(target, CallGroup)
         try:  # same process: no channel needed, no frame to fit in
-            # A number or None has nothing to offer the channel: no offer made for it.
-            offer = None if type(value) in _codec.SCALARS else self.offer(None)
-            payload = _codec.pack([OK, call_id, value], offer, local=local)
+            if type(value) in _codec.SCALARS:  # nothing to offer the channel, nothing to scan
+                payload = _codec.pack_plain([OK, call_id, value])
+            else:
+                payload = _codec.pack([OK, call_id, value], self.offer(None), local=local)
         except Exception as exc:
             self.reply_error(reply, type(exc).__qualname__, f"cannot send the result: {exc}", "")
             return

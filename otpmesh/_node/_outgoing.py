@@ -80,10 +80,7 @@ class Outgoing:
     ) -> CallGroup:
         """Send one call to every target; the returned group collects the replies."""
         chain = _chain.CHAIN.get()
-        if chain:  # from inside an actor: the actor called refuses one that would wait on itself
-            array, tail = _ARRAY7, [_codec.pack(list(chain))]
-        else:
-            array, tail = _ARRAY6, []
+        array, tail = _call_array(chain)
         group = CallGroup(paths)
         group.offered = []  # large tensors: dropped when this call ends
         try:
@@ -92,12 +89,48 @@ class Outgoing:
         except BaseException:
             # Failed or cancelled part-way: nobody will wait on this group, so undo it here
             # (tell the actors already called, forget the replies, release the tensors).
-            group.forget()
-            self.done(targets)
-            if group.offered and self.channel is not None:
-                self.channel.drop_offered(group.offered)
+            self.ended(targets, group)
             raise
         return group
+
+    def call_now(
+        self, target: Target, path: str, method: str, args: Any, kwargs: Any
+    ) -> CallGroup | None:
+        """``call`` to one actor in another process, sent here and now: no coroutine and
+        nothing awaited (the hot path of ``ref.ep(...)``). None, with nothing sent, when
+        ``call`` must do it: the actor is dead or in this process, its connection is not open
+        yet or has too much queued (``call`` waits), or chaos is on this node's links."""
+        conn = self._conns.get(target.addr)
+        if (
+            conn is None
+            or conn.closed
+            or conn.backed_up
+            or self.faults.links
+            or target.addr == self.addr
+            or target.dead_reason() is not None
+        ):
+            return None
+        chain = _chain.CHAIN.get()
+        array, tail = _call_array(chain)
+        group = CallGroup([path])
+        group.offered = []
+        try:
+            body = _call_body(method, args, kwargs, self.offer(group.offered))
+        except BaseException:
+            self.ended((), group)
+            raise
+        actor_id = target.actor_id
+        self.inflight[actor_id] = self.inflight.get(actor_id, 0) + 1
+        self._call_remote(conn, group, 0, actor_id, body, array, tail)
+        return group
+
+    def ended(self, targets: Sequence[Target], group: CallGroup) -> None:
+        """A call to `targets` is over, answered or not: replies still to come are ignored
+        (the actors are told the caller gave up), its in-flight counts and tensors dropped."""
+        group.forget()
+        self.done(targets)
+        if group.offered and self.channel is not None:
+            self.channel.drop_offered(group.offered)
 
     async def _send_call(
         self,
@@ -137,18 +170,28 @@ class Outgoing:
                 error = ActorDiedError(paths[index], reason, delivered=False)
                 group.deliver(index, False, error)
                 continue
-            call_id = conn.expect_reply(group, index)
-            # A caller that gives up (timeout, cancellation) also tells the actor to stop.
-            group.cancels[index] = functools.partial(
-                _cancel_remote, conn, call_id, actor_id, group.cancels[index]
-            )
-            self._send(
-                conn, array, _P_CALL, _pack_uint(call_id), pack_actor_id(actor_id), body, *tail
-            )
+            self._call_remote(conn, group, index, actor_id, body, array, tail)
         for target in targets:
             used = self._conns.get(target.addr)
             if used is not None:
                 await used.drain()
+
+    def _call_remote(
+        self,
+        conn: Connection,
+        group: CallGroup,
+        index: int,
+        actor_id: str,
+        body: bytes,
+        array: bytes,
+        tail: list[bytes],
+    ) -> None:
+        call_id = conn.expect_reply(group, index)
+        # A caller that gives up (timeout, cancellation) also tells the actor to stop.
+        group.cancels[index] = functools.partial(
+            _cancel_remote, conn, call_id, actor_id, group.cancels[index]
+        )
+        self._send(conn, array, _P_CALL, _pack_uint(call_id), pack_actor_id(actor_id), body, *tail)
 
     def done(self, targets: Sequence[Target]) -> None:
         """Forget the in-flight counts of a finished call (used for load balancing)."""
@@ -241,6 +284,14 @@ class Outgoing:
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
         if not conn.closed:
             conn.send_nowait(_codec.pack([SYS, -1, op, payload], self.offer(None)))
+
+
+def _call_array(chain: tuple[str, ...]) -> tuple[bytes, list[bytes]]:
+    """A call frame's array header, and what follows its body: the chain of actors waiting on
+    the caller, when it is an actor (the one called refuses a call that would wait on itself)."""
+    if chain:
+        return _ARRAY7, [_codec.pack(list(chain))]
+    return _ARRAY6, []
 
 
 def _cancel_remote(

@@ -413,6 +413,15 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
     return packed
 
 
+def pack_plain(obj: Any) -> bytes:
+    """``pack`` for a value with nothing the tensor channel could take (numbers, None): no
+    offer and no scan ahead of packing, only the size check (the hot path's call and reply)."""
+    packed = _pack(obj, 0, PLAIN)
+    if len(packed) > MAX_FRAME_SIZE:
+        raise _too_big(len(packed), exact=True)
+    return packed
+
+
 def unpack_pending(data: bytes) -> tuple[Any, list[PendingTensor]]:
     """Decode one frame payload, and hand back the channel tensors in it: placeholders, still in
     their senders' memory, for the caller to fetch (a node's tensor channel does). Any

@@ -75,9 +75,13 @@ class Connection:
         self._on_message = on_message
         self._out: list[bytes | bytearray | memoryview] = []
         self._out_bytes = 0
-        # Set after a direct write until the writer task next runs: frames sent meanwhile (in the
-        # same scheduler batch) are queued and go out together in one write.
+        # Set by a direct write: frames sent after it are queued for the writer task and go out
+        # together in one write (a burst of calls in one scheduler pass: one write, not one
+        # each). Cleared by the reader on each read, and by the writer once it has emptied the
+        # queue: a write is direct again. A direct write wakes no task: a lone frame (a reply,
+        # a unicast call) costs no scheduler pass beyond its own.
         self._batching = False
+        self._writing = False  # the writer task is sending (it may wait for the socket)
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
@@ -109,7 +113,7 @@ class Connection:
             parts = (*parts, self._mac.seal(parts))
         size = sum(map(len, parts))
         header = frame_header(size)
-        if self._out or self._batching or size > _COALESCE_LIMIT:
+        if self._out or self._batching or self._writing or size > _COALESCE_LIMIT:
             self._out.append(header)
             self._out.extend(parts)
             self._out_bytes += size + 4
@@ -117,7 +121,6 @@ class Connection:
             return
         data = b"".join((header, *parts))
         self._batching = True
-        self._writer_lot.unpark()
         try:
             sent = self._send(data)
         except BlockingIOError:
@@ -128,6 +131,7 @@ class Connection:
         if sent < len(data):
             self._out.append(memoryview(data)[sent:])
             self._out_bytes += len(data) - sent
+            self._writer_lot.unpark()
 
     @property
     def passes_fds(self) -> bool:
@@ -205,6 +209,11 @@ class Connection:
         self._fds_out.clear()
         self._fds_in.clear()
 
+    @property
+    def backed_up(self) -> bool:
+        """Whether more than the high-water mark is queued: a sender must ``drain`` first."""
+        return self._out_bytes > _HIGH_WATER
+
     async def drain(self) -> None:
         """Wait while more than the high-water mark is queued (writers must not outrun it)."""
         while self._out_bytes > _HIGH_WATER and not self.closed:
@@ -253,6 +262,7 @@ class Connection:
                 streak = 0
                 await trio.lowlevel.wait_readable(sock)
                 continue
+            self._batching = False  # new data read: the next frame may go directly again
             if not data:
                 if decoder.buffered:
                     raise ProtocolError(
@@ -278,11 +288,15 @@ class Connection:
             out, self._out = self._out, []
             size = self._out_bytes
             self._out_bytes = 0
-            if size <= _COALESCE_LIMIT:
-                await self._send_all(b"".join(out))
-            else:
-                for part in out:
-                    await self._send_all(part)
+            self._writing = True  # what is sent meanwhile queues behind these bytes
+            try:
+                if size <= _COALESCE_LIMIT:
+                    await self._send_all(b"".join(out))
+                else:
+                    for part in out:
+                        await self._send_all(part)
+            finally:
+                self._writing = False
             self._drain_lot.unpark_all()
 
     def abort(self, reason: str) -> None:

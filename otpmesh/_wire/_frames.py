@@ -81,8 +81,9 @@ def _call_body(method: str, args: Any, kwargs: Any, offer: Offer | None = None) 
     """The packed [method, args, kwargs] tail shared by every frame of one call; `offer`: the
     sending node's tensor channel, for large tensors."""
     if not kwargs and all(type(arg) in _codec.SCALARS for arg in args):
-        offer = None  # nothing the channel could take
-    packed = _codec.pack([method, list(args), kwargs], offer)
+        packed = _codec.pack_plain([method, list(args), kwargs])  # nothing for the channel
+    else:
+        packed = _codec.pack([method, list(args), kwargs], offer)
     return packed[1:]  # drop the 3-element array header (0x93): the frame has its own
 
 
