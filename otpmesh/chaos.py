@@ -377,9 +377,10 @@ class FaultPlan:
         if controller_kills:
             _takeover_of(app, f"a plan with controller_kills={controller_kills}")
         if not 0 <= count + controller_kills <= max(0, steps - first):
+            kills = f" and controller_kills={controller_kills}" if controller_kills else ""
             raise ValueError(
-                f"count={count} faults and controller_kills={controller_kills} do not fit at "
-                f"distinct steps in range({first}, {steps})"
+                f"count={count} faults{kills} do not fit at distinct steps in "
+                f"range({first}, {steps})"
             )
         rng = random.Random(seed)
         kinds, kind_weights = zip(*sorted(weights.items()), strict=True)
