@@ -37,6 +37,7 @@ import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import trio
 
@@ -249,21 +250,20 @@ def _takeover_of(app: App, what: str):  # type: ignore[no-untyped-def]
     return state
 
 
-async def kill_controller(app: App, mark: Mapping[str, object] | None = None) -> Fault:
+async def kill_controller(app: App, mark: Mapping[str, object] | None = None) -> NoReturn:
     """SIGKILL this controller (the process running `app`), as an OOM kill or a bug would: it
     does not return. The app must run with a takeover (``otpmesh.start(tree,
     takeover=Takeover(...))``), else ``TakeoverError``: its workers then wait out the grace
     period and a standby takes the tree over. The kill is journalled first (fsync'd, with
     `mark`), where a ``FaultPlan`` on the standby finds it."""
     state = _takeover_of(app, "chaos.kill_controller")
-    fault = _record(app, CONTROLLER, CONTROLLER, f"SIGKILL pid {os.getpid()}")
+    fault = _record(app, CONTROLLER, CONTROLLER, f"SIGKILL pid {os.getpid()}")  # for the log
     log.warning("chaos: %s", fault)
     journal_mark(state, {"chaos": CONTROLLER, "pid": os.getpid(), **(mark or {})})
     sys.stdout.flush()  # what this controller printed is not lost with it
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
     await trio.sleep_forever()  # not reached: SIGKILL is not deferred
-    return fault
 
 
 # ---------------------------------------------------------------- monkeys and plans
@@ -423,7 +423,7 @@ class FaultPlan:
         for index, fault in enumerate(planned[start:], start):
             if fault.kind == CONTROLLER:
                 mark = {"step": step, "index": index, "plan": str(self)}
-                thrown.append(await kill_controller(app, mark))
+                await kill_controller(app, mark)
             else:
                 why, seconds = f"planned, step {step}", self.partition_seconds
                 thrown.append(await _throw(app, fault.kind, fault.path, seconds, why))
