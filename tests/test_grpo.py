@@ -11,10 +11,10 @@ SIGKILLs learner rank 0 at 7; each learner fault re-forms the group under a new 
 ranks resume from the checkpoint. The faults come after each iteration's weight sync, so a
 restarted rollout takes that iteration's weights from a peer (``heal="peer"``).
 
-Two more programs run beside them with a single learner (a process-group learner is not taken
-over yet): the plain run, and ``--takeover`` with ``--chaos``: two controllers, the same plan
-plus one SIGKILL of the active controller (at iteration 3); the other takes the tree over and
-the curve must be the single learner's, bit for bit.
+A fourth runs beside them: ``--takeover`` with ``--chaos``, two controllers and the same plan
+plus one SIGKILL of the active controller (at iteration 3, which moves the mid-step kill to 6);
+the other takes the tree over, the learner group's epoch included, and the curve must be the
+plain run's, bit for bit.
 
 The learning margin: over seeds 0-9, the mean reward after 12 iterations beat the first
 iteration's by 0.39 to 0.44 (it starts near 0.1: random digits); the test asks for 0.3.
@@ -67,9 +67,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "plain": ["-m", "examples.grpo"],
         "chaos": ["-m", "examples.grpo", "--chaos", "--chaos-faults", "4"],
         "spmd": ["examples/grpo_spmd.py"],
-        "plain1": ["-m", "examples.grpo", "--learners", "1"],
         "takeover": [
-            *("-m", "examples.grpo", "--learners", "1", "--chaos", "--chaos-faults", "4"),
+            *("-m", "examples.grpo", "--chaos", "--chaos-faults", "4"),
             *("--takeover", str(root / "takeover-state")),
         ],
     }
@@ -135,7 +134,7 @@ def test_a_standby_takes_over_mid_run_and_the_curve_is_unchanged(
     lines = runs["takeover"]["output"].splitlines()
     plan = (
         "chaos plan (seed 4, step = iteration): step 2: crash rl/learner/0; step 3: kill the "
-        "controller; step 4: crash rl/rollouts/2; step 5: kill rl/rollouts/1; step 7: kill "
+        "controller; step 4: crash rl/rollouts/1; step 5: kill rl/rollouts/0; step 7: kill "
         "rl/learner/0"
     )
     assert lines.count(plan) == 2  # each controller draws the same plan
@@ -144,7 +143,9 @@ def test_a_standby_takes_over_mid_run_and_the_curve_is_unchanged(
     killed = int(re.fullmatch(r"chaos: kill the controller \(SIGKILL pid (\d+)\)", kills[0])[1])
     took = [line for line in lines if line.startswith("took over at ")]
     assert len(took) == 1, took
-    # The learner kept its 3 updates: incarnation 2 is its restart after the crash at 2.
+    # The learner group kept its 3 updates in the epoch it formed after the crash at 2: the
+    # takeover restarted nothing (no "resumed ... after 3 updates"), the mid-step kill at 6 and
+    # the kill at 7 each formed a new epoch.
     found = re.fullmatch(
         r"took over at iteration 3 \(controller pid (\d+)\): rl/learner/0 holds 3 updates, "
         r"incarnation 2",
@@ -155,16 +156,21 @@ def test_a_standby_takes_over_mid_run_and_the_curve_is_unchanged(
     iterations = [int(line.split()[1]) for line in lines if line.startswith("iter ")]
     assert iterations == list(range(ITERS))
     resumed = [line for line in lines if line.startswith("[rl/learner/0] resumed from")]
-    assert [line.rsplit(" after ", 1)[1] for line in resumed] == ["2 updates", "7 updates"]
-    assert "[rl/rollouts/2] healed from a peer at version 4" in lines
-    assert "[rl/rollouts/1] healed from a peer at version 5" in lines
+    assert [line.rsplit(" after ", 1)[1] for line in resumed] == [
+        "2 updates",
+        "6 updates",
+        "7 updates",
+    ]
+    assert "  mid-step: step 6: kill rl/learner/1 while rl/learner/0 is in update" in lines
+    assert "[rl/rollouts/1] healed from a peer at version 4" in lines
+    assert "[rl/rollouts/0] healed from a peer at version 5" in lines
     exits = re.fullmatch(r"controllers: pid (\d+) exit (-?\d+), pid (\d+) exit (-?\d+)", lines[-1])
     assert exits, lines[-1]
     assert {(int(exits[1]), exits[2]), (int(exits[3]), exits[4])} == {
         (killed, "-9"),
         (int(found[1]), "0"),
     }
-    assert runs["takeover"]["curve"] == runs["plain1"]["curve"]  # exactly: bit for bit
+    assert runs["takeover"]["curve"] == runs["plain"]["curve"]  # exactly: bit for bit
 
 
 def test_spmd_twin_gives_the_same_curve(runs: dict[str, dict[str, Any]]) -> None:
