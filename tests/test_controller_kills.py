@@ -15,7 +15,7 @@ import otpmesh
 from otpmesh import Supervisor, TakeoverError, Worker, chaos
 from otpmesh.chaos import FaultPlan, PlannedFault
 from tests.actors import Member
-from tests.test_takeover import JOB_ENTRY, Program
+from tests.test_takeover import Program, start_job
 
 PLAN_JOB = """
 import otpmesh
@@ -72,10 +72,7 @@ async def main(state: str, standby: bool) -> None:
 def test_a_plan_kills_its_controllers_and_each_standby_goes_on_where_it_stopped(
     tmp_path: Path,
 ) -> None:
-    job = tmp_path / "plan_job.py"
-    job.write_text(PLAN_JOB + JOB_ENTRY)
-    state = tmp_path / "state"
-    active = Program(state, program=job)
+    job, state, active = start_job(tmp_path, PLAN_JOB)
     active.wait_for("driver starts at step 0")
     standbys = [Program(state, "--standby", program=job) for _ in range(2)]
     active.finish(status=-9)

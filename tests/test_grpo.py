@@ -101,6 +101,12 @@ def test_grpo_learns_the_toy_task(runs: dict[str, dict[str, Any]]) -> None:
     )
 
 
+def _resumed_after(lines: list[str]) -> list[str]:
+    """How many updates the learner's checkpoint held at each of its restores, in order."""
+    resumed = [line for line in lines if line.startswith("[rl/learner/0] resumed from")]
+    return [line.rsplit(" after ", 1)[1] for line in resumed]
+
+
 def test_chaos_restarts_the_learner_and_leaves_the_curve_unchanged(
     runs: dict[str, dict[str, Any]],
 ) -> None:
@@ -116,12 +122,7 @@ def test_chaos_restarts_the_learner_and_leaves_the_curve_unchanged(
     # One restart per fault, of the actor (or learner group) it hit, at the iteration planned.
     assert "5 faults injected, 5 restarts (rl/learner 3, rl/rollouts/0 1, rl/rollouts/1 1)" in lines
     assert "iterations that saw a restart: 2, 3, 4, 5, 7" in lines
-    resumed = [line for line in lines if line.startswith("[rl/learner/0] resumed from")]
-    assert [line.rsplit(" after ", 1)[1] for line in resumed] == [
-        "2 updates",
-        "3 updates",
-        "7 updates",
-    ]
+    assert _resumed_after(lines) == ["2 updates", "3 updates", "7 updates"]
     # The rollouts hit after the weight sync took that iteration's weights from a peer.
     assert "[rl/rollouts/1] healed from a peer at version 4" in lines
     assert "[rl/rollouts/0] healed from a peer at version 5" in lines
@@ -155,12 +156,7 @@ def test_a_standby_takes_over_mid_run_and_the_curve_is_unchanged(
     # Every iteration ran once, in order, across the two controllers: none lost, none re-run.
     iterations = [int(line.split()[1]) for line in lines if line.startswith("iter ")]
     assert iterations == list(range(ITERS))
-    resumed = [line for line in lines if line.startswith("[rl/learner/0] resumed from")]
-    assert [line.rsplit(" after ", 1)[1] for line in resumed] == [
-        "2 updates",
-        "6 updates",
-        "7 updates",
-    ]
+    assert _resumed_after(lines) == ["2 updates", "6 updates", "7 updates"]
     assert "  mid-step: step 6: kill rl/learner/1 while rl/learner/0 is in update" in lines
     assert "[rl/rollouts/1] healed from a peer at version 4" in lines
     assert "[rl/rollouts/0] healed from a peer at version 5" in lines

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_takeover import JOB_ENTRY, Program
+from tests.test_takeover import Program, start_job
 
 GROUP_JOB = """
 import contextlib, json, os
@@ -74,10 +74,7 @@ def _values(program: Program, prefix: str) -> list:  # type: ignore[type-arg]
 def test_a_standby_adopts_a_process_groups_epoch_and_the_next_break_forms_a_higher_one(
     tmp_path: Path,
 ) -> None:
-    job = tmp_path / "group_job.py"
-    job.write_text(GROUP_JOB + JOB_ENTRY)
-    state = tmp_path / "state"
-    active = Program(state, program=job)
+    job, state, active = start_job(tmp_path, GROUP_JOB)
     before = _values(active, "where ")
     assert _values(active, "reduced ") == [3.0, 3.0]
     active.proc.send_signal(signal.SIGKILL)
