@@ -9,6 +9,11 @@ from scratch costs at least, before it recomputes the state a takeover keeps.
 Each trial runs two real controllers (this module, ``--role active`` and ``--role standby``)
 in a fresh state directory. Medians over the trials; the machine's load average is reported
 beside them, since on a shared machine timings are noisy.
+
+``--hosts`` (root, network namespaces: otpmesh.testing.netns): the same across hosts, the two
+controllers and two host agents each in a namespace of its own, the 4 workers on the agents'
+hosts; the active controller SIGKILLed, and (a second figure) its host cut off instead, to the
+standby's first successful call (docs/guides/takeover.md, "Across hosts").
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -27,26 +33,39 @@ from typing import Any
 import trio
 
 import otpmesh
+from otpmesh import launchers
 from otpmesh.bench import BenchActor
+from otpmesh.testing import netns
 
 TREE = otpmesh.Supervisor(
     "bench", children=[otpmesh.Mesh("workers", BenchActor, shape={"procs": 4})]
 )
+HOSTS_TREE = otpmesh.Supervisor(
+    "bench", children=[otpmesh.Mesh("workers", BenchActor, shape={"hosts": 2, "procs": 2})]
+)
+PORT = 7392
 
 
-async def _active(state: str) -> None:
+def _takeover(state: str, listen: str | None, standby: bool = False) -> otpmesh.Takeover:
+    if listen is None:
+        return otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    hosts = otpmesh.TakeoverHosts(launchers.Static(hosts=2), listen=listen, port=PORT)
+    return otpmesh.Takeover(dir=state, grace=60.0, standby=standby, hosts=hosts)
+
+
+async def _active(state: str, listen: str | None) -> None:
     started = time.monotonic()
-    takeover = otpmesh.Takeover(dir=state, grace=60.0)
-    async with otpmesh.start(TREE, takeover=takeover) as app:
+    tree = TREE if listen is None else HOSTS_TREE
+    async with otpmesh.start(tree, takeover=_takeover(state, listen)) as app:
         await app.mesh("bench/workers")[0].echo(1)
         print(f"ready {time.monotonic() - started:.6f}", flush=True)
         await trio.sleep_forever()  # until the benchmark SIGKILLs it
 
 
-async def _standby(state: str) -> None:
+async def _standby(state: str, listen: str | None) -> None:
     print("waiting", flush=True)
-    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=True)
-    async with otpmesh.start(TREE, takeover=takeover) as app:
+    tree = TREE if listen is None else HOSTS_TREE
+    async with otpmesh.start(tree, takeover=_takeover(state, listen, standby=True)) as app:
         ident = await app.mesh("bench/workers")[0].ident()
         print(f"first call {time.monotonic():.6f} pid {ident[0]}", flush=True)
 
@@ -59,26 +78,47 @@ def _line(proc: subprocess.Popen[str], prefix: str) -> str:
     raise RuntimeError(f"{proc.args!r} ended before printing {prefix!r} (status {proc.wait()})")
 
 
-def trial() -> dict[str, float]:
-    """One takeover: seconds from SIGKILL to the standby's first call, and the fresh start."""
+def trial(spaces: netns.NetnsHosts | None = None, cut: bool = False) -> dict[str, float]:
+    """One takeover: seconds from SIGKILL (or, with `cut`, the active's host cut off) to the
+    standby's first call, and the fresh start. With `spaces`: across hosts (the module doc)."""
     with tempfile.TemporaryDirectory() as tmp:
         state = os.path.join(tmp, "state")
-        me = [sys.executable, "-m", "otpmesh.bench_takeover", "--dir", state, "--role"]
-        active = subprocess.Popen([*me, "active"], stdout=subprocess.PIPE, text=True)
+        me = [sys.executable, "-m", "otpmesh.bench_takeover", "--dir", state]
+        at: list[list[str]] = [[], []]
+        agents = []
+        if spaces is not None:
+            controllers = f"tcp:{spaces.ip(0)}:{PORT},tcp:{spaces.ip(1)}:{PORT}"
+            for rank in (0, 1):
+                argv = [*spaces.prefixes()[2 + rank], sys.executable, "-m", "otpmesh", "agent"]
+                argv += ["--controller", controllers, "--rank", str(rank)]
+                agents.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+            at = [[*spaces.prefixes()[i]] for i in (0, 1)]
+            me = [*me, "--listen"]
+        role = [[spaces.ip(i)] if spaces is not None else [] for i in (0, 1)]
+        active = subprocess.Popen(
+            [*at[0], *me, *role[0], "--role", "active"], stdout=subprocess.PIPE, text=True
+        )
         standby = None
         try:
             fresh = float(_line(active, "ready").split()[1])
             # Only now: a standby started first would take the free lease and be the active.
-            standby = subprocess.Popen([*me, "standby"], stdout=subprocess.PIPE, text=True)
+            standby = subprocess.Popen(
+                [*at[1], *me, *role[1], "--role", "standby"], stdout=subprocess.PIPE, text=True
+            )
             _line(standby, "waiting")
             time.sleep(1.0)  # well inside its lease wait
             killed = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
-            active.send_signal(signal.SIGKILL)
+            if cut and spaces is not None:
+                spaces.cut(0)
+            else:
+                active.send_signal(signal.SIGKILL)
             first = float(_line(standby, "first call").split()[2])
             standby.wait(60)
             return {"takeover_s": first - killed, "fresh_start_s": fresh}
         finally:
-            for proc in (active, standby):
+            if cut and spaces is not None:
+                spaces.reconnect(0)
+            for proc in (active, standby, *agents):
                 if proc is None:
                     continue
                 if proc.poll() is None:
@@ -87,7 +127,24 @@ def trial() -> dict[str, float]:
 
 
 def run(trials: int) -> dict[str, Any]:
-    results = [trial() for _ in range(trials)]
+    return _summary([trial() for _ in range(trials)])
+
+
+def run_hosts(trials: int) -> dict[str, Any]:
+    why = netns.unavailable()
+    if why is not None:
+        return {"skipped": f"network namespaces unavailable: {why}"}
+    spaces = netns.make_hosts(4)  # 0: active, 1: standby, 2 and 3: agents
+    try:
+        killed = [trial(spaces) for _ in range(trials)]
+        cut = [trial(spaces, cut=True) for _ in range(trials)]
+    finally:
+        spaces.remove()
+    return {"sigkill": _summary(killed), "partition": _summary(cut)}
+
+
+def _summary(results: list[dict[str, float]]) -> dict[str, Any]:
+    trials = len(results)
     takeover = statistics.median(r["takeover_s"] for r in results)
     fresh = statistics.median(r["fresh_start_s"] for r in results)
     return {
@@ -107,11 +164,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--role", choices=["active", "standby"])
     parser.add_argument("--dir")
+    parser.add_argument("--listen", help="(a role across hosts) this controller's address")
+    parser.add_argument("--hosts", action="store_true", help="across hosts (root, netns)")
     args = parser.parse_args()
     if args.role == "active":
-        otpmesh.run(_active, args.dir)
+        otpmesh.run(_active, args.dir, args.listen)
     elif args.role == "standby":
-        otpmesh.run(_standby, args.dir)
+        otpmesh.run(_standby, args.dir, args.listen)
+    elif args.hosts:
+        os.environ.setdefault("OTPMESH_SECRET", secrets.token_hex(16))  # the agents' and ours
+        print(json.dumps(run_hosts(args.trials)))
     else:
         print(json.dumps(run(args.trials)))
 

@@ -8,6 +8,7 @@ localhost instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import struct
@@ -454,3 +455,22 @@ def test_no_agent_or_worker_outlives_its_controller(tmp_path: Any, how: str) -> 
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in pids if alive(p)] == []
+
+
+def test_a_held_controller_loop_is_named_in_the_log(
+    where: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beats to agents go out from the controller's event loop; a driver's synchronous step
+    that holds it for half of an agent's patience (which ends that agent's workers if it runs
+    on) is logged with its remedy."""
+
+    async def main() -> None:
+        async with where(1):
+            await trio.sleep(0.3)  # the watch's first rounds
+            time.sleep(0.6)  # a driver's synchronous step, past 0.375 s (+ at most 0.1 s asleep)
+            await trio.sleep(0.3)
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh"):
+        run_trio(main, timeout=60)
+    assert "the controller's event loop was held for" in caplog.text
+    assert "trio.to_thread.run_sync" in caplog.text

@@ -245,7 +245,7 @@ async def run_tree(
                         if prefix is None:  # a top tree: what its actors owned is stopped too
                             await owners(rt).quiet()
                         if resumed is not None:
-                            resumed.stopped()
+                            await resumed.stopped()
                     nursery.cancel_scope.cancel()
     finally:
         for path in ctx.specs:

@@ -203,7 +203,7 @@ class ProcsPlacement:
     def _started(self, slot: Slot, path: str, incarnation: int, proc: Proc) -> None:
         proc.hosted(path, incarnation)
         slot.mark_up(proc.addr, proc)
-        if self._rt.takeover is not None and proc.host is None:
+        if self._rt.takeover is not None:  # on this host or an agent's (_hostover.py)
             self._rt.takeover.actor_started(path, incarnation, proc)
 
     async def stop(self, slot: Slot, incarnation: int, shutdown: ShutdownSpec) -> object:

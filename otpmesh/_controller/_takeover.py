@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -42,6 +42,20 @@ log = logging.getLogger("otpmesh.takeover")
 
 #: How often a standby tries the lease (a held flock cannot be waited for cancellably).
 LEASE_POLL = 0.02
+#: How often a standby on hosts reads the journal again for the run's hosts.
+JOURNAL_POLL = 0.5
+
+
+class Hosts(Protocol):
+    """The hosts part of a takeover (``otpmesh.TakeoverHosts``, _hosts/_hostover.py)."""
+
+    async def attach(self, rt: Runtime) -> None: ...
+    def witnesses(self) -> set[int]: ...
+    async def start_fresh(self, rt: Runtime, state: TakeoverState) -> None: ...
+    async def adopt(
+        self, rt: Runtime, state: TakeoverState, procs: list[dict[str, Any]]
+    ) -> dict[str, Proc]: ...
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +71,9 @@ class Takeover:
     dir: str | os.PathLike[str]
     grace: float = 30.0
     standby: bool = False
+    #: The tree runs on host agents, which a standby on another host takes over too
+    #: (``otpmesh.TakeoverHosts(launcher, listen=..., port=...)``; docs/guides/takeover.md).
+    hosts: Hosts | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
@@ -92,6 +109,7 @@ class Resumed:
     journalled: dict[str, int] = field(default_factory=dict)
     #: Supervisor path -> the wall-clock times of its restarts the journal saw.
     restarts: dict[str, list[float]] = field(default_factory=dict)
+    hosts: Hosts | None = None
 
     def seed(self, ctx: TreeContext) -> None:
         """Make the tree's first start of each journalled actor reuse a running incarnation,
@@ -114,8 +132,11 @@ class Resumed:
                 sup, at - trio.current_time() + time.time()
             )
 
-    def stopped(self) -> None:
-        """The tree stopped in order: nothing to take over; the fork server goes now."""
+    async def stopped(self) -> None:
+        """The tree stopped in order: nothing to take over; the fork server and the agents go
+        now."""
+        if self.hosts is not None:
+            await self.hosts.close()
         state = self.rt.takeover
         if state is not None:
             state.stopped()
@@ -139,8 +160,7 @@ async def resume(takeover: Takeover) -> Resumed:
                 "as its standby (Takeover(..., standby=True), otpmesh.run(main, standby=True) or "
                 "otpmesh run --standby job.py:main), or give it another dir"
             )
-        while not lease.try_acquire():
-            await trio.sleep(LEASE_POLL)
+        await _wait_for_lease(takeover, root, lease)
     try:
         return await _take(takeover, root, lease, standby)
     except BaseException:
@@ -157,21 +177,36 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
             "there is nothing to take over"
         )
     epoch = bump_epoch(root)
+    hosts = takeover.hosts
     if run.app is None:
         rt = await runtime()
         rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))
         rt.takeover.app_started(rt.node.secret)
-        return Resumed(rt, lease)
+        if hosts is not None:
+            await hosts.start_fresh(rt, rt.takeover)
+        return Resumed(rt, lease, hosts=hosts)
     secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
     rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=False))
     rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
-    try:
-        live = await adopt(rt, list(run.procs.values()))
-    except OSError as exc:
-        log.warning("takeover: nothing to take over in %s (%s): starting afresh", root, exc)
-        return Resumed(rt, lease)
-    resumed = Resumed(rt, lease, restarts=run.restarts)
+    on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
+    here = [r for r in run.procs.values() if "hosts" not in r.get("coords", {})]
+    live: dict[str, Proc] = {}
+    if here or not on_hosts:
+        try:
+            live = await adopt(rt, here)
+        except OSError as exc:
+            log.warning("takeover: nothing to take over in %s (%s): starting afresh", root, exc)
+            if not on_hosts:
+                return Resumed(rt, lease, hosts=hosts)
+    if on_hosts and hosts is None:
+        raise TakeoverError(
+            "takeover: the run in the journal ran workers on host agents; start this "
+            "controller with Takeover(..., hosts=otpmesh.TakeoverHosts(...)) to take them over"
+        )
+    if hosts is not None:
+        live.update(await hosts.adopt(rt, rt.takeover, on_hosts))
+    resumed = Resumed(rt, lease, restarts=run.restarts, hosts=hosts)
     for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
         proc = live.get(proc_id)
@@ -181,6 +216,30 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
         elif proc is not None:
             resumed.procs[path] = proc  # its actor died in the gap; its process serves again
     return resumed
+
+
+async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease) -> None:
+    """A standby's wait: for the lease, or, on hosts, for a majority of the run's hosts to come
+    to it having lost their controller (a partitioned controller keeps the lease)."""
+    hosts = takeover.hosts
+    ranks: set[int] = set()
+    next_read = 0.0
+    while not lease.try_acquire():
+        if hosts is not None and trio.current_time() >= next_read:
+            # Read again and again: the active controller may still be starting its workers.
+            next_read = trio.current_time() + JOURNAL_POLL
+            run = last_run(read_journal(root))
+            ranks = {
+                int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]
+            }
+            if run.app is not None:  # its agents come to this address: listen from now on
+                await hosts.attach(await runtime(bytes.fromhex(str(run.app["secret"]))))
+        if hosts is not None and ranks:
+            came = hosts.witnesses() & ranks
+            if 2 * len(came) > len(ranks):
+                log.warning("takeover: %d of %d hosts lost their controller", len(came), len(ranks))
+                return
+        await trio.sleep(LEASE_POLL)
 
 
 @dataclass

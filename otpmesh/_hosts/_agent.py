@@ -14,7 +14,8 @@ polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT
 The controller's heartbeats are its lifeline: when none came for AGENT_TIMEOUT (shorter than the
 controller's HOST_TIMEOUT), the agent kills its workers *before* the controller declares the host
 dead and restarts their actors elsewhere, so no actor runs twice; then it registers afresh, as a
-new host, for up to `reconnect` seconds.
+new host, for up to `reconnect` seconds. With a takeover, it keeps them for a standby instead
+(_agentgrace.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
+from ._agentcli import parser as parser
+from ._agentgrace import AgentGrace
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 
 log = logging.getLogger("otpmesh.agent")
@@ -81,7 +84,11 @@ class Agent:
         reconnect: float = 60.0,
         token: bytes | None = None,
     ) -> None:
-        self.controller = controller
+        # One address, or several separated by commas: a takeover's controllers, tried in turn.
+        self.controllers = [
+            c if c.startswith("tcp:") else f"tcp:{c}" for c in controller.split(",")
+        ]
+        self.controller = self.controllers[0]
         self.secret = secret
         # The one-time token its next HELLO presents: its launcher's first, then the one each
         # registration hands it for the next (None: a Static agent, which has none).
@@ -103,8 +110,13 @@ class Agent:
             is_app_process=self._is_worker,
         )
         self.node.parent_ops = frozenset(
-            {"spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat", "agent_token"}
+            {
+                *("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"),
+                *("agent_token", "takeover"),
+            }
         )
+        self.grace = AgentGrace(self)
+        self.node.sys_inline["takeover"] = self.grace.on_takeover
         self.relay = Relay(self.node)
         self.node.sys_inline["beat"] = self._beat
         self.node.sys_inline["agent_token"] = self._next_token
@@ -132,7 +144,15 @@ class Agent:
                     await self._session()
                     give_up = trio.current_time() + self.reconnect
                 except (OSError, ProtocolError, trio.TooSlowError) as exc:
-                    log.warning("agent %s: cannot reach the controller: %s", self.name, exc)
+                    level = logging.DEBUG if self.grace.waiting else logging.WARNING
+                    log.log(level, "agent %s: cannot reach %s: %s", self.name, self.controller, exc)
+                if not self._stopping and self.grace.keeps_workers():
+                    # Waiting for a standby: the next address of the list, at once.
+                    i = self.controllers.index(self.controller) + 1
+                    self.controller = self.controllers[i % len(self.controllers)]
+                    give_up = max(give_up, trio.current_time() + self.reconnect)
+                    await trio.sleep(0.05)
+                    continue
                 self._kill_all()
                 if self._stopping or trio.current_time() > give_up:
                     break
@@ -141,7 +161,8 @@ class Agent:
 
     async def _session(self) -> None:
         """One registration: from dialing the controller until it is lost."""
-        with trio.fail_after(DIAL_TIMEOUT):  # a host cut off must not wait out TCP's retries
+        # A host cut off must not wait out TCP's retries.
+        with trio.fail_after(self.grace.dial_timeout(DIAL_TIMEOUT)):
             sock, mac = await dial(self.controller, self.secret)
         self.host_id = uuid.uuid4().hex
         conn = Connection(
@@ -160,6 +181,7 @@ class Agent:
             "rank": self.rank,
             "pid": os.getpid(),
             "listen": self._listen_host(),
+            **self.grace.hello(),
         }
         if self.token is not None:
             hello["token"] = self.token
@@ -181,8 +203,9 @@ class Agent:
         while not conn.closed:
             now = trio.current_time()
             if now - self._last_beat >= AGENT_TIMEOUT:
-                log.warning("agent %s: no heartbeat from the controller; fencing", self.name)
-                self._kill_all()  # before the controller restarts our actors elsewhere
+                if not self.grace.keeps_workers():
+                    log.warning("agent %s: no heartbeat from the controller; fencing", self.name)
+                    self._kill_all()  # before the controller restarts our actors elsewhere
                 conn.abort("the controller stopped answering")
                 return
             if now >= next_beat:
@@ -206,6 +229,7 @@ class Agent:
         self.procs[proc.proc_id] = proc
         host = self._listen_host()
         cfg = dict(p["cfg"], listen=f"tcp:{host}", secret=self.secret, tcp_secret=self.secret)
+        cfg = self.grace.worker_cfg(cfg)
         # Which host a worker is on; and its tensor channel's TCP fallback must be reachable
         # from other hosts, not only on loopback.
         env = dict(p["env"], OTPMESH_HOST=self.name)
@@ -308,48 +332,6 @@ async def _exit_on_stdin_eof() -> None:
             pass
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
-
-
-def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="otpmesh agent", description=__doc__.split("\n")[0])
-    p.add_argument("--controller", required=True, help="the controller, tcp:HOST:PORT")
-    p.add_argument(
-        "--listen",
-        help="the address this host's workers listen on (default: the "
-        "address this host reaches the controller from)",
-    )
-    p.add_argument("--rank", type=int, help="this host's index in the mesh's hosts dimension")
-    p.add_argument(
-        "--rank-from-env",
-        metavar="VAR",
-        help="take the rank from this environment variable (SLURM_NODEID, GROUP_RANK)",
-    )
-    p.add_argument("--name", help="this host's name in logs and exit reasons (default: hostname)")
-    p.add_argument(
-        "--secret-stdin",
-        action="store_true",
-        help="read the secret from the first line of stdin; exit when stdin closes",
-    )
-    p.add_argument(
-        "--token-stdin",
-        action="store_true",
-        help="read a one-time registration token from the line of stdin after the secret "
-        "(launchers give one to each agent they start: only that agent may register as its rank)",
-    )
-    p.add_argument(
-        "--reconnect",
-        type=float,
-        default=60.0,
-        help="seconds to keep trying to register again after losing the controller",
-    )
-    p.add_argument(
-        "--ignore-sigterm",
-        action="store_true",
-        help="ignore SIGTERM, and so do the workers (Slurm sends it to every process of a job "
-        "that ends, the controller included, which then stops the tree within the grace)",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="log registrations and spawns")
-    return p
 
 
 def run_agent(args: argparse.Namespace) -> int:

@@ -46,6 +46,9 @@ REGISTER_TIMEOUT = 60.0
 #: Controller and agents beat this often; a host silent for HOST_TIMEOUT is declared dead.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HOST_HEARTBEAT_INTERVAL", "0.2"))
 HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
+#: Beats to agents go out from the controller's event loop: a loop held for half of what an
+#: agent waits for one (0.75 of the timeout) is logged, with what to do about it.
+HELD_WARNING = 0.375 * HOST_TIMEOUT
 
 
 @dataclass(eq=False)
@@ -59,6 +62,8 @@ class Host:
     last_seen: float
     procs: dict[str, Proc] = field(default_factory=dict)
     dead_reason: str | None = None
+    #: Registered to take over: the processes (id -> pid) its agent still ran (_hostover.py).
+    resumed: dict[str, int] | None = None
 
     @property
     def alive(self) -> bool:
@@ -89,9 +94,9 @@ class Cluster:
         # launcher gives agents no token (Static): any holder of the cluster secret may register.
         self.tokens: dict[int, bytes] | None = None
         # By rank: the token its agent presented last. It stays good until the agent presents
-        # the next one: the cast carrying that one may be lost with the connection it was sent
-        # on, and the agent must still be able to register again.
+        # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
+        self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
 
     # ------------------------------------------------------------ membership
 
@@ -128,6 +133,11 @@ class Cluster:
         conn.peer = f"agent {host.name}"
         self.hosts.append(host)
         self._by_rank[rank] = host
+        resume = hello.get("resume")
+        if isinstance(resume, dict) and isinstance(resume.get("procs"), dict):
+            host.resumed = {str(k): int(v) for k, v in resume["procs"].items()}
+        if self.takeover is not None:
+            self.takeover.registered(host)
         log.info(
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
@@ -185,6 +195,9 @@ class Cluster:
                 self._registered = trio.Event()
                 await self._registered.wait()
 
+    def by_rank(self, rank: int) -> Host | None:
+        return self._by_rank.get(rank)
+
     def host_for(self, index: int) -> Host:
         """The host a slot with ``hosts=index`` runs on (see the module docstring)."""
         host = self._by_rank.get(index)
@@ -217,14 +230,25 @@ class Cluster:
     async def watch(self) -> None:
         """Beat to every live agent; declare dead those silent for HOST_TIMEOUT, and those whose
         launch ended."""
+        due = trio.current_time()
         while True:
             self._launches_ended()
             now = trio.current_time()
+            if now - due > HELD_WARNING:
+                log.warning(
+                    "the controller's event loop was held for %.2f s (a synchronous driver step?): "
+                    "agents kill their workers after 0.75 x OTPMESH_HOST_TIMEOUT without its beat; "
+                    "run it in a thread (await trio.to_thread.run_sync(f)) or raise the timeout",
+                    now - due,
+                )
+            due = now + HEARTBEAT_INTERVAL / 2
+            timeout = HOST_TIMEOUT
+            if self.takeover is not None:
+                self.takeover.check_quorum(now)
+                timeout = self.takeover.host_timeout()
             for host in self.live:
-                if now - host.last_seen > HOST_TIMEOUT:
-                    self.declare_dead(
-                        host, f"stopped answering (no heartbeat for {HOST_TIMEOUT:g} s)"
-                    )
+                if now - host.last_seen > timeout:
+                    self.declare_dead(host, f"stopped answering (no heartbeat for {timeout:g} s)")
                 else:
                     self._rt.node.sys_cast(host.conn, "beat", None)
             await trio.sleep(HEARTBEAT_INTERVAL / 2)

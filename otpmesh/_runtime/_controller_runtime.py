@@ -534,7 +534,7 @@ class Runtime:
         self.node.register(proc.addr, conn)
         if proc.host is not None:
             self.node.relays[proc.addr] = proc.host.conn
-        elif self.takeover is not None:
+        if self.takeover is not None:
             self.takeover.proc_started(proc)
         proc.ready.set()
 

@@ -49,6 +49,8 @@ MAX_REPORT = 256 * 1024
 REPORT = b"!"
 BEAT = b"."
 STACKS_REQUEST = b"s"
+#: From a host agent that took a controller at a newer epoch (the 4 bytes): drop the old one.
+FENCE_REQUEST = b"f"
 #: A request on the control pipe: its kind (one byte) and a 4-byte big-endian sequence number,
 #: echoed in the answer so a late answer is never taken for a newer request's.
 REQUEST_SIZE = 5
@@ -56,6 +58,10 @@ REQUEST_SIZE = 5
 
 def stacks_request(seq: int) -> bytes:
     return STACKS_REQUEST + struct.pack(">I", seq & 0xFFFFFFFF)
+
+
+def fence_request(epoch: int) -> bytes:
+    return FENCE_REQUEST + struct.pack(">I", epoch & 0xFFFFFFFF)
 
 
 def frame_report(msg: dict[str, Any]) -> bytes:
@@ -103,8 +109,12 @@ class Watchdog:
         interval: float,
         token: trio.lowlevel.TrioToken,
         may_kill: bool = True,
+        on_fence: Any = None,
     ) -> None:
         self._cells = cells
+        # A host agent that took a newer controller tells its worker to drop the old one's
+        # connection (_agentgrace.py): called with that epoch, on the trio thread.
+        self._on_fence = on_fence
         self._beat_fd = beat_fd
         self._control_fd = control_fd
         self._interval = interval
@@ -173,6 +183,12 @@ class Watchdog:
             )
             if request[:1] == STACKS_REQUEST:
                 (seq,) = struct.unpack(">I", request[1:])
+            elif request[:1] == FENCE_REQUEST and self._on_fence is not None:
+                (epoch,) = struct.unpack(">I", request[1:])
+                try:
+                    trio.from_thread.run_sync(self._on_fence, epoch, trio_token=self._token)
+                except trio.RunFinishedError:
+                    pass
         if seq is not None:  # one answer, to the newest request, serves those before it
             snapshot = _stacks.snapshot(dict(self._cells()), skip_threads=[threading.get_ident()])
             snapshot["actors"] = {p: _cut(t) for p, t in snapshot["actors"].items()}

@@ -108,6 +108,7 @@ class Worker:
                     control_fd=self.cfg.get("control_fd"),
                     interval=self.cfg["heartbeat_interval"],
                     token=trio.lowlevel.current_trio_token(),
+                    on_fence=self._fenced_by_agent,
                 ).start()
             controller = self.cfg["controller"]
             sock, mac = await dial(controller, self.node.secret_for(controller))
@@ -153,6 +154,14 @@ class Worker:
             self.node.nursery.start_soon(self._wait_for_takeover, self._adopted)
         except RuntimeError:  # the node is closing: so is this worker
             self._done.set()
+
+    def _fenced_by_agent(self, epoch: int) -> None:
+        """This host's agent took a controller at `epoch`: the one served now is fenced off,
+        even if its connection still looks open (a partition sends no FIN). Only the agent
+        holds the control pipe this comes through; no actor of another process can send it."""
+        if epoch > self.epoch and self.controller is not None and not self.controller.closed:
+            log.warning("fenced by this host's agent: a controller at epoch %d took over", epoch)
+            self.controller.abort(f"fenced: a controller at epoch {epoch} took this host over")
 
     async def _wait_for_takeover(self, adopted: trio.Event) -> None:
         assert self.takeover is not None
