@@ -11,12 +11,16 @@ recorded in ``app.events`` (kind ``fault_injected``) right beside the supervisio
     await chaos.partition(app, "rl/rollouts/1", 2.0)  # its messages are lost for 2 s
     await chaos.delay(app, "rl/learner", 0.05, 5.0)   # messages to it arrive 50 ms late for 5 s
     chaos.fail_starts(app, "rl/reward", 2)            # its next 2 starts fail
+    await chaos.kill_controller(app)                  # SIGKILL this controller: a standby
+                                                      # takes over (needs takeover=...)
 
 Two ways to throw faults by the dozen, both reproducible from a seed:
 
 - ``FaultPlan``: faults at *steps* of your own loop (iteration 3: kill the learner). The same plan
   injects the same faults at the same points on any machine, however fast it runs: use it in
-  tests and examples whose assertions count faults and restarts.
+  tests and examples whose assertions count faults and restarts. A plan can kill the
+  controller too (``controller_kills=``, kind ``"controller"``) when the app runs with a
+  takeover: the standby's driver, resuming at that step, finds the kill journalled and goes on.
 - ``ChaosMonkey``: faults at random *times* in the background (a rate per second), for soak runs
   and for calls that must keep being answered whatever the timing.
 """
@@ -29,15 +33,19 @@ import math
 import os
 import random
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import trio
 
 from ._controller._app import App, context
 from ._controller._placement import LocalPlacement
+from ._controller._takeover import current_state, journal_mark, journal_marks
 from ._controller._tree import TreeContext
+from ._core._errors import TakeoverError
 from ._core._exits import ActorCrash
 from ._core._reasons import KILLED, NORMAL, SHUTDOWN
 from ._core._spec import Mesh, Supervisor
@@ -57,6 +65,7 @@ __all__ = [
     "fail_starts",
     "hang",
     "kill",
+    "kill_controller",
     "partition",
     "stop",
     "wedge",
@@ -64,6 +73,8 @@ __all__ = [
 
 #: The faults a ChaosMonkey can throw, by name.
 FAULTS = ("crash", "stop", "kill", "hang", "wedge", "partition", "delay", "drop", "fail_start")
+#: The kind of a planned controller kill (``FaultPlan``), and the path its entries name.
+CONTROLLER = "controller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,8 @@ class Fault:
 
     def __str__(self) -> str:
         detail = f" ({self.detail})" if self.detail else ""
+        if self.kind == CONTROLLER:
+            return f"kill the controller{detail}"
         return f"{self.kind} {self.path}{detail}" + ("" if self.hit else " [missed: not running]")
 
 
@@ -223,6 +236,36 @@ def fail_starts(app: App, path: str, count: int = 1) -> Fault:
     return _record(app, "fail_start", path, f"next {count}")
 
 
+def _takeover_of(app: App, what: str):  # type: ignore[no-untyped-def]
+    """The app's takeover state; a TakeoverError that says how to get one if it has none."""
+    context(app)  # validates: a running app
+    state = current_state()
+    if state is None:
+        raise TakeoverError(
+            f"{what} SIGKILLs this controller, and this app runs without a takeover: nothing "
+            "would take the tree over (its workers exit with their controller). Start it with "
+            "otpmesh.start(tree, takeover=otpmesh.Takeover(dir=...)) and run a standby beside "
+            "it (docs/guides/takeover.md), or leave controller kills out of the plan"
+        )
+    return state
+
+
+async def kill_controller(app: App, mark: Mapping[str, object] | None = None) -> NoReturn:
+    """SIGKILL this controller (the process running `app`), as an OOM kill or a bug would: it
+    does not return. The app must run with a takeover (``otpmesh.start(tree,
+    takeover=Takeover(...))``), else ``TakeoverError``: its workers then wait out the grace
+    period and a standby takes the tree over. The kill is journalled first (fsync'd, with
+    `mark`), where a ``FaultPlan`` on the standby finds it."""
+    state = _takeover_of(app, "chaos.kill_controller")
+    fault = _record(app, CONTROLLER, CONTROLLER, f"SIGKILL pid {os.getpid()}")  # for the log
+    log.warning("chaos: %s", fault)
+    journal_mark(state, {"chaos": CONTROLLER, "pid": os.getpid(), **(mark or {})})
+    sys.stdout.flush()  # what this controller printed is not lost with it
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+    await trio.sleep_forever()  # not reached: SIGKILL is not deferred
+
+
 # ---------------------------------------------------------------- monkeys and plans
 
 
@@ -233,6 +276,11 @@ def _check_kinds(kinds: Iterable[str]) -> None:
 
 
 def _check_faults(faults: Mapping[str, float]) -> None:
+    if CONTROLLER in faults:
+        raise ValueError(
+            "a controller kill is not drawn by weight: give FaultPlan.seeded(..., "
+            "controller_kills=N) for N of them (a ChaosMonkey does not kill controllers)"
+        )
     _check_kinds(faults)
     if not faults or not all(weight >= 0 for weight in faults.values()) or not any(faults.values()):
         raise ValueError(f"faults needs a positive weight for at least one kind, not {faults!r}")
@@ -280,6 +328,8 @@ class PlannedFault:
     path: str
 
     def __str__(self) -> str:
+        if self.kind == CONTROLLER:
+            return f"step {self.step}: kill the controller"
         return f"step {self.step}: {self.kind} {self.path}"
 
 
@@ -297,7 +347,7 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", tuple(self.faults))
-        _check_kinds(fault.kind for fault in self.faults)
+        _check_kinds(fault.kind for fault in self.faults if fault.kind != CONTROLLER)
         steps = [fault.step for fault in self.faults]
         if steps != sorted(steps) or any(step < 0 for step in steps):
             raise ValueError(f"a plan's steps must be >= 0 and in order, not {steps}")
@@ -313,16 +363,24 @@ class FaultPlan:
         targets: Sequence[str] = ("*",),
         faults: Mapping[str, float] | None = None,
         first: int = 1,
+        controller_kills: int = 0,
     ) -> FaultPlan:
         """`count` faults at distinct steps drawn from ``range(first, steps)``, kinds drawn with
         the weights in `faults` (crash and kill by default), each aimed at an actor matching
-        `targets`. The same arguments against the same tree give the same plan."""
+        `targets`; then `controller_kills` SIGKILLs of the controller itself (kind
+        ``"controller"``), at other steps drawn from the same range, which needs an app run
+        with a takeover (else ``TakeoverError``). The same arguments against the same tree
+        give the same plan (the actor faults the same with or without controller kills)."""
         weights = {"crash": 1.0, "kill": 1.0} if faults is None else dict(faults)
         _check_faults(weights)
         paths = _target_paths(app, targets)
-        if not 0 <= count <= max(0, steps - first):
+        if controller_kills:
+            _takeover_of(app, f"a plan with controller_kills={controller_kills}")
+        if not 0 <= count + controller_kills <= max(0, steps - first):
+            kills = f" and controller_kills={controller_kills}" if controller_kills else ""
             raise ValueError(
-                f"count={count} faults do not fit at distinct steps in range({first}, {steps})"
+                f"count={count} faults{kills} do not fit at distinct steps in "
+                f"range({first}, {steps})"
             )
         rng = random.Random(seed)
         kinds, kind_weights = zip(*sorted(weights.items()), strict=True)
@@ -331,7 +389,10 @@ class FaultPlan:
             PlannedFault(step, rng.choices(kinds, kind_weights)[0], rng.choice(paths))
             for step in at
         ]
-        return cls(tuple(planned))
+        free = [step for step in range(first, steps) if step not in at]
+        for step in rng.sample(free, controller_kills):
+            planned.append(PlannedFault(step, CONTROLLER, CONTROLLER))
+        return cls(tuple(sorted(planned, key=lambda fault: fault.step)))
 
     def at(self, step: int) -> list[PlannedFault]:
         """The faults planned for `step`, in plan order."""
@@ -340,16 +401,33 @@ class FaultPlan:
     async def inject(self, app: App, step: int) -> list[Fault]:
         """Throw the faults planned for `step`, one after another, and return what was thrown.
         When there are any, it first waits for ``app.settled()``: the restarts an earlier fault
-        caused are done, so each fault meets a running actor (and counts as one restart)."""
-        if not self.at(step):
+        caused are done, so each fault meets a running actor (and counts as one restart).
+
+        A controller kill does not return (``kill_controller``). The standby that takes over
+        runs its driver again, which resumes at this step and calls ``inject`` for it again:
+        the faults up to the kill, which the journal holds, are not thrown twice; the kill's
+        record is returned in their place and the step's later faults are thrown."""
+        planned = self.at(step)
+        if not planned:
             return []
+        thrown: list[Fault] = []
+        start = 0  # the first of this step's faults still to throw
+        if any(fault.kind == CONTROLLER for fault in planned):
+            state = _takeover_of(app, "a plan's controller kill")
+            for mark in journal_marks(state, "chaos"):
+                if mark.get("step") == step and mark.get("plan") == str(self):
+                    start = int(str(mark["index"])) + 1
+                    detail = f"SIGKILL pid {mark['pid']}, the controller this one took over from"
+                    thrown = [_record(app, CONTROLLER, CONTROLLER, detail)]
         await app.settled()
-        return [
-            await _throw(
-                app, fault.kind, fault.path, self.partition_seconds, f"planned, step {step}"
-            )
-            for fault in self.at(step)
-        ]
+        for index, fault in enumerate(planned[start:], start):
+            if fault.kind == CONTROLLER:
+                mark = {"step": step, "index": index, "plan": str(self)}
+                await kill_controller(app, mark)
+            else:
+                why, seconds = f"planned, step {step}", self.partition_seconds
+                thrown.append(await _throw(app, fault.kind, fault.path, seconds, why))
+        return thrown
 
     def __len__(self) -> int:
         return len(self.faults)

@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any, Literal
 
 import otpmesh
-from otpmesh import ONE_FOR_ALL, ONE_FOR_ONE, REST_FOR_ONE, Mesh, Supervisor, Worker
+from otpmesh import ONE_FOR_ALL, ONE_FOR_ONE, REST_FOR_ONE, Heal, Mesh, Supervisor, Worker
 
 
 class Learner(otpmesh.Actor):
@@ -124,6 +124,7 @@ def make_tree(
     reward: type[otpmesh.Actor] | str = RewardModel,
     rollout: type[otpmesh.Actor] | str = Rollout,
     args: tuple[Any, ...] = (),
+    rollout_heal: Heal | str | None = None,
 ) -> Supervisor:
     """The RL tree with `rollout_gpus` rollout workers; `intensity`/`period` are the root's.
 
@@ -134,7 +135,8 @@ def make_tree(
     With `learner_ranks` set, the learner is a ``Mesh`` of that many ranks, ONE_FOR_ALL (a
     rank cannot be replaced alone); with more than one, the mesh is a data-parallel gloo
     ``torch.distributed`` group (``process_group="gloo"``), re-formed under a new epoch at
-    every restart."""
+    every restart. `rollout_heal` is the rollout mesh's ``heal`` (``"peer"``: a restarted
+    rollout takes its weights from a live one)."""
     learner_child: Worker | Mesh = Worker("learner", learner, args=args)
     if learner_ranks is not None:
         learner_child = Mesh(
@@ -163,6 +165,7 @@ def make_tree(
                 strategy=ONE_FOR_ONE,
                 intensity=rollout_gpus,
                 period=period,
+                heal=rollout_heal,
             ),
         ],
     )

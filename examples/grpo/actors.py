@@ -2,8 +2,9 @@
 
 Each is constructed with the run's config (a dict) and restarts cleanly: the learner's ranks from
 their last checkpoint (in ``on_start``, the restore hook of a new epoch of their group), the
-reward model and the rollouts from nothing (they hold nothing worth keeping: a
-rollout reads the current weights at every iteration anyway).
+reward model from nothing, and a rollout from a live peer (``heal="peer"``: the weights of the
+version the rollouts hold, which a rollout restarted after the iteration's weight sync needs
+and the learner may no longer hold in an asynchronous pipeline).
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class Learner(otpmesh.Actor):
         """The stats of update `iteration` if it was already applied, else None."""
         return self.history[iteration] if iteration < len(self.history) else None
 
+    @otpmesh.endpoint
+    def updates(self) -> int:
+        """How many updates were applied: where a driver that took over resumes."""
+        return len(self.history)
+
     async def on_stop(self, reason: object) -> None:
         self.buffer.drop()
 
@@ -120,7 +126,8 @@ class RewardModel(otpmesh.Actor):
 
 
 class Rollout(otpmesh.Actor):
-    """Samples one batch per iteration with the learner's current weights."""
+    """Samples one batch per iteration with the learner's weights of that iteration (its
+    version), read once per version; a restarted rollout heals from a peer (``state``)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         task.setup_torch()
@@ -128,16 +135,48 @@ class Rollout(otpmesh.Actor):
         self.policy = task.make_policy(self.cfg)
         # The parameters become views into one flat tensor: a read lands in them directly.
         self.flat = flat_parameters(self.policy)
+        self.version = -1  # the iteration whose weights `flat` holds; -1: the initial policy
 
     # A read of weights whose owner has just died is not this rollout's fault: the error goes to
     # the controller, which re-runs the iteration; the rollout lives on.
     @otpmesh.endpoint(let_it_crash=False)
-    async def generate(self, iteration: int, weights: RDMABuffer) -> Batch:
-        """Read the weights through the tensor channel straight into the policy's parameters
-        (one copy; the learner's code does not run), then sample this rank's batch for
-        `iteration`."""
+    async def sync(self, version: int, weights: RDMABuffer) -> bool:
+        """Hold the weights of `version`: read them through the tensor channel straight into
+        the policy's parameters (one copy; the learner's code does not run) unless held
+        already. Returns whether it read."""
+        if self.version == version:
+            return False
         await weights.read_into(self.flat)
+        self.version = version
+        return True
+
+    @otpmesh.endpoint(let_it_crash=False)
+    async def generate(self, iteration: int, weights: RDMABuffer) -> Batch:
+        """Sample this rank's batch for `iteration` with that iteration's weights (read first
+        if this rollout does not hold them: it was restarted and no peer could heal it)."""
+        await self._hold(iteration, weights)
         return task.generate(self.policy, self.cfg, iteration, otpmesh.context().rank)
+
+    async def _hold(self, version: int, weights: RDMABuffer) -> bool:
+        if self.version == version:
+            return False
+        await weights.read_into(self.flat)
+        self.version = version
+        return True
+
+    # recovery: begin
+    @otpmesh.endpoint
+    def state(self) -> dict[str, Any]:
+        """What a restarted peer heals from (``heal="peer"``): the weights and their version;
+        the tensor travels over the tensor channel."""
+        return {"version": self.version, "weights": self.flat}
+
+    async def load_state(self, state: dict[str, Any]) -> None:
+        self.flat.copy_(state["weights"])
+        self.version = state["version"]
+        print(f"healed from a peer at version {self.version}", flush=True)
+
+    # recovery: end
 
 
 # coordination: end

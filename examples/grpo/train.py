@@ -2,14 +2,14 @@
 gloo process group) under the RL pipeline tree.
 
     python -m examples.grpo [--iters 200] [--seed 0] [--chaos] [--chaos-faults N]
-                            [--learners 2] [--out-dir grpo_out] [--local]
+                            [--learners 2] [--out-dir grpo_out] [--local] [--takeover DIR]
 
 The controller drives one GRPO iteration at a time: learner rank 0 hands out a handle to its
-weights (an ``RDMABuffer``), every rollout reads them through the tensor channel and samples its
-batch, the reward actor scores the batches, both learner ranks update (each on its half of the
-rows, the gradients all-reduced) and rank 0 checkpoints. The batches and rewards
-(a few KiB) travel inline in the calls, through the controller. The program prints one line per
-iteration and writes ``curve.json`` and ``reward.png`` to ``--out-dir``.
+weights (an ``RDMABuffer``), every rollout reads them through the tensor channel (the sync:
+version = iteration) and samples its batch, the reward actor scores the batches, both learner
+ranks update (each on its half of the rows, the gradients all-reduced) and rank 0 checkpoints.
+The batches and rewards (a few KiB) travel inline in the calls, through the controller. The
+program prints one line per iteration and writes ``curve.json`` and ``reward.png`` to ``--out-dir``.
 
 ``--chaos`` draws a seeded fault plan (``chaos.FaultPlan``: at iteration k, crash or SIGKILL this
 actor; ``--chaos-faults`` of them, aimed at the learner ranks and the rollouts), prints it, and
@@ -25,6 +25,11 @@ the update alone (``apply_update``: asked again with the same batches), and any 
 re-runs the iteration, whole. Every step is
 a pure function of (seed, iteration, learner checkpoint), so the curve is the same, bit for bit,
 with and without chaos.
+
+``--takeover DIR`` runs the job as two controllers (``standby.py``: the same program twice, both
+standbys, one state directory); with ``--chaos`` the plan also SIGKILLs the active controller
+once, and the other takes the tree over and resumes at the iteration the learner reached: every
+actor keeps its state, and the curve is read back from the learner's history.
 
 What chaos does change: the wall time and the number of restarts (one per fault), and some
 iterations are run twice (whether a call meets the dying actor or waits for its successor depends
@@ -57,7 +62,7 @@ import otpmesh
 from otpmesh import LogKind, chaos
 from supervisors.rl_pipeline import make_tree
 
-from . import plot
+from . import plot, standby
 from .actors import CHECKPOINT, Batch, Learner, RewardModel, Rollout
 from .task import Config
 
@@ -92,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--local", action="store_true", help='placement="local": one process (one learner)'
     )
+    parser.add_argument(
+        "--takeover",
+        metavar="DIR",
+        help="run two controllers with this state directory; --chaos kills the active one once",
+    )
+    parser.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # standby.py's
     return parser.parse_args(argv)
 
 
@@ -107,6 +118,7 @@ def grpo_tree(cfg: Config) -> otpmesh.Supervisor:
         reward=RewardModel,
         rollout=Rollout,
         args=(cfg.as_dict(),),
+        rollout_heal="peer",  # a restarted rollout takes the weights it missed from a peer
     )
 
 
@@ -194,6 +206,17 @@ async def run_iteration(
     return await after_faults(app, f"iteration {iteration}", attempt)
 
 
+async def sync_weights(app: otpmesh.App, version: int) -> None:
+    """Every rollout holds the weights of `version` (the learner's now), read once per version:
+    a rollout restarted after this takes them from a peer (``heal="peer"``)."""
+
+    async def sync(attempt: int) -> None:
+        weights = await app.actor(LEARNER_0).with_timeout(CALL_TIMEOUT).weights()
+        await app.mesh("rl/rollouts").with_timeout(CALL_TIMEOUT).sync(version, weights)
+
+    await after_faults(app, f"sync {version}", sync)
+
+
 # recovery: end
 def restarts(app: otpmesh.App) -> Counter[str]:
     """The exits the tree recovered from, by child path: each is one restart decision (a group
@@ -213,13 +236,15 @@ def chaos_plan(app: otpmesh.App, args: argparse.Namespace) -> chaos.FaultPlan:
     if not args.chaos:
         return chaos.FaultPlan(())
     count = args.chaos_faults if args.chaos_faults is not None else max(3, args.iters // 40)
+    kills = 1 if args.takeover else 0  # with a standby: SIGKILL the active controller once
     return chaos.FaultPlan.seeded(
         app,
         seed=args.seed,
         steps=args.iters,
-        count=min(count, args.iters - 1),
+        count=min(count, args.iters - 1 - kills),
         targets=["rl/learner", "rl/learner/*", "rl/rollouts/*"],
         faults={"crash": 1, "kill": 1},
+        controller_kills=kills,
     )
 
 
@@ -290,7 +315,8 @@ async def main(args: argparse.Namespace) -> list[dict[str, float]]:
     started = time.monotonic()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CHECKPOINT).unlink(missing_ok=True)  # a fresh run, not a resumed one
+    if not args.standby:  # (standby.py removes it before it starts both controllers)
+        (out / CHECKPOINT).unlink(missing_ok=True)  # a fresh run, not a resumed one
     if args.local:
         args.learners = 1  # a process group needs worker processes
     cfg = Config(seed=args.seed, learners=args.learners, out_dir=str(out))
@@ -298,19 +324,24 @@ async def main(args: argparse.Namespace) -> list[dict[str, float]]:
     # process at every epoch, and its first optimizer would otherwise import torch._dynamo
     # (0.85 s here), twice per group restart, since the ranks start one after the other.
     os.environ.setdefault("OTPMESH_PRELOAD", "torch,torch._dynamo,torch.distributed")
-    curve: list[dict[str, float]] = []
     seen: list[int] = []  # restarts so far, after each iteration
+    takeover = standby.takeover(args)
+    placement = "local" if args.local else "procs"
     # coordination: begin
-    async with otpmesh.start(grpo_tree(cfg), placement="local" if args.local else "procs") as app:
+    async with otpmesh.start(grpo_tree(cfg), placement=placement, takeover=takeover) as app:
         # coordination: end
         print(f"tree up in {time.monotonic() - started:.1f} s", flush=True)
+        # Where the run got to lives in the learner, not in this process: 0 on a fresh start,
+        # the iteration to resume at when this controller took a running tree over.
+        first, curve = await standby.resume(app, LEARNER_0)
         plan, faults = chaos_plan(app, args), []
         mid_step = mid_step_plan(plan, args)
         if args.chaos:
             print(f"chaos plan (seed {args.seed}, step = iteration): {plan}", flush=True)
             print(f"mid-step: {mid_step.plan}", flush=True)
         # coordination: begin
-        for iteration in range(args.iters):
+        for iteration in range(first, args.iters):
+            await sync_weights(app, iteration)
             # coordination: end
             faults += await plan.inject(app, iteration)  # those planned for this iteration
             during = mid_step if mid_step.plan.at(iteration) else None
@@ -330,7 +361,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, float]]:
             f"{len(faults)} faults injected{missed_note}, "
             f"{restarts(app).total()} restarts{by_child}"
         )
-        restarted = [i for i, (a, b) in enumerate(itertools.pairwise([0, *seen])) if b > a]
+        restarted = [first + i for i, (a, b) in enumerate(itertools.pairwise([0, *seen])) if b > a]
         print(f"iterations that saw a restart: {', '.join(map(str, restarted)) or 'none'}")
     (out / "curve.json").write_text(json.dumps(curve))
     rewards = [s["reward"] for s in curve]
@@ -343,4 +374,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, float]]:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    otpmesh.run(main, parse_args(argv))
+    args = parse_args(argv)
+    if args.takeover and not args.standby:
+        raise SystemExit(standby.run_both(args, argv))
+    otpmesh.run(main, args)

@@ -82,8 +82,17 @@ class GroupPlacement:
         group = self._group(infos[0]) if infos else None
         if group is None:
             await self.inner.prepare(paths, infos)
+        elif group.epoch is None and (procs := self._adopted(paths)) is not None:
+            group.adopt(procs)  # a takeover found every member running, in its group
         elif group.needs_new_epoch(None):
             await group.open_epoch()
+
+    def _adopted(self, paths: list[str]) -> dict[int, Proc] | None:
+        """Rank -> process of every member a takeover found running (its first start here),
+        or None unless it found all of them: a group missing a member must form anew."""
+        adopted = getattr(self.inner, "adopted", None)
+        procs = {rank: adopted(path) for rank, path in enumerate(paths)} if adopted else {}
+        return procs if procs and all(procs.values()) else None
 
     async def start(
         self,

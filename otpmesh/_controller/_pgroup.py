@@ -43,6 +43,7 @@ from .._core._spec import Mesh
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import Proc, Runtime
 from .._runtime._pgmember import EPOCH_KEY, GroupJoin
+from .._runtime._statedir import read_journal
 from .._wire._addresses import tcp_address
 from ._placement import Placement, SlotInfo, StartError, spawn_on
 
@@ -148,9 +149,29 @@ class ProcessGroup:
         )
         self.epoch = epoch
         self.history.append(stats)
+        if self._rt.takeover is not None:  # the number a standby's adopted epoch goes on from
+            self._rt.takeover.journal.append({"group": self.path, "epoch": self._count})
         for rank in range(len(paths)):
             epoch.joined[rank] = trio.Event()
             self._nursery.start_soon(self._join, epoch, rank, infos[rank])
+
+    def adopt(self, procs: dict[int, Proc]) -> None:
+        """Take the epoch a takeover found running as this group's current one: its members'
+        processes are still in their torch.distributed group (gloo's pairs connect them
+        directly; the store, gone with the old controller, serves only to form an epoch). Its
+        number is the journal's, so the next epoch's is higher, as without a takeover."""
+        state = self._rt.takeover
+        records = read_journal(state.root) if state is not None else []
+        journalled = [r for r in records if r.get("group") == self.path]
+        self._count = int(journalled[-1]["epoch"]) if journalled else self._count + 1
+        now = trio.current_time()
+        stats = EpochStats(self._count, now, old_dead=now, forked=now, joined=now)
+        self.epoch = _Epoch(self._count, "", None, "", dict(procs), stats)
+        for rank in procs:
+            self.epoch.joined[rank] = trio.Event()
+            self.epoch.joined[rank].set()
+        self.history.append(stats)
+        log.info("%s: epoch %d adopted from the controller taken over", self.path, self._count)
 
     def _store_host(self, procs: Any) -> str:
         if any(p.host is not None for p in procs) and self._rt.cluster is not None:

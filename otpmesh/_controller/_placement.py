@@ -254,6 +254,15 @@ class ProcsPlacement:
         proc = self._procs.get(slot.actor_id)
         return proc if proc is not None and proc.alive else None
 
+    def adopted(self, path: str) -> Proc | None:
+        """The live process a takeover found the actor at `path` running in, until its first
+        start here takes it as started; else None."""
+        proc = self._procs.get(path)
+        incarnation = self._running.get(path)
+        if proc is None or not proc.alive or incarnation is None:
+            return None
+        return proc if proc.actors.get(path) == incarnation else None
+
     async def close(self) -> None:
         self._rt.retire_spare()  # stopped: no process of this tree will be restarted
         for proc in self._procs.values():

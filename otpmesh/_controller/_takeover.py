@@ -24,7 +24,7 @@ import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
-from .._runtime._controller_runtime import Proc, Runtime, runtime
+from .._runtime._controller_runtime import _RUNTIME, Proc, Runtime, runtime
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import (
     Journal,
@@ -269,3 +269,24 @@ def last_run(records: list[dict[str, Any]]) -> LastRun:
         elif "restart" in record:
             run.restarts.setdefault(str(record["restart"]), []).append(float(record["at"]))
     return run
+
+
+def current_state() -> TakeoverState | None:
+    """The takeover state of this trio run's controller, or None when its app runs without a
+    takeover (``chaos`` journals its controller kills there, for the standby to read)."""
+    try:
+        rt = _RUNTIME.get()
+    except LookupError:
+        return None
+    return rt.takeover
+
+
+def journal_mark(state: TakeoverState, mark: dict[str, Any]) -> None:
+    """Append `mark` to the journal, fsync'd: the process may be SIGKILLed right after."""
+    state.journal.append(mark, durable=True)
+
+
+def journal_marks(state: TakeoverState, key: str) -> list[dict[str, Any]]:
+    """The records holding `key` in this app's journal, oldest first (a fresh run truncates it,
+    so they are all this app's, across its takeovers)."""
+    return [record for record in read_journal(state.root) if key in record]
