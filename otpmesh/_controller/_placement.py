@@ -97,6 +97,7 @@ async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
         result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
     except EncodeError as exc:
         raise StartError(_unsendable(payload, exc)) from None
+    proc.started = True  # it answered: its start is over, its heartbeat is what judges it
     if isinstance(result, ActorCrash):
         raise StartError(result)
     return str(result)

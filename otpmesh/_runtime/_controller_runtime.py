@@ -124,6 +124,8 @@ class Proc:
     # Its last lines on stderr, counted: where a faulthandler dump is read back (hung()).
     err_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_ERR_TAIL))
     err_count: int = 0
+    # It answered a spawn: judged by its heartbeat alone from now on (_liveness.START_SILENCE).
+    started: bool = False
 
     @property
     def alive(self) -> bool:
@@ -433,6 +435,7 @@ class Runtime:
             lambda: proc.alive,
             partial(self.hung, proc),
             lambda: proc.pid,
+            lambda: proc.started,
         )
 
     def hung(self, proc: Proc, why: str) -> None:

@@ -338,10 +338,12 @@ async def watch_heartbeat(
     alive: Callable[[], bool],
     on_hung: Callable[[str], None],
     pid: Callable[[], int],
+    started: Callable[[], bool] = lambda: True,
 ) -> None:
     """Call `on_hung(reason)` when a live worker's heartbeats stop and the kernel says it is
     stuck, not starved (_liveness.py): stopped, at `timeout` of silence; running or sleeping
-    without a beat, at HARD_FACTOR times that. Reports on the pipe go to the reader's hook."""
+    without a beat, at HARD_FACTOR times that, or at the start's own deadline until it is
+    `started`. Reports on the pipe go to the reader's hook."""
     fd = reader.fd
     stream = trio.lowlevel.FdStream(fd)
     try:
@@ -360,7 +362,7 @@ async def watch_heartbeat(
                 last = trio.current_time()
                 continue
             reason = _liveness.verdict(
-                _liveness.proc_state(pid()), trio.current_time() - last, timeout
+                _liveness.proc_state(pid()), trio.current_time() - last, timeout, started()
             )
             if reason is not None:
                 on_hung(reason)
