@@ -64,7 +64,7 @@ def _child(
         os.setsid()
         sock.close()
         if standby is not None:
-            standby.listener.close()
+            standby.close_fds()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in (wake_r, wake_w, *server_fds):
@@ -160,9 +160,20 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
             timeout = standby.left() if standby is not None and link.sock is None else None
             if timeout is not None and timeout <= 0:
                 return  # nobody took the children over within the grace period
+            if standby is not None:
+                for conn in standby.expire():
+                    sel.unregister(conn)
+                due = standby.next_due()
+                if due is not None:
+                    timeout = due if timeout is None else min(timeout, due)
             for key, _ in sel.select(timeout):
                 if standby is not None and key.fileobj is standby.listener:
-                    new = standby.accept()
+                    dialer = standby.admit()
+                    if dialer is not None:
+                        sel.register(dialer, selectors.EVENT_READ)
+                elif standby is not None and key.fileobj in standby.pending:
+                    sel.unregister(key.fileobj)
+                    new = standby.answer(key.fileobj)
                     if new is not None:
                         if link.sock is not None:  # a controller cut off, now fenced
                             sel.unregister(link.sock)

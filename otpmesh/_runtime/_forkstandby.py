@@ -30,8 +30,11 @@ import msgpack
 from .._core._errors import FencedError
 from .._wire._peercred import peer_credentials
 
-#: How long a dialer of the standby socket has to prove itself (the server waits meanwhile).
+#: How long a dialer of the standby socket has to prove itself. The server goes on serving its
+#: children meanwhile: a dialer that says nothing holds one of MAX_PENDING places, not the server.
 PROOF_TIMEOUT = 2.0
+#: Dialers proving themselves at once; one more evicts the oldest.
+MAX_PENDING = 8
 _MAX = 1 << 16
 
 
@@ -105,7 +108,12 @@ class ControllerLink:
 
 
 class Standby:
-    """The listener a standby controller attaches through, and the grace period's clock."""
+    """The listener a standby controller attaches through, and the grace period's clock.
+
+    The fork server's select loop owns the sockets: ``admit`` when the listener is readable,
+    ``answer`` when a dialer it admitted is, ``expire`` on every pass. Nothing here blocks, so a
+    dialer that connects and says nothing costs the server nothing but a place in ``pending``.
+    """
 
     def __init__(self, req: dict[str, Any]) -> None:
         self.secret: bytes = req["secret"]
@@ -120,11 +128,21 @@ class Standby:
         self.listener.bind(path)
         os.chmod(path, 0o600)
         self.listener.listen(4)
+        self.listener.setblocking(False)
+        #: Dialers that were sent a challenge: their nonce and the time their proof is due by.
+        self.pending: dict[socket.socket, tuple[bytes, float]] = {}
         self._deadline = 0.0
+
+    def close_fds(self) -> None:
+        """Close the listener and the pending dialers' sockets (a forked worker's copies)."""
+        self.listener.close()
+        for conn in self.pending:
+            conn.close()
+        self.pending.clear()
 
     def close(self) -> None:
         """Stop listening, and take the socket file away: nobody attaches to a server gone."""
-        self.listener.close()
+        self.close_fds()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -136,17 +154,54 @@ class Standby:
     def left(self) -> float:
         return self._deadline - time.monotonic()
 
-    def accept(self) -> socket.socket | None:
-        """The socket of a controller that proved itself at a higher epoch, or None."""
-        conn, _ = self.listener.accept()
+    def next_due(self) -> float | None:
+        """Seconds until the oldest pending dialer's proof is due, or None if none is pending."""
+        if not self.pending:
+            return None
+        return max(0.0, min(due for _, due in self.pending.values()) - time.monotonic())
+
+    def admit(self) -> socket.socket | None:
+        """Accept a dialer of this user and challenge it; the socket to watch for its proof, or
+        None (nobody was there, or another user). May close and return nothing else: evicted
+        dialers are dropped from ``pending`` and must be unregistered by the caller (``expire``
+        returns them)."""
         try:
-            conn.settimeout(PROOF_TIMEOUT)
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        try:
+            conn.setblocking(False)
             _pid, uid, _gid = peer_credentials(conn)
             if uid != os.getuid():
                 conn.close()
                 return None
             nonce = secrets.token_bytes(32)
             conn.send(msgpack.packb({"op": "challenge", "nonce": nonce}))
+        except OSError:
+            conn.close()
+            return None
+        self.pending[conn] = (nonce, time.monotonic() + PROOF_TIMEOUT)
+        return conn
+
+    def expire(self) -> list[socket.socket]:
+        """Close and forget dialers whose proof is overdue, and the oldest beyond MAX_PENDING;
+        the sockets dropped (for the caller's selector)."""
+        now = time.monotonic()
+        dropped = [conn for conn, (_, due) in self.pending.items() if due <= now]
+        overflow = len(self.pending) - len(dropped) - MAX_PENDING
+        if overflow > 0:  # dicts keep insertion order: the oldest first
+            live = [conn for conn in self.pending if conn not in dropped]
+            dropped += live[:overflow]
+        for conn in dropped:
+            del self.pending[conn]
+            conn.close()
+        return dropped
+
+    def answer(self, conn: socket.socket) -> socket.socket | None:
+        """Read a pending dialer's proof: its socket (blocking again) if it proved the secret at
+        a higher epoch, which it then serves; otherwise None, the dialer closed and forgotten."""
+        nonce, _due = self.pending.pop(conn)
+        try:
             msg = msgpack.unpackb(conn.recv(_MAX))
             epoch = msg.get("epoch") if isinstance(msg, dict) else None
             proof = msg.get("proof") if isinstance(msg, dict) else None
@@ -164,6 +219,6 @@ class Standby:
         except (OSError, ValueError, msgpack.UnpackException):
             conn.close()
             return None
-        conn.settimeout(None)
+        conn.setblocking(True)
         self.epoch = epoch
         return conn

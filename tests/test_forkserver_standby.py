@@ -1,0 +1,108 @@
+"""The fork server's standby socket against a same-user dialer that never proves itself: the
+server goes on forking and reporting while the dialer waits, a flood of silent dialers holds a
+bounded number of places, and a real standby still attaches through it (a real fork server
+process, real Unix sockets)."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import trio
+
+from otpmesh._runtime._forkclient import ForkServer
+from otpmesh._runtime._forkstandby import MAX_PENDING
+
+SECRET = b"s" * 32
+
+
+def _silent_dialer(path: Path) -> socket.socket:
+    """Connect to the standby socket, read its challenge, and say nothing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(str(path))
+    assert msgpack.unpackb(sock.recv(1 << 16))["op"] == "challenge"
+    return sock
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (EOF readable now), without waiting."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable) and sock.recv(1 << 16, socket.MSG_DONTWAIT) == b""
+
+
+async def _with_fork_server(tmp_path: Path, body: Any) -> None:
+    path = tmp_path / "forkserver.sock"
+    reports: list[dict[str, Any]] = []
+    spawned = trio.Event()
+
+    def on_report(msg: dict[str, Any]) -> None:
+        reports.append(msg)
+        if msg["op"] == "spawned":
+            spawned.set()
+
+    server = ForkServer(on_report, lambda: None)
+    standby = {"socket": str(path), "grace": 30.0, "secret": SECRET, "epoch": 1}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run, standby)
+        await server.ready.wait()
+        with trio.fail_after(30):
+            while not path.exists():  # its listener comes with the "takeover" it was sent
+                await trio.sleep(0.01)
+        try:
+            await body(server, path, spawned)
+        finally:
+            server.quit()
+
+
+def test_a_dialer_that_never_proves_itself_does_not_stall_the_fork_server(
+    tmp_path: Path,
+) -> None:
+    """The server reads a dialer's proof in its select loop: a spawn asked while a dialer owes
+    its proof is answered while that dialer is still connected. Before, the server waited for
+    the proof (up to 2 s) and closed the dialer before it served anything else."""
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        dialer = await trio.to_thread.run_sync(_silent_dialer, path)
+        try:
+            # A config the worker cannot start from: the child exits; its "spawned" is the reply.
+            fds = await server.spawn("p1", {}, {})
+            await spawned.wait()
+            assert not _hung_up(dialer), "the server waited out the silent dialer first"
+            for fd in fds:
+                os.close(fd)
+        finally:
+            dialer.close()
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+def test_silent_dialers_hold_a_bounded_number_of_places_and_a_standby_still_attaches(
+    tmp_path: Path,
+) -> None:
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        dialers = [
+            await trio.to_thread.run_sync(_silent_dialer, path) for _ in range(MAX_PENDING + 1)
+        ]
+        try:
+            # The oldest is evicted once one more than MAX_PENDING waits; the rest still wait.
+            await trio.to_thread.run_sync(select.select, [dialers[0]], [], [], 30.0)
+            assert _hung_up(dialers[0])
+            assert not any(_hung_up(d) for d in dialers[1:])
+            standby = ForkServer(lambda msg: None, lambda: None)
+            async with trio.open_nursery() as nursery:
+                children = await nursery.start(standby.attach, str(path), SECRET, 2)
+                assert children == []
+                with trio.fail_after(30):
+                    while not server.gone:  # the old controller's link: fenced
+                        await trio.sleep(0.01)
+                assert server.fenced == 2
+                standby.quit()
+        finally:
+            for d in dialers:
+                d.close()
+
+    trio.run(_with_fork_server, tmp_path, body)
