@@ -82,6 +82,41 @@ def test_silence_while_starting_is_judged_at_the_starts_deadline_then_at_the_hea
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_beats_keep_a_worker_alive_and_their_end_starts_the_silence() -> None:
+    """The watcher under MockClock: a beat every second for 30 s, then none; the process (this
+    one, running, started) is called hung HARD_FACTOR timeouts after its last beat, not before."""
+    import trio.testing
+
+    from otpmesh._runtime._forkclient import BeatReader, watch_heartbeat
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        verdicts: list[float] = []
+        t0 = trio.current_time()
+
+        async def beat() -> None:
+            for _ in range(30):
+                await trio.sleep(1.0)
+                os.write(write_end, b".")
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(beat)
+                await watch_heartbeat(
+                    BeatReader(read_end, lambda report: None),
+                    2.0,
+                    lambda: not verdicts,
+                    lambda why: verdicts.append(trio.current_time() - t0),
+                    os.getpid,
+                )
+        finally:
+            os.close(write_end)
+        [at] = verdicts
+        assert 30.0 + HARD_FACTOR * 2.0 <= at < 31.0 + HARD_FACTOR * 2.0, at
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_a_process_already_gone_is_left_to_its_exit_report() -> None:
     for state in (None, "Z", "X"):
         assert verdict(state, 100.0, 2.0) is None
