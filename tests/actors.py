@@ -341,6 +341,20 @@ class GilHolder(otpmesh.Actor):
         return os.getpid()
 
 
+class SlowGilStart(otpmesh.Actor):
+    """A constructor that holds the GIL in C for `seconds`: its process sends no heartbeat
+    while it starts (as one starved of CPU, or importing a large module, would not)."""
+
+    def __init__(self, seconds: float) -> None:
+        import ctypes
+
+        ctypes.PyDLL(None).usleep(int(seconds * 1e6))  # PyDLL: the GIL stays held
+
+    @otpmesh.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
 class Waiter(otpmesh.Actor):
     """Endpoints that wait for ever, writing to a journal file what happened to them."""
 

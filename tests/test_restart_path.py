@@ -103,6 +103,28 @@ def test_a_sigkilled_workers_slot_is_refilled_by_the_spare_forked_before_the_kil
     assert "[s/m/1] from the spare" in capsys.readouterr().out
 
 
+def test_a_spare_has_proven_itself_to_the_controller_before_it_is_handed_a_process() -> None:
+    """A spare dials and authenticates while it waits, so a restart that takes it only sends
+    its HELLO: the controller holds a proven connection from the spare's pid before the kill,
+    and that connection is the one the new incarnation registers on."""
+    tree = otpmesh.Supervisor("s", intensity=5, children=[otpmesh.Worker("w", Probe)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            rt = await runtime()
+            ref = app.actor("s/w")
+            pid = await ref.pid()
+            spare = await _spare({pid})
+            with trio.fail_after(30):
+                while rt.node.proven.get(f"pid {spare}", 0) < 1:
+                    await trio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            assert await _new_pid(ref, pid) == spare
+            assert rt.node.proven[f"pid {spare}"] == 1  # no second dial: the early one serves
+
+    run_trio(body)
+
+
 def test_a_spare_started_for_other_settings_is_retired_not_handed_out(tmp_path: Any) -> None:
     tree = otpmesh.Supervisor("s", intensity=5, children=[otpmesh.Worker("w", Probe)])
     extra = str(tmp_path)

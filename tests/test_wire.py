@@ -207,3 +207,46 @@ def test_a_frame_sent_while_the_writer_waits_for_the_socket_queues_behind_it() -
         return FrameDecoder().feed(received)
 
     assert run_trio(body, timeout=30) == [big, small]
+
+
+def test_a_thousand_workers_dialing_at_once_wait_in_the_backlog_not_refused() -> None:
+    """A node's Unix listener holds 1,000 connections nobody accepted yet: each connect waits
+    its turn (past a backlog of 128, a non-blocking Unix connect failed with EAGAIN)."""
+    from otpmesh._wire._addresses import bind
+
+    listener = bind("w", None)
+    dialers = []
+    try:
+        for _ in range(1000):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            dialers.append(sock)
+            sock.connect(listener.getsockname())  # raises BlockingIOError when refused
+    finally:
+        for sock in dialers:
+            sock.close()
+        listener.close()
+
+
+def test_a_dialer_waits_for_its_proof_as_long_as_it_is_told() -> None:
+    """A listener that accepts nobody (a controller still working through a thousand dialers):
+    the default dial gives up at 10 s, a worker's dial to its controller waits longer
+    (MockClock)."""
+    import trio.testing
+
+    from otpmesh._wire._addresses import bind, listen_address
+    from otpmesh._wire._handshake import dial
+
+    async def main() -> None:
+        listener = bind("w", None)
+        address = listen_address(listener)
+        try:
+            with pytest.raises(trio.TooSlowError):
+                await dial(address, b"s" * 32)
+            with trio.move_on_after(30) as patient:
+                await dial(address, b"s" * 32, timeout=60.0)
+            assert patient.cancelled_caught  # still waiting at 30 s, not given up at 10
+        finally:
+            listener.close()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

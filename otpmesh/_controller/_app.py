@@ -158,7 +158,8 @@ def start(
     whose root id is already running raises ``SupervisorError`` naming it.
     ``heartbeat_timeout`` (seconds; default ``OTPMESH_HEARTBEAT_TIMEOUT``, else 2.0): how long
     a worker process of this app may be silent before the kernel is asked what it is doing; a
-    stopped one is then hung, a running one gets ten times as long (docs/supervision.md).
+    stopped one is then hung, a running one gets ten times as long, and one still starting
+    (before its first actor is up) at least 60 s (docs/supervision.md).
     Inside an actor, ``otpmesh.context().start(spec)`` starts a tree that the actor owns.
     ``takeover=otpmesh.Takeover(dir=...)``: the tree outlives this controller for a grace
     period, and a standby takes it over, actors and state (docs/guides/takeover.md).

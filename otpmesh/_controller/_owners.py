@@ -128,10 +128,10 @@ def proc_of(rt: Runtime, conn: Connection | None) -> Proc | None:
     """The worker process behind `conn` (None: the controller itself)."""
     if conn is None:
         return None
-    for proc in rt.procs.values():
-        if proc.conn is conn:
-            return proc
-    raise MeshError("only a worker process of this app may ask for this")
+    proc = rt.proc_on(conn)
+    if proc is None:
+        raise MeshError("only a worker process of this app may ask for this")
+    return proc
 
 
 def check_owner(rt: Runtime, conn: Connection | None, owner: object) -> str | None:

@@ -25,7 +25,7 @@ from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc
 from .._runtime._liveness import proc_state
 from .._wire import _codec
 from ._owners import owners
-from ._slotenv import slot_env, visible_gpus
+from ._slotenv import otpmesh_settings, slot_env, visible_gpus
 
 # How long past its shutdown timeout a worker may take to confirm a stop before its whole
 # process is killed (an actor stuck in code that never yields cannot be cancelled in-process).
@@ -97,6 +97,7 @@ async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
         result = await rt.node.sys_call(proc.conn, "spawn_actor", payload, str(payload["id"]))
     except EncodeError as exc:
         raise StartError(_unsendable(payload, exc)) from None
+    proc.started = True  # it answered: its start is over, its heartbeat is what judges it
     if isinstance(result, ActorCrash):
         raise StartError(result)
     return str(result)
@@ -152,10 +153,11 @@ class ProcsPlacement:
         ]
         if not missing:
             return
+        settings = otpmesh_settings()
         procs = await self._rt.start_procs(
             missing[0][1].shape or {"procs": 1},
             [i.coords for _, i in missing],
-            [slot_env(i.coords, i.rank, self._gpus) for _, i in missing],
+            [slot_env(i.coords, i.rank, self._gpus, settings) for _, i in missing],
             self._heartbeat_timeout,
         )
         for (path, _), proc in zip(missing, procs, strict=True):

@@ -27,7 +27,7 @@ from ._hook import Unsupervised
 from ._owners import STOP_TIMEOUT, owners
 from ._placement import ProcsPlacement, StartError, spawn_on
 from ._procref import ProcMeshRef
-from ._slotenv import slot_env, visible_gpus
+from ._slotenv import otpmesh_settings, slot_env, visible_gpus
 from ._subtree import OwnedTree, start_owned
 
 log = logging.getLogger("otpmesh.procmesh")
@@ -381,6 +381,7 @@ async def start_procs(rt: Runtime, shape: Shape, owner: str | None) -> ProcMesh:
     """Fork the processes of a proc mesh of `shape`, owned by the actor at `owner`."""
     coords = all_coords(shape)
     gpus = visible_gpus()
-    envs = [slot_env(point, rank, gpus) for rank, point in enumerate(coords)]
+    settings = otpmesh_settings()
+    envs = [slot_env(point, rank, gpus, settings) for rank, point in enumerate(coords)]
     procs = await rt.start_procs(shape, coords, envs)
     return ProcMesh(rt, shape, procs, owner)

@@ -16,9 +16,16 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def slot_env(coords: dict[str, int], rank: int, gpus: list[str]) -> dict[str, str]:
-    # otpmesh's own settings as they are now (the fork server's copy is from its start).
-    env = {k: v for k, v in os.environ.items() if k.startswith("OTPMESH_")}
+def otpmesh_settings() -> dict[str, str]:
+    """otpmesh's own settings as they are now (the fork server's copy is from its start): read
+    once per mesh, not per slot (a walk of the whole environment, 54 us with 35 variables)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("OTPMESH_")}
+
+
+def slot_env(
+    coords: dict[str, int], rank: int, gpus: list[str], settings: dict[str, str] | None = None
+) -> dict[str, str]:
+    env = dict(otpmesh_settings() if settings is None else settings)
     env["OTPMESH_RANK"] = str(rank)
     if "gpus" in coords and gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[coords["gpus"] % len(gpus)]

@@ -36,6 +36,7 @@ async def adopt(rt: Runtime, procs: list[dict[str, Any]]) -> dict[str, Proc]:
     for rec in procs:
         proc = Proc(rank=int(rec["rank"]), coords=dict(rec["coords"]), proc_id=str(rec["proc"]))
         proc.pid, proc.addr, proc.token = int(rec["pid"]), str(rec["addr"]), None
+        proc.started = True  # it ran actors already: no start deadline
         proc.forked.set()
         known[proc.proc_id] = proc
         rt.adopted(proc)

@@ -124,6 +124,10 @@ class Proc:
     # Its last lines on stderr, counted: where a faulthandler dump is read back (hung()).
     err_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_ERR_TAIL))
     err_count: int = 0
+    # It answered a spawn: judged by its heartbeat alone from now on (_liveness.START_SILENCE).
+    started: bool = False
+    # Its runtime's index of actor paths to the process hosting them (Runtime.host_of).
+    index: dict[str, Proc] | None = field(default=None, repr=False)
 
     @property
     def alive(self) -> bool:
@@ -134,6 +138,8 @@ class Proc:
 
     def hosted(self, path: str, incarnation: int) -> None:
         self.actors[path] = incarnation
+        if self.index is not None:
+            self.index[path] = self
         self.named(path)
 
     def named(self, path: str) -> None:
@@ -171,6 +177,11 @@ class Runtime:
         self.node.on_connection_lost = self._on_connection_lost
         self.procs: dict[str, Proc] = {}
         self._by_pid: dict[int, Proc] = {}
+        # Lookups that a thousand processes make hot, each O(1) rather than a scan of `procs`
+        # (every actor exit, lost connection and worker request did one): the process behind a
+        # connection, and the process hosting an actor path (Proc.hosted keeps it).
+        self._by_conn: dict[Connection, Proc] = {}
+        self._host_of: dict[str, Proc] = {}
         self.forkserver = ForkServer(self._fork_server_report, self._fork_server_gone)
         #: The hosts of ``otpmesh.cluster``, when one is attached (else every worker is local).
         self.cluster: Any = None
@@ -302,6 +313,7 @@ class Runtime:
         for rank, (point, env, host) in enumerate(zip(coords, envs, hosts, strict=True)):
             self._next_proc += 1
             proc = Proc(rank=rank, coords=point, proc_id=f"p{self._next_proc}", host=host)
+            proc.index = self._host_of
             proc.heartbeat_timeout = heartbeat_timeout
             self.procs[proc.proc_id] = proc
             procs.append(proc)
@@ -341,6 +353,7 @@ class Runtime:
 
     def adopted(self, proc: Proc) -> None:
         """Know `proc`, a process a standby takes over (_adoption.py), by its id and pid."""
+        proc.index = self._host_of
         self.procs[proc.proc_id] = proc
         self._by_pid[proc.pid] = proc
         number = proc.proc_id.removeprefix("p")
@@ -433,6 +446,7 @@ class Runtime:
             lambda: proc.alive,
             partial(self.hung, proc),
             lambda: proc.pid,
+            lambda: proc.started,
         )
 
     def hung(self, proc: Proc, why: str) -> None:
@@ -529,6 +543,7 @@ class Runtime:
             return
         proc.token = None  # used: a replay of this HELLO, on any connection, is refused
         proc.conn = conn
+        self._by_conn[conn] = proc
         proc.addr = payload["addr"]
         proc.pid = proc.pid or payload["pid"]
         self.node.register(proc.addr, conn)
@@ -541,11 +556,22 @@ class Runtime:
     def _on_connection_lost(self, conn: Connection) -> bool:
         if self.cluster is not None and self.cluster.connection_lost(conn):
             return True
-        proc = next((p for p in self.procs.values() if p.conn is conn), None)
+        proc = self.proc_on(conn)
+        self._by_conn.pop(conn, None)
         if proc is None or self.nursery is None:
             return False
         self.nursery.start_soon(self._report_death, proc, conn)
         return True
+
+    def proc_on(self, conn: Connection) -> Proc | None:
+        """The worker process whose connection `conn` is (None: not one of ours)."""
+        proc = self._by_conn.get(conn)
+        if proc is None or proc.conn is not conn:
+            # One whose connection was set without a HELLO here (adopted in a takeover).
+            proc = next((p for p in self.procs.values() if p.conn is conn), None)
+            if proc is not None:
+                self._by_conn[conn] = proc
+        return proc
 
     async def _report_death(self, proc: Proc, conn: Connection) -> None:
         # EOF comes first; the exit status follows from the fork server within milliseconds.
@@ -558,6 +584,9 @@ class Runtime:
         hung = proc.hung
         self.node.fail_pending(conn, describe(hung_reason(hung)) if hung else proc.death())
         actors, proc.actors = proc.actors, {}
+        for path in actors:
+            if self._host_of.get(path) is proc:
+                del self._host_of[path]
         # A process stopped on purpose (its host shut down with its cluster) ends its actors
         # with the normal 'shutdown'; one whose watchdog found an actor hung, with a Hung;
         # anything else is a process failure.
@@ -605,9 +634,14 @@ class Runtime:
     def _actor_exited(self, payload: dict[str, Any]) -> None:
         # Inline in the connection reader: the exit is known before any later "dead" reply.
         path, incarnation = payload["id"], payload["incarnation"]
-        for proc in self.procs.values():
-            if proc.actors.get(path) == incarnation:
-                del proc.actors[path]
+        proc = self._host_of.get(path)
+        if proc is not None and proc.actors.get(path) == incarnation:
+            del proc.actors[path]
+            del self._host_of[path]
+        else:  # not indexed (an adopted process's actors): look for it
+            for proc in self.procs.values():
+                if proc.actors.get(path) == incarnation:
+                    del proc.actors[path]
         self.actor_exit(path, incarnation, payload["reason"])
 
     def actor_exit(self, path: str, incarnation: int, reason: object) -> None:

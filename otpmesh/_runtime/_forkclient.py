@@ -338,34 +338,45 @@ async def watch_heartbeat(
     alive: Callable[[], bool],
     on_hung: Callable[[str], None],
     pid: Callable[[], int],
+    started: Callable[[], bool] = lambda: True,
 ) -> None:
     """Call `on_hung(reason)` when a live worker's heartbeats stop and the kernel says it is
     stuck, not starved (_liveness.py): stopped, at `timeout` of silence; running or sleeping
-    without a beat, at HARD_FACTOR times that. Reports on the pipe go to the reader's hook."""
+    without a beat, at HARD_FACTOR times that, or at the start's own deadline until it is
+    `started`. Reports on the pipe go to the reader's hook."""
     fd = reader.fd
-    stream = trio.lowlevel.FdStream(fd)
+    stream = trio.lowlevel.FdStream(fd)  # makes `fd` non-blocking; closes it at the end
     try:
         last = trio.current_time()
         while alive():
             wait = last + timeout - trio.current_time()
+            # One cancel scope per silence, its deadline moved on by each beat, not one per
+            # beat: with a thousand workers the controller wakes thousands of times a second
+            # for beats, and a scope per wake-up was a third of what each cost.
             with trio.move_on_after(wait if wait > 0 else timeout / 4) as silent:
-                data = await stream.receive_some(1 << 16)
-                if not data:
-                    return  # the process exited: its exit is reported elsewhere
-                reader.feed(data)
-                last = trio.current_time()
-            if not silent.cancelled_caught or not alive():
+                while True:
+                    await trio.lowlevel.wait_readable(fd)
+                    try:
+                        data = os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        return  # the process exited: its exit is reported elsewhere
+                    reader.feed(data)
+                    last = trio.current_time()
+                    silent.deadline = last + timeout
+            if not alive():
                 continue
             if _liveness.pending_beats(fd, reader.feed):  # this watcher was the late one
                 last = trio.current_time()
                 continue
             reason = _liveness.verdict(
-                _liveness.proc_state(pid()), trio.current_time() - last, timeout
+                _liveness.proc_state(pid()), trio.current_time() - last, timeout, started()
             )
             if reason is not None:
                 on_hung(reason)
                 return
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return
     finally:
         reader.drain()

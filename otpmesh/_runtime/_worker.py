@@ -6,6 +6,7 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
 from .._wire._connection import Connection
+from .._wire._framemac import FrameMac
 from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
@@ -33,6 +35,11 @@ log = logging.getLogger("otpmesh.worker")
 
 #: How long an adoption waits for the old controller's connection to be seen closed.
 ADOPT_WAIT = 1.0
+#: How long a worker waits for its controller to accept and prove its connection: as long as the
+#: controller waits for its HELLO (SPAWN_TIMEOUT). A controller starting a thousand workers at
+#: once accepts and proves them in turn; with a dialer's 10 s, 117 of 1,000 workers timed out in
+#: the listen backlog and exited while a slowed controller was still working through it.
+CONTROLLER_DIAL_TIMEOUT = 60.0
 
 
 def _kin_of_this_worker(adopters: set[int]) -> Callable[[int], bool]:
@@ -98,7 +105,14 @@ class Worker:
         set_current_node(self.node)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.node.serve)
+            # A spare proves itself to the controller while it waits (connect, handshake, the
+            # secret's challenge: four trips between processes), so a restart that takes it
+            # only has to send its HELLO. It runs no user code meanwhile, and the connection
+            # serves nothing of its own until the HELLO registers it as a process.
+            early = await self._dial() if "spare_fd" in self.cfg else None
             if not await _spare.assignment(self.cfg):  # a spare waits here for its process
+                if early is not None:
+                    early[1][0].close()
                 nursery.cancel_scope.cancel()
                 return
             if self.cfg.get("heartbeat_fd") is not None:
@@ -111,7 +125,10 @@ class Worker:
                     on_fence=self._fenced_by_agent,
                 ).start()
             controller = self.cfg["controller"]
-            sock, mac = await dial(controller, self.node.secret_for(controller))
+            if early is not None and early[0] != controller:  # not the one it was given
+                early[1][0].close()
+                early = None
+            sock, mac = early[1] if early is not None else (await self._dial())[1]
             conn = Connection(
                 sock, peer=controller, decode=decode_frame, on_message=self.node.dispatch, mac=mac
             )
@@ -131,6 +148,13 @@ class Worker:
             nursery.start_soon(self._serve_controller, conn)
             await self._done.wait()
             nursery.cancel_scope.cancel()
+
+    async def _dial(self) -> tuple[str, tuple[socket.socket, FrameMac | None]]:
+        """(the controller's address, its connection proven): dialed from `cfg` now."""
+        controller = str(self.cfg["controller"])
+        return controller, await dial(
+            controller, self.node.secret_for(controller), CONTROLLER_DIAL_TIMEOUT
+        )
 
     async def _serve_controller(self, conn: Connection) -> None:
         # The controller's connection is this process's lifeline: when it goes, so do we

@@ -26,6 +26,10 @@ def tcp_address(addr: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+#: Connections a Unix listener holds waiting to be accepted (the kernel caps it at somaxconn).
+UNIX_BACKLOG = 4096
+
+
 def bind(role: str, listen: str | None) -> socket.socket:
     """A listening socket: a fresh abstract Unix one, or TCP on ``tcp:HOST[:PORT]``."""
     # Bound at once, not in a thread: an abstract address never touches the filesystem (and a
@@ -33,7 +37,10 @@ def bind(role: str, listen: str | None) -> socket.socket:
     if listen is None:
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         raw.bind(new_address(role))
-        raw.listen(128)
+        # Room for a thousand workers dialing their controller at once: past the backlog a
+        # Unix connect fails (EAGAIN) rather than waiting its turn (seen: 22 of 1,000 refused
+        # while a slowed controller worked through 128). Strangers are bounded after accept.
+        raw.listen(UNIX_BACKLOG)
         return raw
     if not listen.startswith("tcp:"):
         raise ValueError(f"listen must be tcp:HOST or tcp:HOST:PORT, not {listen!r}")

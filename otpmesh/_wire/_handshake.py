@@ -111,19 +111,23 @@ def detach(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
-async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac | None]:
+async def dial(
+    addr: str, secret: bytes | None, timeout: float = 10.0
+) -> tuple[socket.socket, FrameMac | None]:
     """Connect to the node listening at `addr`, run the handshake, then prove that this side
     knows `secret` and check that the peer does, before any frame is sent. Returns the socket
     and, over TCP, the MAC its frames carry (give both to a ``Connection``).
 
     `addr` is an abstract Unix address (the peer must also run as this user), or
     ``tcp:HOST:PORT``. `secret` is the app's secret on Unix sockets, the cluster's on TCP.
+    `timeout` bounds the handshake and the proof, each: the wait counts from the connect, so it
+    includes the time the connection waits in the peer's listen backlog to be accepted.
     """
     if secret is None:
         raise ProtocolError(f"no otpmesh secret to authenticate with {addr}")
     for attempt in range(DIAL_ATTEMPTS):
         try:
-            return await _dial_once(addr, secret)
+            return await _dial_once(addr, secret, timeout)
         except (PeerClosed, ConnectionResetError, BrokenPipeError):
             # Evicted while proving itself (a listener's unproven slots are shared per host
             # and per process: a burst of this host's own dials, or a flood), or a wrong secret:
@@ -134,7 +138,9 @@ async def dial(addr: str, secret: bytes | None) -> tuple[socket.socket, FrameMac
     raise AssertionError("unreachable")
 
 
-async def _dial_once(addr: str, secret: bytes) -> tuple[socket.socket, FrameMac | None]:
+async def _dial_once(
+    addr: str, secret: bytes, timeout: float
+) -> tuple[socket.socket, FrameMac | None]:
     tcp = tcp_address(addr)
     if tcp is None:
         sock = detach(await trio.open_unix_socket(addr))
@@ -144,8 +150,8 @@ async def _dial_once(addr: str, secret: bytes) -> tuple[socket.socket, FrameMac 
         if tcp is None:
             check_same_user(sock)
         with_mac = tcp is not None and _framemac.wanted()
-        await handshake(sock, dialer=True, flags=FLAG_FRAME_MAC if with_mac else 0)
-        keys = await authenticate(sock, secret, dialer=True)
+        await handshake(sock, dialer=True, flags=FLAG_FRAME_MAC if with_mac else 0, timeout=timeout)
+        keys = await authenticate(sock, secret, dialer=True, timeout=timeout)
     except BaseException:
         sock.close()
         raise
