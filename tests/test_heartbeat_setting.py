@@ -11,7 +11,7 @@ import trio
 
 import otpmesh
 from otpmesh import LogKind, Supervisor, Worker, chaos
-from otpmesh._runtime._controller_runtime import HEARTBEAT_TIMEOUT
+from otpmesh._runtime._proc import HEARTBEAT_TIMEOUT
 from tests.actors import Member
 from tests.conftest import run_trio
 

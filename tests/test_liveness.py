@@ -146,7 +146,7 @@ def test_a_worker_silent_but_not_stopped_is_not_killed_at_the_heartbeat_timeout(
     import trio
 
     import otpmesh
-    from otpmesh._runtime._controller_runtime import HEARTBEAT_TIMEOUT
+    from otpmesh._runtime._proc import HEARTBEAT_TIMEOUT
     from tests.actors import GilHolder
     from tests.conftest import run_trio
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import trio
 
-from otpmesh._runtime._controller_runtime import Proc, runtime
+from otpmesh._runtime._controller_runtime import runtime
+from otpmesh._runtime._proc import Proc
 
 
 class _NoScan(dict[str, Proc]):

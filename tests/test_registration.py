@@ -18,7 +18,8 @@ import trio
 
 import otpmesh
 from otpmesh import LogKind, Mesh, Supervisor, launchers
-from otpmesh._runtime._controller_runtime import Proc, Runtime, runtime
+from otpmesh._runtime._controller_runtime import Runtime, runtime
+from otpmesh._runtime._proc import Proc
 from tests.actors import Echo, Forger, Member
 from tests.conftest import run_trio
 

@@ -15,7 +15,7 @@ import trio
 
 import otpmesh
 from otpmesh import LogKind, Mesh, Supervisor, chaos
-from otpmesh._runtime._controller_runtime import HEARTBEAT_TIMEOUT
+from otpmesh._runtime._proc import HEARTBEAT_TIMEOUT
 from tests.actors import Echo
 
 PROCS = 1000

@@ -7,11 +7,7 @@ from __future__ import annotations
 import pytest
 
 import otpmesh
-from otpmesh._runtime._controller_runtime import (
-    BEATS_PER_TIMEOUT,
-    HEARTBEAT_INTERVAL,
-    beat_interval,
-)
+from otpmesh._runtime._proc import BEATS_PER_TIMEOUT, HEARTBEAT_INTERVAL, beat_interval
 from tests.actors import MemoryReporter
 from tests.conftest import run_trio
 

@@ -22,7 +22,8 @@ from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
 from .._node._mesh import ActorMesh, ActorRef
-from .._runtime._controller_runtime import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, runtime
+from .._runtime._controller_runtime import runtime
+from .._runtime._proc import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from .._runtime._run import stop_watched
 from ._driver import SupervisorDriver
 from ._events import EventLog

@@ -28,7 +28,8 @@ from .._runtime import _stacks
 from ._stacksdir import is_private, make_private_dir, trusted_dirs
 
 if TYPE_CHECKING:
-    from .._runtime._controller_runtime import Proc, Runtime
+    from .._runtime._controller_runtime import Runtime
+    from .._runtime._proc import Proc
 
 log = logging.getLogger("otpmesh")
 

@@ -17,7 +17,8 @@ import trio
 
 from .._core._actor import current_path
 from .._core._errors import MeshError
-from .._runtime._controller_runtime import Proc, Runtime
+from .._runtime._controller_runtime import Runtime
+from .._runtime._proc import Proc
 from .._wire._connection import Connection
 
 log = logging.getLogger("otpmesh.owners")

@@ -11,7 +11,8 @@ import trio
 from .._core._exits import ActorCrash
 from .._core._spec import Mesh, ShutdownSpec, walk
 from .._node._mesh import Slot
-from .._runtime._controller_runtime import Proc, Runtime
+from .._runtime._controller_runtime import Runtime
+from .._runtime._proc import Proc
 from ._pgroup import ProcessGroup
 from ._placement import LocalPlacement, Placement, SlotInfo, StartError
 

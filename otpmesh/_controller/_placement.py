@@ -21,8 +21,9 @@ from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mesh import Slot
-from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT, ExitListener, Proc, Runtime
+from .._runtime._controller_runtime import ExitListener, Runtime
 from .._runtime._liveness import proc_state
+from .._runtime._proc import HEARTBEAT_TIMEOUT, Proc
 from .._wire import _codec
 from ._owners import owners
 from ._slotenv import otpmesh_settings, slot_env, visible_gpus

@@ -19,7 +19,8 @@ from .._node._daemon import current as current_daemon
 from .._node._future import Future, later
 from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime import _run
-from .._runtime._controller_runtime import Proc, Runtime, runtime
+from .._runtime._controller_runtime import Runtime, runtime
+from .._runtime._proc import Proc
 from .._wire import _codec
 from ._app import App, endpoints_of
 from ._events import EventLog

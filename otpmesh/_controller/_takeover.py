@@ -24,7 +24,8 @@ import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
-from .._runtime._controller_runtime import _RUNTIME, Proc, Runtime, runtime
+from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
+from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import (
     Journal,

@@ -26,13 +26,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, SpawnError
-from .._runtime._controller_runtime import (
-    Proc,
-    hello_peer,
-    new_registration_token,
-    runtime,
-    token_matches,
-)
+from .._runtime._controller_runtime import runtime
+from .._runtime._proc import Proc, hello_peer, new_registration_token, token_matches
 from .._wire._connection import Connection
 from .._wire._secret import load_secret
 from ._launcher import Launcher

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, OtpmeshError
-from .._runtime._controller_runtime import Proc, Runtime
+from .._runtime._controller_runtime import Runtime
+from .._runtime._proc import Proc
 from .._runtime._statedir import EPOCH
 from .._wire._secret import load_secret
 from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster, Host

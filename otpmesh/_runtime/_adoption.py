@@ -14,8 +14,9 @@ from typing import Any
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError
-from ._controller_runtime import Proc, Runtime
+from ._controller_runtime import Runtime
 from ._forkclient import worker_pipes
+from ._proc import Proc
 from ._statedir import FORKSERVER_SOCKET
 
 log = logging.getLogger("otpmesh.takeover")

@@ -7,16 +7,11 @@ every socket, so the workers and the fork server notice and exit.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
-import secrets
 import signal
-import socket
 import sys
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -30,11 +25,20 @@ from .._node._failure import MeshFailure
 from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
-from .._wire._refusals import describe_peer
 from ..rdma._channel import Channel
 from . import _spare
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
 from ._liveness import HARD_FACTOR, describe_status, zombie_status
+from ._proc import (
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    Proc,
+    beat_interval,
+    hello_peer,
+    hello_refusal,
+    lines_since,
+    peer_refusal,
+)
 from ._statedir import TakeoverState
 from ._watchdog import Watchdog, hung_reason
 
@@ -52,105 +56,10 @@ class ExitListener(Protocol):
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
 _STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
 SPAWN_TIMEOUT = 60.0
-#: Workers beat at most this often (see beat_interval); one silent for its heartbeat timeout
-#: (HEARTBEAT_TIMEOUT unless set) is hung (SIGSTOP, wedged) and killed.
-HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HEARTBEAT_INTERVAL", "0.2"))
-HEARTBEAT_TIMEOUT = float(os.environ.get("OTPMESH_HEARTBEAT_TIMEOUT", "2.0"))
-#: Beats a worker sends per heartbeat timeout, when that is not more often than HEARTBEAT_INTERVAL.
-BEATS_PER_TIMEOUT = 4
-
-
-def beat_interval(timeout: float) -> float:
-    """How often a worker whose heartbeat timeout is `timeout` beats. Every beat wakes the
-    controller once: 4 per timeout, not one per 0.2 s, is what keeps a thousand idle workers
-    from costing the controller a third of a core (measured: 200 idle workers, 7.6% of a core
-    at 0.2 s). 4 beats leave a late beat 3 intervals of slack before the timeout."""
-    return max(HEARTBEAT_INTERVAL, timeout / BEATS_PER_TIMEOUT)
-
-
 #: How long a worker stuck in C has to write its faulthandler dump before it is killed.
 FAULTHANDLER_WAIT = 1.0
-_ERR_TAIL = 400
 # How long a lost connection waits for the fork server's exit status before reporting.
 _EXIT_STATUS_WAIT = 1.0
-#: Bytes of the one-time token a forked worker presents in its HELLO (_worker.py).
-REGISTRATION_TOKEN_SIZE = 32
-
-
-def new_registration_token() -> bytes:
-    """A fresh one-time token that only the process (worker or host agent) given it can present."""
-    return secrets.token_bytes(REGISTRATION_TOKEN_SIZE)
-
-
-def token_matches(given: object, expected: bytes | None) -> bool:
-    """Whether `given` (from the wire: anything) is the one-time token `expected`, compared in
-    constant time. Only bytes compare: a str (msgpack's other string type) never matches and,
-    unlike a non-ASCII str handed to ``compare_digest``, never raises."""
-    return type(given) is bytes and expected is not None and hmac.compare_digest(given, expected)
-
-
-def hello_peer(conn: Connection) -> str:
-    """Who sent a HELLO on `conn`, for the refusal log: 'pid P (uid U)', or 'HOST:PORT'."""
-    try:
-        return describe_peer(conn.sock, conn.sock.family != socket.AF_UNIX)
-    except OSError:
-        return "(a peer already gone)"
-
-
-@dataclass(eq=False)
-class Proc:
-    """One worker process of a proc mesh, as the controller sees it."""
-
-    rank: int
-    coords: dict[str, int]
-    proc_id: str
-    pid: int = 0
-    addr: str = ""
-    conn: Connection | None = None
-    exit_reason: str | None = None
-    actors: dict[str, int] = field(default_factory=dict)  # actor path -> incarnation
-    names: list[str] = field(default_factory=list)  # every actor path it hosted (output prefix)
-    hang_reason: str | None = None  # set when the heartbeat watchdog killed it
-    hung: dict[str, Any] | None = None  # its watchdog's report: an actor past its deadline
-    pipes: WorkerPipes | None = None  # its beat and control pipes (forked on this host)
-    shut_down: bool = False  # stopped on purpose, with its host (its actors exit 'shutdown')
-    host: Any = None  # the agent host that forked it (None: this host's own fork server)
-    ready: trio.Event = field(default_factory=trio.Event)
-    exited: trio.Event = field(default_factory=trio.Event)
-    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # its app's (otpmesh.start(heartbeat_timeout=))
-    # The one-time token only its forked process was given; None once its HELLO used it.
-    token: bytes | None = field(default_factory=new_registration_token, repr=False)
-    forked: trio.Event = field(default_factory=trio.Event)  # its fork server reported its pid
-    # Its last lines on stderr, counted: where a faulthandler dump is read back (hung()).
-    err_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_ERR_TAIL))
-    err_count: int = 0
-    # It answered a spawn: judged by its heartbeat alone from now on (_liveness.START_SILENCE).
-    started: bool = False
-    # Its runtime's index of actor paths to the process hosting them (Runtime.host_of).
-    index: dict[str, Proc] | None = field(default=None, repr=False)
-
-    @property
-    def alive(self) -> bool:
-        return self.exit_reason is None
-
-    def label(self) -> str:
-        return ",".join(self.names) if self.names else f"proc/{self.rank}"
-
-    def hosted(self, path: str, incarnation: int) -> None:
-        self.actors[path] = incarnation
-        if self.index is not None:
-            self.index[path] = self
-        self.named(path)
-
-    def named(self, path: str) -> None:
-        """Prefix this process's output with `path` (from its constructor's first print on)."""
-        if path not in self.names:
-            self.names.append(path)
-
-    def death(self) -> str:
-        return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
-
-
 #: What the layers above serve from the controller's node (registered when they are imported):
 #: each is called with every new runtime.
 SERVICES: list[Callable[[Runtime], None]] = []
@@ -474,7 +383,7 @@ class Runtime:
                 if seen != mark and proc.err_count == seen:
                     break
                 seen = proc.err_count
-        dump = _lines_since(proc, mark)
+        dump = lines_since(proc, mark)
         proc.hung = {
             "op": "hung",
             "actor": None,  # every actor in it
@@ -519,7 +428,7 @@ class Runtime:
             and proc.host is None
             and not proc.forked.is_set()
             and self.nursery is not None
-            and _hello_refusal(proc, payload) is None
+            and hello_refusal(proc, payload) is None
         ):
             # The right token, but its fork server's report (the pid to check it against) is
             # still on its way: decide once it came. A wrong token is refused at once, below.
@@ -535,7 +444,7 @@ class Runtime:
     def _check_hello(self, conn: Connection, proc: Proc | None, payload: Any) -> None:
         """Register `proc`'s worker on `conn`, or refuse the HELLO without touching `proc`:
         nothing is sent to the sender, its connection alone is closed, the token stays unused."""
-        why = _hello_refusal(proc, payload) or _peer_refusal(conn, proc)
+        why = hello_refusal(proc, payload) or peer_refusal(conn, proc)
         if why is not None or proc is None:
             name = payload.get("proc") if isinstance(payload, dict) else None
             self.node.refusals.refused(hello_peer(conn), f"worker HELLO for {name!r}: {why}")
@@ -655,42 +564,6 @@ class Runtime:
     def exited_hooks(self, path: str, incarnation: int, reason: object) -> None:
         for hook in self.exit_hooks:
             hook(path, incarnation, reason)
-
-
-def _hello_refusal(proc: Proc | None, payload: Any) -> str | None:
-    """Why a worker HELLO is not `proc`'s own forked process's (None: it may be, if it also
-    comes from the right pid, _peer_refusal). It must carry the one-time token that only that
-    process was given, unused."""
-    if proc is None:
-        return "no worker process of this controller has that proc id"
-    if not proc.alive:
-        return f"that process {proc.exit_reason}"
-    if proc.conn is not None or proc.token is None:
-        return "that process has registered already"
-    if not token_matches(payload.get("token"), proc.token):
-        return "its registration token is missing or wrong"
-    if not isinstance(payload.get("addr"), str) or type(payload.get("pid")) is not int:
-        return "it lacks the worker's address or pid"
-    return None
-
-
-def _peer_refusal(conn: Connection, proc: Proc | None) -> str | None:
-    """On this host, the kernel's word on who dialed (``SO_PEERCRED``) must be the pid the fork
-    server forked for `proc`: then even a process that read the token elsewhere (a sibling's
-    memory) cannot present it. Across hosts the token alone vouches for it."""
-    if proc is None or proc.host is not None:
-        return None
-    if not proc.forked.is_set():
-        return "its fork server has not said which pid it forked for it"
-    if conn.peer_pid != proc.pid:
-        return f"it comes from pid {conn.peer_pid}, not from pid {proc.pid}, forked for it"
-    return None
-
-
-def _lines_since(proc: Proc, mark: int) -> list[str]:
-    """`proc`'s stderr lines after its `mark`-th (as many as are kept)."""
-    count = min(proc.err_count - mark, len(proc.err_tail))
-    return list(proc.err_tail)[-count:] if count > 0 else []
 
 
 async def runtime(secret: bytes | None = None) -> Runtime:

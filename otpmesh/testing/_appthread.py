@@ -29,7 +29,7 @@ from .._controller._tree import TreeContext
 from .._core._errors import SupervisorError
 from .._core._spec import Mesh, Supervisor
 from .._core._supevents import LogEntry, LogKind
-from .._runtime._controller_runtime import Proc
+from .._runtime._proc import Proc
 
 _EXITS = (LogKind.CHILD_EXITED, LogKind.CHILD_TERMINATED)
 

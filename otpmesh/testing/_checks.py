@@ -9,7 +9,7 @@ from typing import Any
 
 from .._core._actor import Actor
 from .._core._spec import ChildSpec, Mesh, Supervisor, Worker
-from .._runtime._controller_runtime import HEARTBEAT_TIMEOUT
+from .._runtime._proc import HEARTBEAT_TIMEOUT
 from ._faults import FAULTS, HANG_FAULTS
 from ._trees import check_owned, owned_walk
 
