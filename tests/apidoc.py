@@ -98,10 +98,21 @@ def public_names(module_name: str) -> list[Name]:
     ``__all__``; else its ``from .x import name as name`` re-exports and the public classes and
     functions it defines itself."""
     module = importlib.import_module(module_name)
-    if hasattr(module, "__all__"):
-        return [Name(module_name, n, getattr(module, n), module_name) for n in module.__all__]
     assert module.__file__ is not None
     tree = ast.parse(Path(module.__file__).read_text())
+    if hasattr(module, "__all__"):  # a name imported from a submodule is documented there
+        sources = {
+            alias.name: importlib.util.resolve_name(
+                "." * node.level + (node.module or ""), module_name
+            )
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.level
+            for alias in node.names
+        }
+        return [
+            Name(module_name, n, getattr(module, n), sources.get(n, module_name))
+            for n in module.__all__
+        ]
     names: list[Name] = []
     seen: set[str] = set()
     for node in ast.walk(tree):
