@@ -208,6 +208,10 @@ class Agent:
                     self._kill_all()  # before the controller restarts our actors elsewhere
                 conn.abort("the controller stopped answering")
                 return
+            if self.grace.ran_out():  # a standby that came to nothing: kill as above
+                self._kill_all()
+                conn.abort("no controller took over within the grace period")
+                return
             if now >= next_beat:
                 self.node.sys_cast(conn, "beat", {"host_id": self.host_id})
                 next_beat = now + HEARTBEAT_INTERVAL / 2

@@ -70,9 +70,22 @@ class AgentGrace:
             )
         if now < self.deadline:
             return True
+        self._over()
+        return False
+
+    def ran_out(self) -> bool:
+        """Registered meanwhile with a standby that has not taken over (it beats, so it is not
+        lost): whether the grace period is over all the same. Then the caller kills the
+        workers, as the active controller expects by now (HOST_TIMEOUT + grace), and registers
+        afresh."""
+        if self.deadline is None or trio.current_time() < self.deadline:
+            return False
+        self._over()
+        return True
+
+    def _over(self) -> None:
         log.warning("agent %s: no controller took over within %g s", self._agent.name, self.grace)
         self.grace = self.deadline = None  # the workers go; registration starts afresh
-        return False
 
     def hello(self) -> dict[str, Any]:
         """What a HELLO adds while waiting: the epoch served and the processes still running."""
