@@ -27,6 +27,22 @@ log = logging.getLogger("otpmesh.agent")
 #: While the agent waits for a standby, how long one dial of one address may take (a
 #: partitioned controller's address would otherwise hold the rotation for DIAL_TIMEOUT).
 RESUME_DIAL_TIMEOUT = 1.0
+#: The most processes a resume HELLO may say it still runs (a controller keeps that list).
+MAX_RESUMED = 4096
+
+
+def resume_refusal(hello: dict[str, Any]) -> str | None:
+    """Why the ``resume`` of an agent's HELLO (hello(), below) may not register (None: it is
+    absent, or a map of at most MAX_RESUMED process ids to pids)."""
+    resume = hello.get("resume")
+    if resume is None:
+        return None
+    procs = resume.get("procs") if isinstance(resume, dict) else None
+    if not isinstance(procs, dict) or len(procs) > MAX_RESUMED:
+        return f"its resume is not a map of at most {MAX_RESUMED} processes"
+    if not all(type(k) is str and type(v) is int and v > 0 for k, v in procs.items()):
+        return "its resume maps a process id to something other than a pid"
+    return None
 
 
 class _Agent(Protocol):
