@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from otpmesh._hosts._agentgrace import MAX_RESUMED
 from otpmesh._runtime._controller_runtime import Runtime, runtime
 from otpmesh._runtime._proc import Proc
 from tests.actors import Echo, Forger, Member
-from tests.conftest import run_trio
+from tests.conftest import free_port, run_trio
 
 
 def _parent(pid: int) -> int:
@@ -159,7 +158,7 @@ def test_a_malformed_resume_hello_registers_nothing_and_raises_nothing(
     them than a host runs, are a refusal. Before, a pid of another type raised in the middle of
     the registration: a host was registered half-way, the connection closed with a traceback
     logged at ERROR, once per HELLO (not rate-limited)."""
-    port = _free_port()
+    port = free_port()
 
     async def body() -> None:
         argv = [sys.executable, "-m", "otpmesh", "agent", "--controller", f"tcp:127.0.0.1:{port}"]
@@ -192,9 +191,3 @@ def test_a_malformed_resume_hello_registers_nothing_and_raises_nothing(
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
     assert refusals and "resume" in refusals[0], refusals
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import trio
 
 from otpmesh._hosts._hostover import GIVE_UP_STATUS
 from otpmesh.testing import netns
-from tests.conftest import SLOWDOWN, alive
+from tests.conftest import SLOWDOWN, alive, free_port
 
 NETNS_UNAVAILABLE = netns.unavailable()
 needs_netns = pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"{NETNS_UNAVAILABLE}")
@@ -254,12 +253,6 @@ def test_bench_takeover_has_a_hosts_variant() -> None:
         assert 0 < figures[fault]["takeover_median_s"] < figures[fault]["fresh_start_median_s"] * 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_standby_that_does_not_take_over_cannot_keep_an_agents_workers_past_the_grace(
     tmp_path: Path,
 ) -> None:
@@ -273,7 +266,7 @@ def test_a_standby_that_does_not_take_over_cannot_keep_an_agents_workers_past_th
     the lease, silently); host0's agent knows the standby and waits there, host1's knows only
     the active controller, so the standby sees 1 of 2 hosts and waits."""
     grace = 3.0
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     a, b = (f"tcp:127.0.0.1:{port}" for port in ports)
     env = dict(os.environ, OTPMESH_SECRET="test-cluster-secret", PYTHONUNBUFFERED="1")
     out, state = tmp_path / "report.json", tmp_path / "state"
