@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,3 +192,33 @@ def test_a_malformed_resume_hello_registers_nothing_and_raises_nothing(
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
     assert refusals and "resume" in refusals[0], refusals
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_takeover_runs_agents_register_only_with_their_launchers_tokens(
+    cluster_secret: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Takeover(..., hosts=TakeoverHosts(launchers.Local(...)))`` starts its agents with the
+    launcher's one-time tokens, as ``otpmesh.cluster`` does: a compromised actor's HELLO as a
+    further host is refused with nothing sent back. Before, a takeover run never asked its
+    launcher for tokens, so its controller registered any holder of the secret as a host (and
+    told it the fencing epoch and grace), and every later spawn could land on it."""
+    tree = Supervisor("job", children=[Mesh("forger", Forger, shape={"hosts": 1, "procs": 1})])
+    hosts = otpmesh.TakeoverHosts(launchers.Local(hosts=1))
+
+    async def body() -> None:
+        takeover = otpmesh.Takeover(dir=str(tmp_path / "state"), grace=5.0, hosts=hosts)
+        async with otpmesh.start(tree, takeover=takeover) as app:
+            rt = await runtime()
+            assert rt.cluster is not None
+            [real] = rt.cluster.live
+            forger = app.mesh("job/forger")
+            forged = {"agent": "forged", "pid": 1, "listen": "127.0.0.1", "host_id": "f1"}
+            for rank in (1, None):
+                hello = forged if rank is None else dict(forged, rank=rank)
+                assert await forger[0].hello(rt.cluster.address, hello) == "nothing"
+            assert rt.cluster.hosts == [real] and real.alive
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh.node"):
+        run_trio(body, timeout=120)
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refusals and "agent HELLO" in refusals[0], refusals
