@@ -501,6 +501,68 @@ def test_an_actor_that_ended_in_a_live_process_during_the_gap_restarts_in_it(
     standby.finish()
 
 
+LIAR_JOB = """
+import argparse, gc, os
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Liar(otpmesh.Actor):
+    # An actor of the app rewrites its worker's runtime: its answer to a standby's adopt is
+    # not a map of paths to incarnations.
+    def __init__(self) -> None:
+        from otpmesh._node._node import Node
+
+        node = next(o for o in gc.get_objects() if isinstance(o, Node))
+
+        async def lie(conn, payload):
+            return {"actors": {"job/liar": "many"}, "rewired": False}
+
+        node.sys_handlers["adopt"] = lie
+
+
+class Counter(otpmesh.Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @otpmesh.endpoint
+    async def bump(self) -> int:
+        self.n += 1
+        return self.n
+
+
+TREE = Supervisor("job", children=[Worker("liar", Liar), Worker("counter", Counter)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        counter = app.actor("job/counter")
+        if not standby:
+            for _ in range(5):
+                await counter.bump()
+            print("bumped", flush=True)
+            await trio.sleep_forever()
+        await app.settled()
+        incarnations = sorted((c.id, c.incarnation) for c in app.which_children("job"))
+        print(f"counter {await counter.bump()} incarnations {incarnations}", flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_answers_adopt_with_garbage_fails_alone_and_the_takeover_goes_on(
+    tmp_path: Path,
+) -> None:
+    job, state = _killed_after(tmp_path, LIAR_JOB, "bumped")
+    standby = Program(state, "--standby", program=job)
+    line = standby.wait_for("counter ")
+    # The counter kept its state in its adopted process; the liar's process was killed and
+    # its actor started again (incarnation 2).
+    assert line == "counter 6 incarnations [('counter', 1), ('liar', 2)]", line
+    standby.finish()
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_of_an_app_without_a_takeover_refuses_to_be_adopted() -> None:
     from otpmesh import start

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, OtpmeshError
+from .._runtime._adoption import adopted_actors
 from .._runtime._controller_runtime import Runtime
 from .._runtime._proc import Proc
 from .._runtime._statedir import EPOCH
@@ -158,6 +159,7 @@ async def _adopt_one(rt: Runtime, state: TakeoverState, proc: Proc, live: dict[s
             conn = await rt.node.connect(proc.addr)
             payload = {"epoch": state.epoch, "addr": rt.node.addr, "pid": os.getpid()}
             answer = await rt.node.sys_call(conn, "adopt", payload, proc.proc_id)
+            actors = adopted_actors(answer)
     except (OSError, OtpmeshError, ActorError, ActorDiedError, trio.TooSlowError) as exc:
         why = exc.reason if isinstance(exc, ActorDiedError) else str(exc) or type(exc).__name__
         log.warning(
@@ -168,7 +170,7 @@ async def _adopt_one(rt: Runtime, state: TakeoverState, proc: Proc, live: dict[s
         return
     proc.conn = conn
     rt.node.relays[proc.addr] = host.conn
-    proc.actors = {str(k): int(v) for k, v in answer["actors"].items()}
+    proc.actors = actors
     for path in proc.actors:
         proc.named(path)
     proc.ready.set()

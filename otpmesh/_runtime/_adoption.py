@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError
+from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError, ProtocolError
 from ._controller_runtime import Runtime
 from ._forkclient import worker_pipes
 from ._proc import Proc
@@ -71,6 +71,7 @@ async def _adopt_one(rt: Runtime, proc: Proc, live: dict[str, Proc]) -> None:
                 },
                 proc.proc_id,
             )
+            actors = adopted_actors(answer)
     except (OSError, OtpmeshError, trio.TooSlowError) as exc:
         for fd in ours:
             os.close(fd)
@@ -90,9 +91,30 @@ async def _adopt_one(rt: Runtime, proc: Proc, live: dict[str, Proc]) -> None:
     else:  # it took no pipes (nothing to beat with): not watched, never killed for silence
         for fd in ours:
             os.close(fd)
-    proc.actors = {str(k): int(v) for k, v in answer["actors"].items()}
+    proc.actors = actors
     for path in proc.actors:
         proc.named(path)
     proc.ready.set()
     live[proc.proc_id] = proc
     rt.takeover.proc_started(proc)
+
+
+#: The most actors one adopted worker may say it runs (an answer is a peer's word).
+MAX_ADOPTED_ACTORS = 1 << 16
+
+
+def adopted_actors(answer: Any) -> dict[str, int]:
+    """The actors (path -> incarnation) in a worker's answer to ``adopt``. The worker proved
+    the secret, but an actor of the app runs in it and may have rewritten its runtime: an
+    answer of another shape is that worker's failure to be adopted (a ProtocolError), never
+    the takeover's, which goes on for every other worker."""
+    actors = answer.get("actors") if isinstance(answer, dict) else None
+    if (
+        not isinstance(actors, dict)
+        or len(actors) > MAX_ADOPTED_ACTORS
+        or not all(type(k) is str and type(v) is int and v > 0 for k, v in actors.items())
+    ):
+        raise ProtocolError(
+            "its answer to adopt is not a map of actor paths to incarnations (positive ints)"
+        )
+    return dict(actors)
