@@ -25,16 +25,10 @@ import trio
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
+from .._runtime._journal import COMPACT_BYTES, Journal, fold, read_journal
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
-from .._runtime._statedir import (
-    Journal,
-    Lease,
-    TakeoverState,
-    bump_epoch,
-    open_state_dir,
-    read_journal,
-)
+from .._runtime._statedir import Lease, TakeoverState, bump_epoch, open_state_dir
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -75,6 +69,9 @@ class Takeover:
     #: The tree runs on host agents, which a standby on another host takes over too
     #: (``otpmesh.TakeoverHosts(launcher, listen=..., port=...)``; docs/guides/takeover.md).
     hosts: Hosts | None = None
+    #: The journal is compacted to what is still true once it has grown this many bytes
+    #: (docs/guides/takeover.md); the default suits any tree, a test may make it small.
+    journal_bytes: int = COMPACT_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
@@ -94,6 +91,12 @@ class Takeover:
             )
         if not isinstance(self.standby, bool):
             raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
+        size = self.journal_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"Takeover(journal_bytes=...) is how many bytes the journal grows before it is "
+                f"compacted: a positive int, not {size!r}; e.g. journal_bytes={COMPACT_BYTES}"
+            )
 
 
 @dataclass(eq=False)
@@ -129,8 +132,8 @@ class Resumed:
             for sup, times in self.restarts.items():  # into this run's part of the journal
                 for wall in times:
                     state.restarted(sup, wall)
-            ctx.on_restart = lambda sup, at: state.restarted(
-                sup, at - trio.current_time() + time.time()
+            ctx.on_restart = lambda sup, window: state.restarted(
+                sup, window[0] - trio.current_time() + time.time(), len(window)
             )
 
     async def stopped(self) -> None:
@@ -181,14 +184,16 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
     hosts = takeover.hosts
     if run.app is None:
         rt = await runtime()
-        rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))
+        journal = Journal(root, epoch=epoch, compact_bytes=takeover.journal_bytes)
+        rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
         rt.takeover.app_started(rt.node.secret)
         if hosts is not None:
             await hosts.start_fresh(rt, rt.takeover)
         return Resumed(rt, lease, hosts=hosts)
     secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
-    rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=False))
+    journal = Journal(root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes)
+    rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
     rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
     on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
     here = [r for r in run.procs.values() if "hosts" not in r.get("coords", {})]
@@ -251,25 +256,18 @@ class LastRun:
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Actor path -> (its last incarnation, the id of the process it started in).
     actors: dict[str, tuple[int, str]] = field(default_factory=dict)
-    #: Supervisor path -> its restarts' wall-clock times, oldest first.
+    #: Supervisor path -> the wall-clock times, oldest first, of its restarts that a later
+    #: intensity check may still count.
     restarts: dict[str, list[float]] = field(default_factory=dict)
 
 
 def last_run(records: list[dict[str, Any]]) -> LastRun:
     """The journal's last run; an empty one if it stopped in order (or there was none)."""
-    run = LastRun()
-    for record in records:
-        if "app" in record:
-            run = LastRun(app=record)
-        elif "stopped" in record:
-            run = LastRun()
-        elif "actor" in record:
-            run.actors[str(record["actor"])] = (int(record["incarnation"]), str(record["proc"]))
-        elif "proc" in record:
-            run.procs[str(record["proc"])] = record
-        elif "restart" in record:
-            run.restarts.setdefault(str(record["restart"]), []).append(float(record["at"]))
-    return run
+    state = fold(records)
+    if state.app is None:
+        return LastRun()
+    actors = {path: (int(r["incarnation"]), str(r["proc"])) for path, r in state.actors.items()}
+    return LastRun(state.app, state.procs, actors, state.restarts)
 
 
 def current_state() -> TakeoverState | None:
