@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,8 @@ from otpmesh import Supervisor, TakeoverError, Worker
 from otpmesh._controller._takeover import last_run
 from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
-from otpmesh._runtime._journal import Journal, fold, parse, read_journal
+from otpmesh._runtime._journal import Journal, read_journal
+from otpmesh._runtime._journalstate import fold, parse
 from otpmesh._runtime._statedir import EPOCH, JOURNAL, bump_epoch, open_state_dir
 from tests.test_takeover import Plain
 
@@ -130,8 +132,8 @@ def test_a_compacted_restart_history_gives_the_standby_the_same_intensity_verdic
         assert (not any(isinstance(c, StartChild) for c in commands)) is gives_up, journal
 
 
-def _restart_cycles(journal: Journal, count: int) -> None:
-    for incarnation in range(2, count + 2):
+def _restart_cycles(journal: Journal, count: int, first: int = 2) -> None:
+    for incarnation in range(first, first + count):
         journal.append(_restart("job/busy", float(incarnation), 1))
         journal.append(_actor("job/busy/churn", incarnation))
 
@@ -142,13 +144,13 @@ def test_a_journal_of_thousands_of_restarts_stays_bounded(tmp_path: Path) -> Non
     journal.append(APP, durable=True)
     journal.append(_proc("p1"))
     sizes = []
-    for _ in range(10):
-        _restart_cycles(journal, 500)
+    for first in range(2, 5002, 500):
+        _restart_cycles(journal, 500, first)
         sizes.append((root / JOURNAL).stat().st_size)
     assert max(sizes) < 2 * 16 * 1024, sizes  # 5,000 restarts unbounded: ~500 KB
     assert len(journal.compactions) >= 10
     run = last_run(read_journal(root))
-    assert run.actors["job/busy/churn"][0] == 501 and run.restarts["job/busy"] == [501.0]
+    assert run.actors["job/busy/churn"][0] == 5001 and run.restarts["job/busy"] == [5001.0]
     mode = stat.S_IMODE((root / JOURNAL).stat().st_mode)
     assert mode == 0o600 and not (root / f"{JOURNAL}.new").exists()
     journal.close()
@@ -175,13 +177,55 @@ def test_a_reader_during_compactions_sees_the_old_file_or_the_new_one(tmp_path: 
     reader = ctx.Process(target=_read_while_compacting, args=(str(root), done, seen))
     reader.start()
     try:
+        first = 2
         while seen.value < 50 and reader.is_alive():
-            _restart_cycles(journal, 20)
+            _restart_cycles(journal, 20, first)
+            first += 20
     finally:
         done.set()
         reader.join(60)
     assert reader.exitcode == 0 and seen.value >= 50
     assert len(journal.compactions) > 10
+
+
+def test_records_appended_while_a_snapshot_is_written_aside_are_carried_into_it(
+    tmp_path: Path,
+) -> None:
+    root = open_state_dir(tmp_path / "state")
+
+    async def body() -> Journal:
+        async with trio.open_nursery() as nursery:
+            journal = Journal(root, epoch=bump_epoch(root), compact_bytes=4096, nursery=nursery)
+            journal.append(APP, durable=True)
+            for first in range(2, 3002, 10):
+                _restart_cycles(journal, 10, first)
+                await trio.sleep(0)  # the controller's loop runs on while the thread writes
+        return journal
+
+    journal = trio.run(body)
+    assert journal.compactions and journal.carried > 0  # records carried: appended aside
+    assert fold(read_journal(root)) == journal.state  # nothing appended meanwhile was lost
+    assert last_run(read_journal(root)).actors["job/busy/churn"][0] == 3001
+    journal.close()
+
+
+def test_a_journal_closed_while_a_snapshot_is_written_keeps_its_last_records(
+    tmp_path: Path,
+) -> None:
+    root = open_state_dir(tmp_path / "state")
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            journal = Journal(root, epoch=bump_epoch(root), compact_bytes=4096, nursery=nursery)
+            journal.append(APP, durable=True)
+            while not journal.pauses:  # until a compaction starts
+                _restart_cycles(journal, 1)
+            journal.append({"stopped": 100}, durable=True)
+            journal.close()
+
+    trio.run(body)
+    assert read_journal(root)[-1] == {"stopped": 100}
+    assert not (root / f"{JOURNAL}.new").exists()
 
 
 def test_a_fenced_controller_does_not_compact_the_journal_over_its_successor(

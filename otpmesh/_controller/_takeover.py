@@ -25,7 +25,8 @@ import trio
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
-from .._runtime._journal import COMPACT_BYTES, Journal, fold, read_journal
+from .._runtime._journal import COMPACT_BYTES, Journal, read_journal
+from .._runtime._journalstate import fold
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import Lease, TakeoverState, bump_epoch, open_state_dir
@@ -184,7 +185,9 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
     hosts = takeover.hosts
     if run.app is None:
         rt = await runtime()
-        journal = Journal(root, epoch=epoch, compact_bytes=takeover.journal_bytes)
+        journal = Journal(
+            root, epoch=epoch, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
+        )
         rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
         rt.takeover.app_started(rt.node.secret)
         if hosts is not None:
@@ -192,7 +195,9 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
         return Resumed(rt, lease, hosts=hosts)
     secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
-    journal = Journal(root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes)
+    journal = Journal(
+        root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
+    )
     rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
     rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
     on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
