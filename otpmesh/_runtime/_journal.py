@@ -16,7 +16,10 @@ the loop, with no checkpoint in between, it appends the records kept aside to ``
 renames it over ``journal`` and appends there from then on; then the directory is fsync'd. So
 no record is lost, and a reader (one that holds the lease, or a standby on hosts that only
 reads) opens either the old file or the new one, each whole. It never renames over a journal
-a controller with a higher epoch took over: that one is no longer this controller's.
+a controller with a higher epoch took over: that one is no longer this controller's (the check
+and the rename hold ``epoch_lock``, which a standby's epoch bump takes too, so a standby that
+took over across hosts from a controller still running opens the journal after the rename or
+makes the check fail).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import trio
 
 from ._journalstate import encode, fold, parse
-from ._statedir import JOURNAL, fsync_dir, open_private, read_epoch
+from ._statedir import JOURNAL, epoch_lock, fsync_dir, open_private, read_epoch
 
 log = logging.getLogger("otpmesh.takeover")
 
@@ -156,12 +159,13 @@ class Journal:
     def _swap(self, fd: int, size: int, started: float) -> bool:
         """Rename the snapshot at `fd` over the journal and append there from now on; False
         (nothing renamed) when a controller with a higher epoch took the directory over."""
-        newer = read_epoch(self._root)
-        if newer > self._epoch:
-            log.warning("takeover: epoch %d took the journal over; not compacting it", newer)
-            self._compact_bytes = self._base = _NEVER
-            return False
-        os.replace(self._root / _TMP, self._root / JOURNAL)
+        with epoch_lock(self._root):  # a standby bumps it before it opens the journal
+            newer = read_epoch(self._root)
+            if newer > self._epoch:
+                log.warning("takeover: epoch %d took the journal over; not compacting it", newer)
+                self._compact_bytes = self._base = _NEVER
+                return False
+            os.replace(self._root / _TMP, self._root / JOURNAL)
         os.close(self._fd)
         self._fd, self._size, self._base = fd, size, size
         self.compactions.append(time.perf_counter() - started)

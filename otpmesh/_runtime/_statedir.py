@@ -15,17 +15,16 @@ directory another user could write to may already hold their files.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .._core._errors import TakeoverError
-
-if TYPE_CHECKING:
-    from ._journal import Journal
 
 LEASE, EPOCH, JOURNAL, FORKSERVER_SOCKET = "lease", "epoch", "journal", "forkserver.sock"
 _PRIVATE_FILE = 0o600
@@ -109,8 +108,25 @@ def fsync_dir(root: Path) -> None:
         os.close(dir_fd)
 
 
+@contextlib.contextmanager
+def epoch_lock(root: Path) -> Iterator[None]:
+    """Hold the directory's epoch still: a new epoch is not written meanwhile (a compaction
+    checks that the journal is still its controller's and renames under it)."""
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(dir_fd)
+
+
 def bump_epoch(root: Path) -> int:
     """Read the fencing epoch, write it plus one durably, and return the new one."""
+    with epoch_lock(root):
+        return _bump_epoch(root)
+
+
+def _bump_epoch(root: Path) -> int:
     path = root / EPOCH
     new = read_epoch(root) + 1
     tmp = root / f"{EPOCH}.new"
@@ -135,6 +151,13 @@ class Placed(Protocol):
     coords: dict[str, int]
 
 
+class Appends(Protocol):
+    """The journal, as a takeover state writes it (_journal.py's ``Journal``)."""
+
+    def append(self, record: dict[str, Any], *, durable: bool = False) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass(eq=False)
 class TakeoverState:
     """What a controller run with a takeover keeps: its state directory, grace and epoch."""
@@ -142,7 +165,7 @@ class TakeoverState:
     root: Path
     grace: float
     epoch: int
-    journal: Journal
+    journal: Appends
 
     def for_fork_server(self, secret: bytes) -> dict[str, Any]:
         return {
