@@ -29,7 +29,7 @@ class Flaky(otpmesh.Actor):
 
 
 TREE = Supervisor("job", intensity=0, period=600.0, children=[
-    Supervisor("busy", intensity=1_000_000, period=0.2, children=[Worker("churn", Flaky)]),
+    Supervisor("busy", intensity=1_000_000, period=0.05, children=[Worker("churn", Flaky)]),
     Supervisor("strict", intensity=2, period=600.0, children=[Worker("flaky", Flaky)]),
 ])
 
