@@ -273,3 +273,15 @@ def test_a_record_this_version_does_not_understand_is_an_error() -> None:
 def test_a_damaged_line_before_the_last_is_an_error_not_skipped() -> None:
     with pytest.raises(TakeoverError, match="line 2 of the journal is not a JSON record"):
         parse(_lines(APP) + b'{"proc": \n' + _lines(_proc("p1")))
+
+
+def test_a_compaction_that_cannot_write_leaves_the_journal_growing_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = open_state_dir(tmp_path / "state")
+    (root / f"{JOURNAL}.new").mkdir()  # in its way, as a full disk would be
+    journal = _started(root)
+    _restart_cycles(journal, 100)  # ~11 KB: past the bound twice
+    assert not journal.compactions and "could not be compacted" in caplog.text
+    assert last_run(read_journal(root)).actors["job/busy/churn"][0] == 101
+    assert len(read_journal(root)) == 201

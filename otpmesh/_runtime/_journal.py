@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from .._core._errors import TakeoverError
 from ._journalstate import encode, fold, parse
 from ._statedir import JOURNAL, epoch_lock, fsync_dir, open_private, read_epoch
 
@@ -114,7 +115,7 @@ class Journal:
             if self._swap(fd, size, started):
                 fd = -1
                 fsync_dir(self._root)
-        except OSError as exc:
+        except (OSError, TakeoverError) as exc:
             self._failed(exc)
         finally:
             self._discard(fd)
@@ -138,14 +139,14 @@ class Journal:
             self.pauses[-1] += time.perf_counter() - resumed
             if fd < 0:
                 await trio.to_thread.run_sync(fsync_dir, self._root)
-        except OSError as exc:
+        except (OSError, TakeoverError) as exc:
             self._failed(exc)
         finally:
             if self._aside is mine:  # not the next compaction's
                 self._aside = None
             self._discard(fd)
 
-    def _failed(self, exc: OSError) -> None:
+    def _failed(self, exc: Exception) -> None:
         """A compaction that could not write (a full disk): the journal grows on, and the
         next try comes when it has grown as much again."""
         log.warning("takeover: the journal could not be compacted: %s", exc)
