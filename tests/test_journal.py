@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otpmesh import Supervisor, TakeoverError, Worker
-from otpmesh._controller._takeover import last_run
+from otpmesh._controller._takeover import carried_times, last_run
 from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
 from otpmesh._runtime._journal import Journal, read_journal
@@ -72,7 +72,7 @@ def test_the_snapshot_keeps_live_processes_last_incarnations_and_the_restart_win
     ]
     run = last_run(snapshot)
     assert run.actors == {"s/a": (1, "p1"), "s/b": (2, "p1")}
-    assert list(run.procs) == ["p1"] and run.restarts == {"s": [90.0]}
+    assert list(run.procs) == ["p1"] and run.restarts == {"s": [(90.0, None)]}
 
 
 def test_a_snapshot_after_a_takeover_keeps_the_new_run_and_every_runs_marks() -> None:
@@ -124,12 +124,32 @@ def test_a_compacted_restart_history_gives_the_standby_the_same_intensity_verdic
     records = [APP, _restart("s", -100.0, 1), _restart("s", -50.0, 2), _restart("s", -10.0, 2)]
     spec = Supervisor("s", intensity=2, period=60.0, children=[Worker("a", Plain)])
     for journal in (records, _compacted(records)):
-        carried = tuple(sorted(last_run(journal).restarts["s"], reverse=True))
-        core = SupervisorCore(spec, restarts=carried)
-        core.start(now)
-        core.handle(ChildStarted("a"), now)
-        commands = core.handle(ChildExited("a", 1, "boom"), now)
-        assert (not any(isinstance(c, StartChild) for c in commands)) is gives_up, journal
+        carried = carried_times(last_run(journal).restarts["s"], False, 0.0, 0.0, 0.0)
+        assert _gives_up(spec, carried, now) is gives_up, journal
+
+
+def _gives_up(spec: Supervisor, carried: tuple[float, ...], now: float) -> bool:
+    """Whether a core of `spec` carrying `carried` gives up on a child's crash at `now`."""
+    core = SupervisorCore(spec, restarts=carried)
+    core.start(now)
+    core.handle(ChildStarted("a"), now)
+    commands = core.handle(ChildExited("a", 1, "boom"), now)
+    return not any(isinstance(c, StartChild) for c in commands)
+
+
+@pytest.mark.parametrize("step", [-3600.0, 0.0, 3600.0])
+def test_a_wall_clock_step_before_the_takeover_does_not_change_the_intensity_verdict(
+    step: float,
+) -> None:
+    # intensity 2 in 60 s; two restarts 10 and 20 s ago by the monotonic clock (then at wall
+    # 1000 and 990), then the wall clock steps: the standby on this boot still counts both.
+    stamps = [(990.0, 480.0), (1000.0, 490.0)]
+    spec = Supervisor("s", intensity=2, period=60.0, children=[Worker("a", Plain)])
+    now, wall, mono = 7.0, 1010.0 + step, 500.0
+    assert carried_times(stamps, True, now, wall, mono) == (-3.0, -13.0)
+    assert _gives_up(spec, carried_times(stamps, True, now, wall, mono), now)
+    # On another host (or after a reboot) only the wall clock is left, step and all.
+    assert _gives_up(spec, carried_times(stamps, False, now, wall, mono), now) is (step <= 0)
 
 
 def _started(root: Path, compact_bytes: int = 4096, nursery: trio.Nursery | None = None) -> Journal:
@@ -156,7 +176,7 @@ def test_a_journal_of_thousands_of_restarts_stays_bounded(tmp_path: Path) -> Non
     assert max(sizes) < 2 * 16 * 1024, sizes  # 5,000 restarts unbounded: ~500 KB
     assert len(journal.compactions) >= 10
     run = last_run(read_journal(root))
-    assert run.actors["job/busy/churn"][0] == 5001 and run.restarts["job/busy"] == [5001.0]
+    assert run.actors["job/busy/churn"][0] == 5001 and run.restarts["job/busy"] == [(5001.0, None)]
     mode = stat.S_IMODE((root / JOURNAL).stat().st_mode)
     assert mode == 0o600 and not (root / f"{JOURNAL}.new").exists()
     journal.close()

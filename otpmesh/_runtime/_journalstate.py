@@ -4,9 +4,10 @@ reads the file). The records, by the key that names their kind:
 - ``app``: a run's start (its secret, epoch); everything of the run follows it.
 - ``proc`` / ``exited``: a worker process started (pid, address, rank, coords) / is gone.
 - ``actor``: an actor started (its incarnation, the process it runs in).
-- ``restart``: a supervisor restarted a child (``at``: wall-clock seconds; ``window``: how many
-  of its restarts, this one included, are still inside its intensity period, all a later
-  intensity check can count).
+- ``restart``: a supervisor restarted a child (``at``: wall-clock seconds; ``mono``: the
+  host's monotonic clock, which the app record's ``boot`` says which boot of it; ``window``:
+  how many of its restarts, this one included, are still inside its intensity period, all a
+  later intensity check can count).
 - ``group``: a process group's epoch. ``chaos``: a controller kill ``otpmesh.chaos`` threw.
 - ``stopped``: the run stopped in order: nothing to take over.
 
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core._errors import TakeoverError
+
+Stamp = tuple[float, float | None]
+"""A restart's time: wall-clock seconds, and the host's monotonic seconds (None: unknown)."""
 
 #: The record kinds, by the key that names each; the order matters where records share keys
 #: (an ``actor`` record names its ``proc`` too).
@@ -57,7 +61,7 @@ class JournalState:
     #: The last run's last start of each actor, by path.
     actors: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The last run's restart times (wall clock, oldest first) each supervisor may still count.
-    restarts: dict[str, list[float]] = field(default_factory=dict)
+    restarts: dict[str, list[Stamp]] = field(default_factory=dict)
     #: Every run's last epoch of each process group, by path, and chaos's marks.
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     marks: list[dict[str, Any]] = field(default_factory=list)
@@ -75,7 +79,8 @@ class JournalState:
             self.procs.pop(str(record["exited"]), None)
         elif kind == "restart":
             times = self.restarts.setdefault(str(record["restart"]), [])
-            times.append(float(record["at"]))
+            mono = record.get("mono")
+            times.append((float(record["at"]), None if mono is None else float(mono)))
             window = record.get("window")
             if isinstance(window, int) and not isinstance(window, bool) and window > 0:
                 del times[:-window]  # the older ones fell out of its intensity period
@@ -90,7 +95,8 @@ class JournalState:
         out += [r for r in (self.app, self.stopped) if r is not None]  # one at most
         out += [*self.procs.values(), *self.actors.values()]
         for sup, times in self.restarts.items():
-            out += [{"restart": sup, "at": at} for at in times]
+            for at, mono in times:
+                out.append({"restart": sup, "at": at, **({} if mono is None else {"mono": mono})})
         return out
 
 

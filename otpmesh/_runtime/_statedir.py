@@ -99,6 +99,15 @@ def read_epoch(root: Path) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def boot_id() -> str:
+    """This host's boot (Linux's boot_id): monotonic times taken under one boot compare across
+    processes, whatever the wall clock did; "" where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def fsync_dir(root: Path) -> None:
     """Make a rename in the directory `root` durable."""
     dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -181,7 +190,12 @@ class TakeoverState:
 
     def app_started(self, secret: bytes) -> None:
         """The record a standby starts from: fsync'd, it must survive whatever comes next."""
-        record = {"app": os.getpid(), "epoch": self.epoch, "secret": secret.hex()}
+        record = {
+            "app": os.getpid(),
+            "epoch": self.epoch,
+            "secret": secret.hex(),
+            "boot": boot_id(),
+        }
         self.journal.append(record, durable=True)
 
     def proc_started(self, proc: Placed) -> None:
@@ -201,11 +215,16 @@ class TakeoverState:
     def proc_exited(self, proc: Placed) -> None:
         self.journal.append({"exited": proc.proc_id})
 
-    def restarted(self, sup_path: str, at: float, window: int | None = None) -> None:
-        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds: the next
-        controller's clock is another); `window`: how many of its restarts, this one included,
-        are inside its intensity period now (None: unknown, all are kept)."""
+    def restarted(
+        self, sup_path: str, at: float, mono: float | None, window: int | None = None
+    ) -> None:
+        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds) and `mono`
+        (``time.monotonic()``; the next controller's trio clock is another); `window`: how many
+        of its restarts, this one included, are inside its intensity period now (None:
+        unknown, all are kept)."""
         record: dict[str, Any] = {"restart": sup_path, "at": at}
+        if mono is not None:
+            record["mono"] = mono
         if window is not None:
             record["window"] = window
         self.journal.append(record)
