@@ -14,6 +14,11 @@ beside them, since on a shared machine timings are noisy.
 controllers and two host agents each in a namespace of its own, the 4 workers on the agents'
 hosts; the active controller SIGKILLed, and (a second figure) its host cut off instead, to the
 standby's first successful call (docs/guides/takeover.md, "Across hosts").
+
+``--journal N``: the journal of a tree of ``JOURNAL_ACTORS`` actors that restarted N times,
+written as the controller writes it, compacted (now) and never compacted (before): its size,
+the standby's time to read and fold it, and how long each compaction held the controller's
+event loop (docs/guides/takeover.md, "The state directory").
 """
 
 from __future__ import annotations
@@ -28,12 +33,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
 import otpmesh
 from otpmesh import launchers
+from otpmesh._controller._takeover import last_run
+from otpmesh._runtime._journal import COMPACT_BYTES, Journal, read_journal
+from otpmesh._runtime._statedir import bump_epoch, open_state_dir
 from otpmesh.bench import BenchActor
 from otpmesh.testing import netns
 
@@ -143,6 +152,58 @@ def run_hosts(trials: int) -> dict[str, Any]:
     return {"sigkill": _summary(killed), "partition": _summary(cut)}
 
 
+#: The tree of ``--journal``: this many actors (a quarter as many processes), each restarting
+#: in turn under supervisors of intensity 5.
+JOURNAL_ACTORS = 1000
+
+
+def run_journal(restarts: int, trials: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"restarts": restarts, "actors": JOURNAL_ACTORS}
+    for name, bound in (("compacted", COMPACT_BYTES), ("never_compacted", 1 << 62)):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = open_state_dir(Path(tmp) / "state")
+            journal = trio.run(_journal_of, root, bound, restarts)
+            reads = []
+            for _ in range(trials):
+                started = time.perf_counter()
+                last_run(read_journal(root))
+                reads.append(time.perf_counter() - started)
+            out[name] = {
+                "bytes": (root / "journal").stat().st_size,
+                "read_and_fold_median_s": round(statistics.median(reads), 5),
+                "compactions": len(journal.compactions),
+                "compaction_median_s": round(statistics.median(journal.compactions or [0]), 5),
+                "loop_pause_median_s": round(statistics.median(journal.pauses or [0]), 5),
+                "loop_pause_max_s": round(max(journal.pauses or [0]), 5),
+                "records_carried": journal.carried,
+            }
+    out["loadavg_1m"], out["cpus"] = os.getloadavg()[0], os.cpu_count()
+    return out
+
+
+async def _journal_of(root: Path, bound: int, restarts: int) -> Journal:
+    """The journal a controller writes for ``--journal``'s tree (a checkpoint between each
+    restart and the next, as between a real tree's)."""
+    async with trio.open_nursery() as nursery:
+        journal = Journal(root, epoch=bump_epoch(root), compact_bytes=bound, nursery=nursery)
+        journal.append({"app": os.getpid(), "epoch": 1, "secret": "00" * 32}, durable=True)
+        for rank in range(JOURNAL_ACTORS // 4):
+            proc = {"proc": f"p{rank}", "pid": 1, "addr": "unix:/x", "rank": rank, "coords": {}}
+            journal.append(proc)
+        paths = [f"bench/s{i // 10}/a{i}" for i in range(JOURNAL_ACTORS)]
+        for i, path in enumerate(paths):
+            journal.append({"actor": path, "incarnation": 1, "proc": f"p{i // 4}"})
+        for i in range(restarts):
+            n = i % JOURNAL_ACTORS
+            sup, window = paths[n].rpartition("/")[0], min(i // 10 + 1, 5)
+            journal.append({"restart": sup, "at": time.time(), "window": window})
+            actor = {"actor": paths[n], "incarnation": i // JOURNAL_ACTORS + 2}
+            journal.append({**actor, "proc": f"p{n // 4}"})
+            await trio.sleep(0)
+    journal.close()
+    return journal
+
+
 def _summary(results: list[dict[str, float]]) -> dict[str, Any]:
     trials = len(results)
     takeover = statistics.median(r["takeover_s"] for r in results)
@@ -166,11 +227,14 @@ def main() -> None:
     parser.add_argument("--dir")
     parser.add_argument("--listen", help="(a role across hosts) this controller's address")
     parser.add_argument("--hosts", action="store_true", help="across hosts (root, netns)")
+    parser.add_argument("--journal", type=int, metavar="N", help="the journal after N restarts")
     args = parser.parse_args()
     if args.role == "active":
         otpmesh.run(_active, args.dir, args.listen)
     elif args.role == "standby":
         otpmesh.run(_standby, args.dir, args.listen)
+    elif args.journal is not None:
+        print(json.dumps(run_journal(args.journal, args.trials)))
     elif args.hosts:
         os.environ.setdefault("OTPMESH_SECRET", secrets.token_hex(16))  # the agents' and ours
         print(json.dumps(run_hosts(args.trials)))

@@ -107,7 +107,7 @@ class SupervisorDriver:
                 before = self.core.restarts
                 self._apply(self.core.handle(event, trio.current_time()))
                 if self.core.restarts is not before and self.core.restarts:
-                    self.app.restarted(self.path, self.core.restarts[0])
+                    self.app.restarted(self.path, self.core.restarts)
             finally:
                 self.app.work_done()
         self._sync_slots()

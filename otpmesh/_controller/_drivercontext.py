@@ -33,8 +33,9 @@ class DriverContext(Protocol):
         supervisor at `sup_path`, once: a later core of it (restarted) starts with none."""
         ...
 
-    def restarted(self, sup_path: str, at: float) -> None:
-        """The supervisor at `sup_path` restarted a child at `at` (this run's clock)."""
+    def restarted(self, sup_path: str, window: tuple[float, ...]) -> None:
+        """The supervisor at `sup_path` restarted a child: `window` holds the times (this run's
+        clock, newest, this restart's, first) of its restarts inside its intensity period."""
         ...
 
     def slot(self, path: str) -> Slot: ...

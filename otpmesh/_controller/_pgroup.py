@@ -42,9 +42,9 @@ from .._core._shape import all_coords
 from .._core._spec import Mesh
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import Runtime
+from .._runtime._journal import read_journal
 from .._runtime._pgmember import EPOCH_KEY, GroupJoin
 from .._runtime._proc import Proc
-from .._runtime._statedir import read_journal
 from .._wire._addresses import tcp_address
 from ._placement import Placement, SlotInfo, StartError, spawn_on
 

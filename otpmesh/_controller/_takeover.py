@@ -25,16 +25,11 @@ import trio
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
+from .._runtime._journal import COMPACT_BYTES, Journal, read_journal
+from .._runtime._journalstate import Stamp, fold
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
-from .._runtime._statedir import (
-    Journal,
-    Lease,
-    TakeoverState,
-    bump_epoch,
-    open_state_dir,
-    read_journal,
-)
+from .._runtime._statedir import Lease, TakeoverState, boot_id, bump_epoch, open_state_dir
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -75,6 +70,9 @@ class Takeover:
     #: The tree runs on host agents, which a standby on another host takes over too
     #: (``otpmesh.TakeoverHosts(launcher, listen=..., port=...)``; docs/guides/takeover.md).
     hosts: Hosts | None = None
+    #: The journal is compacted to what is still true once it has grown this many bytes
+    #: (docs/guides/takeover.md); the default suits any tree, a test may make it small.
+    journal_bytes: int = COMPACT_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
@@ -94,6 +92,12 @@ class Takeover:
             )
         if not isinstance(self.standby, bool):
             raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
+        size = self.journal_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"Takeover(journal_bytes=...) is how many bytes the journal grows before it is "
+                f"compacted: a positive int, not {size!r}; e.g. journal_bytes={COMPACT_BYTES}"
+            )
 
 
 @dataclass(eq=False)
@@ -108,9 +112,11 @@ class Resumed:
     running: dict[str, int] = field(default_factory=dict)
     #: Actor path -> the last incarnation the journal saw started.
     journalled: dict[str, int] = field(default_factory=dict)
-    #: Supervisor path -> the wall-clock times of its restarts the journal saw.
-    restarts: dict[str, list[float]] = field(default_factory=dict)
+    #: Supervisor path -> the times of its restarts the journal saw.
+    restarts: dict[str, list[Stamp]] = field(default_factory=dict)
     hosts: Hosts | None = None
+    #: The boot of the host the journal's monotonic times were taken on.
+    boot: str = ""
 
     def seed(self, ctx: TreeContext) -> None:
         """Make the tree's first start of each journalled actor reuse a running incarnation,
@@ -120,17 +126,20 @@ class Resumed:
             sup, _, child = path.rpartition("/")
             alive = self.running.get(path) == incarnation
             ctx.incarnations(sup)[child] = incarnation - 1 if alive else incarnation
-        # Restart times in this run's clock: as long ago as they were by the wall clock.
-        ago = trio.current_time() - time.time()
-        for sup, times in self.restarts.items():
-            ctx.carried_restarts[sup] = tuple(sorted((t + ago for t in times), reverse=True))
+        now, wall, mono = trio.current_time(), time.time(), time.monotonic()
+        same_boot = bool(self.boot) and self.boot == boot_id()
+        for sup, stamps in self.restarts.items():
+            ctx.carried_restarts[sup] = carried_times(stamps, same_boot, now, wall, mono)
         state = self.rt.takeover
         if state is not None:
-            for sup, times in self.restarts.items():  # into this run's part of the journal
-                for wall in times:
-                    state.restarted(sup, wall)
-            ctx.on_restart = lambda sup, at: state.restarted(
-                sup, at - trio.current_time() + time.time()
+            for sup, stamps in self.restarts.items():  # into this run's part of the journal
+                for at, at_mono in stamps:
+                    state.restarted(sup, at, at_mono if same_boot else None)
+            ctx.on_restart = lambda sup, window: state.restarted(
+                sup,
+                window[0] - trio.current_time() + time.time(),
+                window[0] - trio.current_time() + time.monotonic(),
+                len(window),
             )
 
     async def stopped(self) -> None:
@@ -181,14 +190,20 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
     hosts = takeover.hosts
     if run.app is None:
         rt = await runtime()
-        rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=True))
+        journal = Journal(
+            root, epoch=epoch, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
+        )
+        rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
         rt.takeover.app_started(rt.node.secret)
         if hosts is not None:
             await hosts.start_fresh(rt, rt.takeover)
         return Resumed(rt, lease, hosts=hosts)
     secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
-    rt.takeover = TakeoverState(root, takeover.grace, epoch, Journal(root, fresh=False))
+    journal = Journal(
+        root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
+    )
+    rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
     rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
     on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
     here = [r for r in run.procs.values() if "hosts" not in r.get("coords", {})]
@@ -207,7 +222,8 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
         )
     if hosts is not None:
         live.update(await hosts.adopt(rt, rt.takeover, on_hosts))
-    resumed = Resumed(rt, lease, restarts=run.restarts, hosts=hosts)
+    boot = str(run.app.get("boot", ""))
+    resumed = Resumed(rt, lease, restarts=run.restarts, hosts=hosts, boot=boot)
     for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
         proc = live.get(proc_id)
@@ -251,25 +267,32 @@ class LastRun:
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Actor path -> (its last incarnation, the id of the process it started in).
     actors: dict[str, tuple[int, str]] = field(default_factory=dict)
-    #: Supervisor path -> its restarts' wall-clock times, oldest first.
-    restarts: dict[str, list[float]] = field(default_factory=dict)
+    #: Supervisor path -> the times, oldest first, of its restarts that a later intensity
+    #: check may still count.
+    restarts: dict[str, list[Stamp]] = field(default_factory=dict)
 
 
 def last_run(records: list[dict[str, Any]]) -> LastRun:
     """The journal's last run; an empty one if it stopped in order (or there was none)."""
-    run = LastRun()
-    for record in records:
-        if "app" in record:
-            run = LastRun(app=record)
-        elif "stopped" in record:
-            run = LastRun()
-        elif "actor" in record:
-            run.actors[str(record["actor"])] = (int(record["incarnation"]), str(record["proc"]))
-        elif "proc" in record:
-            run.procs[str(record["proc"])] = record
-        elif "restart" in record:
-            run.restarts.setdefault(str(record["restart"]), []).append(float(record["at"]))
-    return run
+    state = fold(records)
+    if state.app is None:
+        return LastRun()
+    actors = {path: (int(r["incarnation"]), str(r["proc"])) for path, r in state.actors.items()}
+    return LastRun(state.app, state.procs, actors, state.restarts)
+
+
+def carried_times(
+    stamps: list[Stamp], same_boot: bool, now: float, wall: float, mono: float
+) -> tuple[float, ...]:
+    """Restart `stamps` in this run's trio clock (it reads `now`; the wall and monotonic clocks
+    read `wall` and `mono`), newest first: as long ago as they were by the monotonic clock when
+    they were taken under this boot of this host, which no wall-clock step moves; else by the
+    wall clock."""
+    times = [
+        now - (mono - at_mono) if same_boot and at_mono is not None else now - (wall - at)
+        for at, at_mono in stamps
+    ]
+    return tuple(sorted(times, reverse=True))
 
 
 def current_state() -> TakeoverState | None:

@@ -82,7 +82,7 @@ class TreeContext:
         #: Restart times a takeover carried over, by supervisor path (_takeover.py).
         self.carried_restarts: dict[str, tuple[float, ...]] = {}
         #: Told of each restart (a takeover journals it); None: nobody listens.
-        self.on_restart: Callable[[str, float], None] | None = None
+        self.on_restart: Callable[[str, tuple[float, ...]], None] | None = None
         self._failing_starts: dict[str, int] = {}
         self.runtime_node: Node
         self._idle = trio.Event()
@@ -167,9 +167,9 @@ class TreeContext:
     def restart_history(self, sup_path: str) -> tuple[float, ...]:
         return self.carried_restarts.pop(sup_path, ())
 
-    def restarted(self, sup_path: str, at: float) -> None:
+    def restarted(self, sup_path: str, window: tuple[float, ...]) -> None:
         if self.on_restart is not None:
-            self.on_restart(sup_path, at)
+            self.on_restart(sup_path, window)
 
     def watch(self, path: str, driver: SupervisorDriver) -> None:
         self._watchers[path] = driver

@@ -168,6 +168,8 @@ class Runtime:
 
     def mark_exited(self, proc: Proc, reason: str, hung: dict[str, Any] | None = None) -> None:
         """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
+        if not proc.exited.is_set() and self.takeover is not None and not self.forkserver.fenced:
+            self.takeover.proc_exited(proc)  # a fenced controller's journal is another's now
         if proc.pipes is not None:
             why = proc.exit_reason or proc.hang_reason or reason
             proc.pipes.close(f"its process {why}")  # reads a hang report first

@@ -8,19 +8,18 @@ directory another user could write to may already hold their files.
   (SIGKILL included), which is what wakes a standby.
 - ``epoch``: the fencing epoch, bumped by each controller that takes the lease, written to a
   temporary file, fsync'd, then renamed over the old one (never half written).
-- ``journal``: one JSON object a line, appended: the app record (its secret, the fork server's
-  address, its epoch), then each process and each actor start. The app record is fsync'd; the
-  rest is only written: a controller that dies leaves what it wrote in the kernel's page cache
-  for the standby, and a host that loses power loses its workers too, so nothing is left to
-  take over.
+- ``journal``: one JSON record a line: the app record (its secret, its epoch), then each
+  process, actor start and restart; compacted to what is still true as it grows
+  (_journal.py). ``journal.new`` is a compaction's snapshot before its rename.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,7 +56,7 @@ def open_state_dir(path: str | os.PathLike[str]) -> Path:
     return root
 
 
-def _open_private(path: Path, flags: int) -> int:
+def open_private(path: Path, flags: int) -> int:
     """Open `path` (made 0600 if missing); refuse a link, another owner or a wider mode."""
     fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _PRIVATE_FILE)
     st = os.fstat(fd)
@@ -74,7 +73,7 @@ class Lease:
     """The active controller's lease: an exclusive ``flock`` on ``lease`` in the directory."""
 
     def __init__(self, root: Path) -> None:
-        self._fd = _open_private(root / LEASE, os.O_RDWR)
+        self._fd = open_private(root / LEASE, os.O_RDWR)
 
     def try_acquire(self) -> bool:
         try:
@@ -89,29 +88,65 @@ class Lease:
             self._fd = -1
 
 
+def read_epoch(root: Path) -> int:
+    """The fencing epoch in the directory (0 before the first controller's)."""
+    path = root / EPOCH
+    if not path.exists():
+        return 0
+    fd = open_private(path, os.O_RDONLY)
+    with os.fdopen(fd) as f:
+        text = f.read().strip()
+    return int(text) if text.isdigit() else 0
+
+
+def boot_id() -> str:
+    """This host's boot (Linux's boot_id): monotonic times taken under one boot compare across
+    processes, whatever the wall clock did; "" where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def fsync_dir(root: Path) -> None:
+    """Make a rename in the directory `root` durable."""
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def epoch_lock(root: Path) -> Iterator[None]:
+    """Hold the directory's epoch still: a new epoch is not written meanwhile (a compaction
+    checks that the journal is still its controller's and renames under it)."""
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(dir_fd)
+
+
 def bump_epoch(root: Path) -> int:
     """Read the fencing epoch, write it plus one durably, and return the new one."""
+    with epoch_lock(root):
+        return _bump_epoch(root)
+
+
+def _bump_epoch(root: Path) -> int:
     path = root / EPOCH
-    epoch = 0
-    if path.exists():
-        fd = _open_private(path, os.O_RDONLY)
-        with os.fdopen(fd) as f:
-            text = f.read().strip()
-        epoch = int(text) if text.isdigit() else 0
-    new = epoch + 1
+    new = read_epoch(root) + 1
     tmp = root / f"{EPOCH}.new"
     tmp.unlink(missing_ok=True)
-    fd = _open_private(tmp, os.O_WRONLY | os.O_EXCL)
+    fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
     with os.fdopen(fd, "w") as f:
         f.write(f"{new}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)  # the rename itself, durable
-    finally:
-        os.close(dir_fd)
+    fsync_dir(root)
     return new
 
 
@@ -125,6 +160,13 @@ class Placed(Protocol):
     coords: dict[str, int]
 
 
+class Appends(Protocol):
+    """The journal, as a takeover state writes it (_journal.py's ``Journal``)."""
+
+    def append(self, record: dict[str, Any], *, durable: bool = False) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass(eq=False)
 class TakeoverState:
     """What a controller run with a takeover keeps: its state directory, grace and epoch."""
@@ -132,7 +174,7 @@ class TakeoverState:
     root: Path
     grace: float
     epoch: int
-    journal: Journal
+    journal: Appends
 
     def for_fork_server(self, secret: bytes) -> dict[str, Any]:
         return {
@@ -148,7 +190,12 @@ class TakeoverState:
 
     def app_started(self, secret: bytes) -> None:
         """The record a standby starts from: fsync'd, it must survive whatever comes next."""
-        record = {"app": os.getpid(), "epoch": self.epoch, "secret": secret.hex()}
+        record = {
+            "app": os.getpid(),
+            "epoch": self.epoch,
+            "secret": secret.hex(),
+            "boot": boot_id(),
+        }
         self.journal.append(record, durable=True)
 
     def proc_started(self, proc: Placed) -> None:
@@ -165,48 +212,22 @@ class TakeoverState:
     def actor_started(self, path: str, incarnation: int, proc: Placed) -> None:
         self.journal.append({"actor": path, "incarnation": incarnation, "proc": proc.proc_id})
 
-    def restarted(self, sup_path: str, at: float) -> None:
-        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds: the next
-        controller's clock is another)."""
-        self.journal.append({"restart": sup_path, "at": at})
+    def proc_exited(self, proc: Placed) -> None:
+        self.journal.append({"exited": proc.proc_id})
+
+    def restarted(
+        self, sup_path: str, at: float, mono: float | None, window: int | None = None
+    ) -> None:
+        """A restart by the supervisor at `sup_path`, at `at` (wall-clock seconds) and `mono`
+        (``time.monotonic()``; the next controller's trio clock is another); `window`: how many
+        of its restarts, this one included, are inside its intensity period now (None:
+        unknown, all are kept)."""
+        record: dict[str, Any] = {"restart": sup_path, "at": at}
+        if mono is not None:
+            record["mono"] = mono
+        if window is not None:
+            record["window"] = window
+        self.journal.append(record)
 
     def stopped(self) -> None:
         self.journal.append({"stopped": os.getpid()}, durable=True)
-
-
-class Journal:
-    """The append-only journal of one app run (see the module's docstring)."""
-
-    def __init__(self, root: Path, *, fresh: bool) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | (os.O_TRUNC if fresh else 0)
-        self._fd = _open_private(root / JOURNAL, flags)
-
-    def append(self, record: dict[str, Any], *, durable: bool = False) -> None:
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        os.write(self._fd, line)  # O_APPEND, one write: lines never interleave
-        if durable:
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-def read_journal(root: Path) -> list[dict[str, Any]]:
-    """The journal's records, oldest first; a torn last line (a write cut short) is dropped."""
-    path = root / JOURNAL
-    if not path.exists():
-        return []
-    fd = _open_private(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as f:
-        lines = f.read().split(b"\n")
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
