@@ -51,6 +51,7 @@ from .._wire._secret import SecretError, load_secret
 from ._agentcli import parser as parser
 from ._agentgrace import AgentGrace
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
+from ._lifeline import agent_lifeline
 
 log = logging.getLogger("otpmesh.agent")
 
@@ -112,7 +113,7 @@ class Agent:
         self.node.parent_ops = frozenset(
             {
                 *("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"),
-                *("agent_token", "takeover"),
+                *("agent_token", "takeover", "lifeline"),
             }
         )
         self.grace = AgentGrace(self)
@@ -120,6 +121,8 @@ class Agent:
         self.relay = Relay(self.node)
         self.node.sys_inline["beat"] = self._beat
         self.node.sys_inline["agent_token"] = self._next_token
+        self.node.sys_inline["lifeline"] = self._lifeline_token
+        self._lifeline_tokens: trio.MemorySendChannel[bytes] | None = None
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
         self.procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, _Proc] = {}
@@ -188,8 +191,10 @@ class Agent:
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()
         log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
+        self._lifeline_tokens, tokens = trio.open_memory_channel[bytes](1)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._beat_loop, conn)
+            nursery.start_soon(self._run_lifeline, conn, tokens)
             await self.node.run_connection(conn)
             nursery.cancel_scope.cancel()
         if not self._stopping:
@@ -212,6 +217,29 @@ class Agent:
                 self.node.sys_cast(conn, "beat", {"host_id": self.host_id})
                 next_beat = now + HEARTBEAT_INTERVAL / 2
             await trio.sleep_until(min(next_beat, self._last_beat + AGENT_TIMEOUT))
+
+    async def _run_lifeline(
+        self, conn: Connection, tokens: trio.MemoryReceiveChannel[bytes]
+    ) -> None:
+        """Once registered, beats also go both ways on a lifeline (_lifeline.py), which a held
+        controller loop does not stop; losing it is losing the controller."""
+        token = await tokens.receive()
+        hello = {"lifeline": self.host_id, "token": token}
+        try:
+            why = await agent_lifeline(
+                self.controller, self.secret, hello, self._beat, HEARTBEAT_INTERVAL / 2
+            )
+        except (OSError, ProtocolError, trio.TooSlowError) as exc:
+            why = f"could not open it: {exc or type(exc).__name__}"
+        conn.abort(f"lost its lifeline: {why}")
+
+    def _lifeline_token(self, payload: Any) -> None:
+        token = payload.get("token") if isinstance(payload, dict) else None
+        if type(token) is bytes and self._lifeline_tokens is not None:
+            try:
+                self._lifeline_tokens.send_nowait(token)
+            except trio.WouldBlock:  # one lifeline per registration
+                pass
 
     def _beat(self, payload: Any) -> None:
         self._last_beat = trio.current_time()

@@ -4,12 +4,14 @@
 them to register, and attaches the hosts to the runtime: from then on a mesh slot's ``hosts``
 coordinate names the host whose agent forks its process (``proc_mesh(hosts=2, gpus=4)``).
 
-Host failure: controller and agents beat every HEARTBEAT_INTERVAL. A host whose agent connection
-closes, which is silent for HOST_TIMEOUT, or whose launch ended (``launcher.ended()``: its srun
-step or ssh session), is declared dead: every process on it exits with a
-reason naming the host, so each actor's supervisor sees a process failure and restarts it, on the
-same host index if that host is back, else on the live host with the fewest workers (a spare),
-unless ``relocate=False``. A dead host's registration stays refused; its agent registers afresh.
+Host failure: controller and agents beat every HEARTBEAT_INTERVAL, on the agent's connection and
+on its lifeline (_lifeline.py: a thread's, so a held event loop does not stop them). A host whose
+agent connection or lifeline closes, which is silent for HOST_TIMEOUT on both, or whose launch
+ended (``launcher.ended()``: its srun step or ssh session), is declared dead: every process on it
+exits with a reason naming the host, so each actor's supervisor sees a process failure and
+restarts it, on the same host index if that host is back, else on the live host with the fewest
+workers (a spare), unless ``relocate=False``. A dead host's registration stays refused; its agent
+registers afresh.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .._runtime._proc import Proc, hello_peer, new_registration_token, token_mat
 from .._wire._connection import Connection
 from .._wire._secret import load_secret
 from ._launcher import Launcher
+from ._lifeline import Lifeline, Lifelines
 
 if TYPE_CHECKING:
     from .._runtime._controller_runtime import Runtime
@@ -41,8 +44,8 @@ REGISTER_TIMEOUT = 60.0
 #: Controller and agents beat this often; a host silent for HOST_TIMEOUT is declared dead.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HOST_HEARTBEAT_INTERVAL", "0.2"))
 HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
-#: Beats to agents go out from the controller's event loop: a loop held for half of what an
-#: agent waits for one (0.75 of the timeout) is logged, with what to do about it.
+#: Beats survive a held event loop (the lifelines' thread sends them), but calls, replies and
+#: restarts wait for it: a loop held this long is logged, with what to do about it.
 HELD_WARNING = 0.375 * HOST_TIMEOUT
 
 
@@ -59,6 +62,13 @@ class Host:
     dead_reason: str | None = None
     #: Registered to take over: the processes (id -> pid) its agent still ran (_hostover.py).
     resumed: dict[str, int] | None = None
+    lifeline: Lifeline | None = None
+    lifeline_token: bytes | None = None  # one-time: what its agent's lifeline HELLO presents
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since its last beat on either path (`now`: trio's clock, as last_seen)."""
+        silent = now - self.last_seen
+        return silent if self.lifeline is None else min(silent, self.lifeline.silent_for())
 
     @property
     def alive(self) -> bool:
@@ -92,6 +102,7 @@ class Cluster:
         # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
         self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
+        self.lifelines: Lifelines | None = None  # their thread, while the cluster block runs
 
     # ------------------------------------------------------------ membership
 
@@ -133,6 +144,8 @@ class Cluster:
             host.resumed = {str(k): int(v) for k, v in resume["procs"].items()}
         if self.takeover is not None:
             self.takeover.registered(host)
+        host.lifeline_token = new_registration_token()
+        self._rt.node.sys_cast(conn, "lifeline", {"token": host.lifeline_token})
         log.info(
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
@@ -168,6 +181,25 @@ class Cluster:
         if self._rank_taken(rank):
             return f"hosts={rank} is registered and alive (as {self._by_rank[rank].name})"
         return None
+
+    def on_lifeline_hello(self, conn: Connection, hello: dict[str, Any]) -> None:
+        """A registered agent's lifeline: its socket goes to the lifelines' thread."""
+        host = next((h for h in self.hosts if h.host_id == hello.get("lifeline")), None)
+        why = None
+        if host is None or not host.alive or self.lifelines is None:
+            why = "it names no live host"
+        elif not token_matches(hello.get("token"), host.lifeline_token):
+            why = "its lifeline token is missing, wrong or spent"
+        elif any(h.conn is conn for h in self.hosts) or self._rt.proc_on(conn) is not None:
+            why = "it came on a connection registered already"
+        if why is not None or host is None or self.lifelines is None:
+            self._rt.node.refusals.refused(hello_peer(conn), f"lifeline HELLO: {why}")
+            conn.abort(f"refused: {why}")
+            return
+        host.lifeline_token = None
+        sock, mac = conn.release("handed to the lifelines' thread")
+        host.lifeline = Lifeline(sock, mac, host.name)
+        self.lifelines.add(host.lifeline)
 
     def _rank_taken(self, rank: int) -> bool:
         host = self._by_rank.get(rank)
@@ -229,12 +261,13 @@ class Cluster:
         while True:
             self._launches_ended()
             now = trio.current_time()
-            if now - due > HELD_WARNING:
+            held = now - due
+            if held > HELD_WARNING:
                 log.warning(
                     "the controller's event loop was held for %.2f s (a synchronous driver step?): "
-                    "agents kill their workers after 0.75 x OTPMESH_HOST_TIMEOUT without its beat; "
-                    "run it in a thread (await trio.to_thread.run_sync(f)) or raise the timeout",
-                    now - due,
+                    "heartbeats went on, but calls, replies and restarts waited for it; "
+                    "run such a step in a thread (await trio.to_thread.run_sync(f))",
+                    held,
                 )
             due = now + HEARTBEAT_INTERVAL / 2
             timeout = HOST_TIMEOUT
@@ -242,7 +275,12 @@ class Cluster:
                 self.takeover.check_quorum(now)
                 timeout = self.takeover.host_timeout()
             for host in self.live:
-                if now - host.last_seen > timeout:
+                line = host.lifeline
+                if line is not None and line.close_reason is not None:
+                    self.declare_dead(host, f"lost its lifeline ({line.close_reason})")
+                # Without a lifeline, a loop just released has not read the beats waiting in
+                # its sockets yet: judge next round, not now.
+                elif host.silent_for(now) > timeout and (line or held <= HEARTBEAT_INTERVAL):
                     self.declare_dead(host, f"stopped answering (no heartbeat for {timeout:g} s)")
                 else:
                     self._rt.node.sys_cast(host.conn, "beat", None)
@@ -279,6 +317,8 @@ class Cluster:
         host.dead_reason = why
         log.warning("host %s (hosts=%d) declared dead: %s", host.name, host.rank, why)
         host.conn.abort(f"host declared dead: {why}")
+        if host.lifeline is not None:
+            host.lifeline.close(f"host declared dead: {why}")
         self._procs_lost(host)
 
     def _procs_lost(self, host: Host) -> None:
@@ -345,6 +385,8 @@ class Cluster:
         """Stop every agent (each kills its workers first) and wait for the workers' exits."""
         for host in self.live:
             host.dead_reason = "was shut down"
+            if host.lifeline is not None:
+                host.lifeline.close("shut down")
             for proc in host.procs.values():
                 proc.shut_down = True
             self._rt.node.sys_cast(host.conn, "shutdown", None)
@@ -382,6 +424,8 @@ async def cluster(
     hosts.address = address
     hosts.launcher = launcher
     rt.cluster = hosts
+    hosts.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2)
+    hosts.lifelines.start()
     watching = trio.CancelScope()
 
     async def watch() -> None:
@@ -403,5 +447,6 @@ async def cluster(
             await hosts.shutdown()
             await launcher.stop()
         watching.cancel()
+        hosts.lifelines.stop()
         rt.cluster = None
         rt.node.stop_tcp()

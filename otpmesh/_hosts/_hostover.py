@@ -202,7 +202,7 @@ class _HostsLease:
         live = self._hosts.live
         if self.epoch is None or not live:
             return
-        silent = [h for h in live if now - h.last_seen > QUORUM_TIMEOUT]
+        silent = [h for h in live if h.silent_for(now) > QUORUM_TIMEOUT]
         if 2 * len(silent) < len(live):
             return
         names = ", ".join(h.name for h in silent)
