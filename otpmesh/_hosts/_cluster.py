@@ -102,7 +102,7 @@ class Cluster:
         # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
         self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
-        self.lifelines: Lifelines | None = None  # their thread, while the cluster block runs
+        self.lifelines: Lifelines | None = None  # their thread, while ``watch`` runs
 
     # ------------------------------------------------------------ membership
 
@@ -255,8 +255,16 @@ class Cluster:
             host.last_seen = trio.current_time()
 
     async def watch(self) -> None:
-        """Beat to every live agent; declare dead those silent for HOST_TIMEOUT, and those whose
-        launch ended."""
+        """Beat to every live agent (and run the lifelines' thread); declare dead those silent
+        for HOST_TIMEOUT, those whose lifeline broke, and those whose launch ended."""
+        self.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2)
+        self.lifelines.start()
+        try:
+            await self._watch()
+        finally:
+            self.lifelines.stop()
+
+    async def _watch(self) -> None:
         due = trio.current_time()
         while True:
             self._launches_ended()
@@ -384,9 +392,9 @@ class Cluster:
     async def shutdown(self) -> None:
         """Stop every agent (each kills its workers first) and wait for the workers' exits."""
         for host in self.live:
+            # Its lifeline stays open: closed first, it could tell the agent that the controller
+            # was lost (keep the workers for a standby) before "shutdown" arrives.
             host.dead_reason = "was shut down"
-            if host.lifeline is not None:
-                host.lifeline.close("shut down")
             for proc in host.procs.values():
                 proc.shut_down = True
             self._rt.node.sys_cast(host.conn, "shutdown", None)
@@ -424,8 +432,6 @@ async def cluster(
     hosts.address = address
     hosts.launcher = launcher
     rt.cluster = hosts
-    hosts.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2)
-    hosts.lifelines.start()
     watching = trio.CancelScope()
 
     async def watch() -> None:
@@ -447,6 +453,5 @@ async def cluster(
             await hosts.shutdown()
             await launcher.stop()
         watching.cancel()
-        hosts.lifelines.stop()
         rt.cluster = None
         rt.node.stop_tcp()

@@ -212,7 +212,10 @@ class _HostsLease:
             "over, so it stops acting now and waits to learn whether one did"
         )
         # It blocks its own event loop: no task of this process runs again, so none can act
-        # (a restart, a driver's call) once the partition heals and connections break.
+        # (a restart, a driver's call) once the partition heals and connections break. Nor
+        # does its lifelines' thread beat on: the hosts it still reaches time out as the others.
+        if self._hosts.lifelines is not None:
+            self._hosts.lifelines.silence()
         deadline = time.monotonic() + self.grace + HOST_TIMEOUT
         while time.monotonic() < deadline:
             newer = self._newer_epoch()

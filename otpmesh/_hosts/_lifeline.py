@@ -113,6 +113,7 @@ class Lifelines:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._stopping = False
+        self._silent = False
         self._thread = threading.Thread(target=self._run, name="otpmesh-lifelines", daemon=True)
 
     def start(self) -> None:
@@ -123,6 +124,11 @@ class Lifelines:
         with self._lock:
             self._added.append(line)
         self._wake()
+
+    def silence(self) -> None:
+        """Send no beat from now on (the lifelines stay open): a controller that stops acting
+        (cut off from most of its hosts, _hostover.py) lets its agents time out as before."""
+        self._silent = True
 
     def stop(self) -> None:
         self._stopping = True
@@ -151,7 +157,7 @@ class Lifelines:
                 now = time.monotonic()
                 if now >= due:
                     due = now + self._interval
-                    for line in lines.values():
+                    for line in [] if self._silent else lines.values():
                         self._guard(line, line._beat)
                 for key, _ in sel.select(max(0.0, due - time.monotonic())):
                     if key.fileobj is self._wake_r:
