@@ -9,13 +9,13 @@ authenticates with the cluster secret, registers, and then serves the controller
     shutdown                    kill every worker and exit
 
 and reports what it sees: ``proc_spawned``, ``proc_exit`` (from the fork server's SIGCHLD, not
-polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT_INTERVAL.
-
-The controller's heartbeats are its lifeline: when none came for AGENT_TIMEOUT (shorter than the
-controller's HOST_TIMEOUT), the agent kills its workers *before* the controller declares the host
-dead and restarts their actors elsewhere, so no actor runs twice; then it registers afresh, as a
-new host, for up to `reconnect` seconds. With a takeover, it keeps them for a standby instead
-(_agentgrace.py).
+polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT_INTERVAL, here
+and on its lifeline (_agentlife.py), which the controller serves from a thread: a held
+controller loop does not stop its beats. With no controller beat on either for AGENT_TIMEOUT
+(shorter than its HOST_TIMEOUT), the agent kills its workers *before* the controller declares
+the host dead and restarts their actors elsewhere, so no actor runs twice; then it registers
+afresh, as a new host, for up to `reconnect` seconds. With a takeover, it keeps them for a
+standby instead (_agentgrace.py).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
 from ._agentcli import parser as parser
 from ._agentgrace import AgentGrace
+from ._agentlife import AgentLifeline
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
-from ._lifeline import agent_lifeline
 
 log = logging.getLogger("otpmesh.agent")
 
@@ -117,12 +117,10 @@ class Agent:
             }
         )
         self.grace = AgentGrace(self)
-        self.node.sys_inline["takeover"] = self.grace.on_takeover
         self.relay = Relay(self.node)
-        self.node.sys_inline["beat"] = self._beat
-        self.node.sys_inline["agent_token"] = self._next_token
-        self.node.sys_inline["lifeline"] = self._lifeline_token
-        self._lifeline_tokens: trio.MemorySendChannel[bytes] | None = None
+        lifeline = self.lifeline = AgentLifeline(self._beat, HEARTBEAT_INTERVAL / 2)
+        self.node.sys_inline |= {"takeover": self.grace.on_takeover, "beat": self._beat}
+        self.node.sys_inline |= {"agent_token": self._next_token, "lifeline": lifeline.on_token}
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
         self.procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, _Proc] = {}
@@ -191,10 +189,9 @@ class Agent:
         conn.send_nowait(_codec.pack([HELLO, hello]))
         self._last_beat = trio.current_time()
         log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
-        self._lifeline_tokens, tokens = trio.open_memory_channel[bytes](1)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._beat_loop, conn)
-            nursery.start_soon(self._run_lifeline, conn, tokens)
+            nursery.start_soon(self.lifeline.run, conn, self.controller, self.secret, self.host_id)
             await self.node.run_connection(conn)
             nursery.cancel_scope.cancel()
         if not self._stopping:
@@ -217,29 +214,6 @@ class Agent:
                 self.node.sys_cast(conn, "beat", {"host_id": self.host_id})
                 next_beat = now + HEARTBEAT_INTERVAL / 2
             await trio.sleep_until(min(next_beat, self._last_beat + AGENT_TIMEOUT))
-
-    async def _run_lifeline(
-        self, conn: Connection, tokens: trio.MemoryReceiveChannel[bytes]
-    ) -> None:
-        """Once registered, beats also go both ways on a lifeline (_lifeline.py), which a held
-        controller loop does not stop; losing it is losing the controller."""
-        token = await tokens.receive()
-        hello = {"lifeline": self.host_id, "token": token}
-        try:
-            why = await agent_lifeline(
-                self.controller, self.secret, hello, self._beat, HEARTBEAT_INTERVAL / 2
-            )
-        except (OSError, ProtocolError, trio.TooSlowError) as exc:
-            why = f"could not open it: {exc or type(exc).__name__}"
-        conn.abort(f"lost its lifeline: {why}")
-
-    def _lifeline_token(self, payload: Any) -> None:
-        token = payload.get("token") if isinstance(payload, dict) else None
-        if type(token) is bytes and self._lifeline_tokens is not None:
-            try:
-                self._lifeline_tokens.send_nowait(token)
-            except trio.WouldBlock:  # one lifeline per registration
-                pass
 
     def _beat(self, payload: Any) -> None:
         self._last_beat = trio.current_time()
@@ -402,11 +376,11 @@ def run_agent(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             if args.secret_stdin:
 
-                async def lifeline() -> None:
+                async def until_stdin_eof() -> None:
                     await _exit_on_stdin_eof()
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(lifeline)
+                nursery.start_soon(until_stdin_eof)
             await agent.run()
             nursery.cancel_scope.cancel()
 

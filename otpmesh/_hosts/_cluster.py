@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, SpawnError
-from .._runtime._controller_runtime import runtime
 from .._runtime._proc import Proc, hello_peer, new_registration_token, token_matches
 from .._wire._connection import Connection
-from .._wire._secret import load_secret
+from ._host import Host
 from ._launcher import Launcher
 from ._lifeline import Lifeline, Lifelines
 
@@ -47,35 +42,6 @@ HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
 #: Beats survive a held event loop (the lifelines' thread sends them), but calls, replies and
 #: restarts wait for it: a loop held this long is logged, with what to do about it.
 HELD_WARNING = 0.375 * HOST_TIMEOUT
-
-
-@dataclass(eq=False)
-class Host:
-    """One registered host agent, as the controller sees it."""
-
-    name: str
-    rank: int
-    host_id: str
-    conn: Connection
-    last_seen: float
-    procs: dict[str, Proc] = field(default_factory=dict)
-    dead_reason: str | None = None
-    #: Registered to take over: the processes (id -> pid) its agent still ran (_hostover.py).
-    resumed: dict[str, int] | None = None
-    lifeline: Lifeline | None = None
-    lifeline_token: bytes | None = None  # one-time: what its agent's lifeline HELLO presents
-
-    def silent_for(self, now: float) -> float:
-        """Seconds since its last beat on either path (`now`: trio's clock, as last_seen)."""
-        silent = now - self.last_seen
-        return silent if self.lifeline is None else min(silent, self.lifeline.silent_for())
-
-    @property
-    def alive(self) -> bool:
-        return self.dead_reason is None
-
-    def live_procs(self) -> int:
-        return sum(1 for p in self.procs.values() if p.alive)
 
 
 class Cluster:
@@ -402,56 +368,3 @@ class Cluster:
             for host in self.hosts:
                 for proc in host.procs.values():
                     await proc.exited.wait()
-
-
-@asynccontextmanager
-async def cluster(
-    launcher: Launcher,
-    *,
-    listen: str = "127.0.0.1",
-    port: int = 0,
-    advertise: str | None = None,
-    relocate: bool = True,
-    timeout: float = REGISTER_TIMEOUT,
-) -> AsyncIterator[Cluster]:
-    """Start host agents with `launcher`, wait until they register, and run meshes on them.
-
-    The controller listens on `listen`:`port` (loopback unless told otherwise; ``0.0.0.0`` for a
-    real cluster, with `advertise` the address agents dial). Inside the block a mesh slot's
-    ``hosts`` coordinate picks its host. On exit every agent and worker is stopped.
-    """
-    rt = await runtime()
-    if rt.cluster is not None:
-        raise SpawnError("a cluster is already attached to this controller")
-    rt.node.tcp_secret = load_secret(create=True)
-    bound = await rt.node.listen_tcp(listen, port)
-    if advertise is None and listen in ("0.0.0.0", "::"):
-        advertise = socket.gethostname()  # a wildcard is no address to dial
-    address = bound if advertise is None else f"tcp:{advertise}:{bound.rpartition(':')[2]}"
-    hosts = Cluster(rt, relocate=relocate)
-    hosts.address = address
-    hosts.launcher = launcher
-    rt.cluster = hosts
-    watching = trio.CancelScope()
-
-    async def watch() -> None:
-        with watching:
-            await hosts.watch()
-
-    assert rt.nursery is not None
-    rt.nursery.start_soon(watch)
-    # Made before any agent is started, so that none registers before they are expected.
-    agent_tokens = getattr(launcher, "agent_tokens", None)  # a launcher that can give them
-    if agent_tokens is not None:
-        hosts.tokens = dict(agent_tokens())
-    try:
-        await launcher.start(address, rt.node.tcp_secret)
-        await hosts.wait_for(launcher, timeout)
-        yield hosts
-    finally:
-        with trio.CancelScope(shield=True):
-            await hosts.shutdown()
-            await launcher.stop()
-        watching.cancel()
-        rt.cluster = None
-        rt.node.stop_tcp()

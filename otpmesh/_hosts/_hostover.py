@@ -36,7 +36,8 @@ from .._runtime._controller_runtime import Runtime
 from .._runtime._proc import Proc
 from .._runtime._statedir import EPOCH
 from .._wire._secret import load_secret
-from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster, Host
+from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster
+from ._host import Host
 from ._launcher import Launcher
 
 if TYPE_CHECKING:

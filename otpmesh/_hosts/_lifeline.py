@@ -25,21 +25,16 @@ import threading
 import time
 from typing import Any
 
-import trio
-
 from .._core._errors import ProtocolError
 from .._wire import _codec
-from .._wire._connection import Connection
 from .._wire._framemac import FrameMac
-from .._wire._frames import HELLO, SYS
+from .._wire._frames import SYS
 from .._wire._framing import FrameDecoder, frame_header
-from .._wire._handshake import dial
 
 log = logging.getLogger("otpmesh.cluster")
 
 #: A lifeline carries beats only: a frame past this size is an error.
 MAX_FRAME = 256
-DIAL_TIMEOUT = 5.0
 BEAT = _codec.pack([SYS, -1, "beat", None])
 
 
@@ -192,44 +187,3 @@ class Lifelines:
         except Exception as exc:  # a broken peer ends its lifeline, never the thread
             log.debug("lifeline of host %s closed: %s", line.name, exc)
             line.close(str(exc) or type(exc).__name__)
-
-
-# ------------------------------------------------------------ the agent's side
-
-
-async def agent_lifeline(
-    controller: str, secret: bytes, hello: dict[str, Any], on_beat: Any, interval: float
-) -> str:
-    """Dial `controller` and run an agent's lifeline (in its trio loop: nothing holds it) until
-    it closes; return why. Beats are sent only once the controller's first arrived: until then
-    its thread does not own the socket, and a byte sent early would be refused."""
-    with trio.fail_after(DIAL_TIMEOUT):
-        sock, mac = await dial(controller, secret)
-    answered = trio.Event()
-
-    def on_message(conn: Connection, message: Any, pending: Any) -> None:
-        if not is_beat(message):
-            raise ProtocolError("a lifeline carries beats only")
-        answered.set()
-        on_beat(None)
-
-    conn = Connection(
-        sock,
-        peer=f"lifeline to {controller}",
-        decode=lambda frame: (_codec.unpack(frame), ()),
-        on_message=on_message,
-        mac=mac,
-    )
-    conn.send_nowait(_codec.pack([HELLO, hello]))
-
-    async def beat() -> None:
-        await answered.wait()
-        while not conn.closed:
-            conn.send_nowait(BEAT)
-            await trio.sleep(interval)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(beat)
-        await conn.run()
-        nursery.cancel_scope.cancel()
-    return conn.close_reason or "closed"
