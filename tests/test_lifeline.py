@@ -8,6 +8,7 @@ test_multihost.py), over localhost otherwise.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any
 
@@ -17,9 +18,11 @@ import trio
 import otpmesh
 from otpmesh import LogKind
 from otpmesh._hosts._cluster import HOST_TIMEOUT
+from otpmesh._hosts._lifeline import BEAT, Lifeline, Lifelines, is_beat
 from otpmesh._wire import _codec
+from otpmesh._wire._framemac import FrameMac
 from otpmesh._wire._frames import HELLO
-from otpmesh._wire._framing import frame_header
+from otpmesh._wire._framing import FrameDecoder, frame_header
 from otpmesh._wire._handshake import dial
 from tests.conftest import alive, run_trio
 from tests.test_multihost import _restarts, _tree, cluster_secret, spaces, where
@@ -142,3 +145,49 @@ def test_a_lifeline_for_an_unknown_host_or_with_a_wrong_token_is_refused(
     with caplog.at_level(logging.WARNING, logger="otpmesh"):
         run_trio(main, timeout=60)
     assert caplog.text.count("lifeline HELLO") >= 1
+
+
+def _framed(payload: bytes, mac: FrameMac) -> bytes:
+    tag = mac.seal((payload,))
+    return frame_header(len(payload) + len(tag)) + payload + tag
+
+
+def _read_frame(sock: socket.socket, mac: FrameMac) -> Any:
+    sock.settimeout(30)  # a hang guard
+    decoder = FrameDecoder()
+    while True:
+        frames = decoder.feed(sock.recv(4096))
+        if frames:
+            return _codec.unpack(mac.open(frames[0]))
+
+
+def test_the_lifelines_thread_beats_records_beats_and_closes_on_anything_else() -> None:
+    """The thread alone, on a real socket pair: it beats (MACed), records the peer's beats, and
+    a frame that is not a beat closes that lifeline (never the thread: a second one goes on)."""
+    keys = (b"k" * 32, b"j" * 32)
+    lifelines = Lifelines(0.01)
+    lifelines.start()
+    try:
+        lines, peers = [], []
+        for name in ("good", "bad"):
+            ours, theirs = socket.socketpair()
+            lines.append(Lifeline(ours, FrameMac(*keys), name))
+            peers.append((theirs, FrameMac(keys[1], keys[0])))
+            lifelines.add(lines[-1])
+        for sock, mac in peers:
+            assert is_beat(_read_frame(sock, mac))
+        (good_sock, good_mac), (bad_sock, bad_mac) = peers
+        seen = lines[0].last_seen
+        good_sock.sendall(_framed(BEAT, good_mac))
+        deadline = time.monotonic() + 30  # a hang guard
+        while lines[0].last_seen == seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lines[0].last_seen > seen
+        bad_sock.sendall(_framed(_codec.pack([HELLO, {"spawn": "me"}]), bad_mac))
+        while lines[1].close_reason is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lines[1].close_reason == "a lifeline carries beats only"
+        assert lines[0].close_reason is None and is_beat(_read_frame(good_sock, good_mac))
+    finally:
+        lifelines.stop()
+    assert lines[0].close_reason == "the cluster stopped"

@@ -117,6 +117,10 @@ class Lifelines:
     def add(self, line: Lifeline) -> None:
         line.sock.setblocking(False)
         with self._lock:
+            if self._stopping:  # the thread is gone, or takes no more: nobody would close it
+                line.close("the cluster stopped")
+                line.sock.close()
+                return
             self._added.append(line)
         self._wake()
 
@@ -126,7 +130,8 @@ class Lifelines:
         self._silent = True
 
     def stop(self) -> None:
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
         self._wake()
         self._thread.join(timeout=5.0)
         self._wake_r.close()
@@ -165,7 +170,9 @@ class Lifelines:
                         sel.unregister(line.sock)
                         line.sock.close()
                         del lines[fd]
-            for line in lines.values():
+            with self._lock:
+                added, self._added = self._added, []
+            for line in [*lines.values(), *added]:
                 line.close("the cluster stopped")
                 line.sock.close()
 
