@@ -11,6 +11,7 @@ import os
 import pwd
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,13 @@ def stop_notices(err: str, closing: str = INTERRUPTED) -> list[str]:
     assert last == closing, err
     assert all(notice.startswith(SLOW_STOP) for notice in notices), err
     return notices
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a process that must be told its port up front)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def alive(pid: int) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import select
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,5 +106,49 @@ def test_silent_dialers_hold_a_bounded_number_of_places_and_a_standby_still_atta
         finally:
             for d in dialers:
                 d.close()
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+_FLOOD = """
+import socket, sys, time
+held = []
+while True:  # connect as fast as it can, never a byte: the backlog full, the places churned
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    if len(held) > 64:
+        held.pop(0).close()
+"""
+
+
+def test_a_flood_of_dialers_without_the_secret_does_not_keep_a_standby_out(
+    tmp_path: Path,
+) -> None:
+    """Two same-user processes without the secret connect to the standby socket in a loop
+    while standbys attach, one after another at rising epochs: each attaches. Before, a dial
+    failed about one time in two (the backlog full: ENOTCONN; or evicted before its proof was
+    read: "it hung up"), and a standby took that for a fork server gone: it started afresh and
+    the fork server's children, their actors' state with them, were lost."""
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        argv = [sys.executable, "-c", _FLOOD, str(path)]
+        floods = [subprocess.Popen(argv) for _ in range(2)]
+        try:
+            await trio.sleep(0.5)  # the flood is on
+            async with trio.open_nursery() as nursery:
+                for epoch in range(2, 7):  # each fences the one before (a quit would end it)
+                    standby = ForkServer(lambda msg: None, lambda: None)
+                    children = await nursery.start(standby.attach, str(path), SECRET, epoch)
+                    assert children == []
+                standby.quit()  # the last one attached ends the fork server
+        finally:
+            for flood in floods:
+                flood.kill()
+                flood.wait()
 
     trio.run(_with_fork_server, tmp_path, body)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +21,11 @@ import trio
 
 import otpmesh
 from otpmesh import LogKind, Mesh, Supervisor, launchers
+from otpmesh._hosts._agentgrace import MAX_RESUMED
 from otpmesh._runtime._controller_runtime import Runtime, runtime
 from otpmesh._runtime._proc import Proc
 from tests.actors import Echo, Forger, Member
-from tests.conftest import run_trio
+from tests.conftest import free_port, run_trio
 
 
 def _parent(pid: int) -> int:
@@ -144,3 +148,77 @@ def test_a_forged_agent_hello_is_refused_and_the_real_agent_keeps_working(
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
     assert refusals and "agent HELLO" in refusals[0], refusals
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_malformed_resume_hello_registers_nothing_and_raises_nothing(
+    cluster_secret: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where agents hold no token (a ``Static`` launcher's, a takeover standby's), a holder of
+    the secret may register as a further host; the processes a resume HELLO says it still runs
+    (_agentgrace.py) are checked before anything registers: pids that are not ints, or more of
+    them than a host runs, are a refusal. Before, a pid of another type raised in the middle of
+    the registration: a host was registered half-way, the connection closed with a traceback
+    logged at ERROR, once per HELLO (not rate-limited)."""
+    port = free_port()
+
+    async def body() -> None:
+        argv = [sys.executable, "-m", "otpmesh", "agent", "--controller", f"tcp:127.0.0.1:{port}"]
+        agent = subprocess.Popen([*argv, "--rank", "0", "--name", "static0"])
+        try:
+            async with otpmesh.cluster(launchers.Static(hosts=1), port=port) as hosts:
+                [real] = hosts.live
+                procs = await otpmesh.proc_mesh(hosts=1, procs=1)
+                forger = await procs.spawn("forger", Forger)
+                agent_hello = {"agent": "forged", "pid": 1, "listen": "127.0.0.1", "rank": 3}
+                for i, procs_ran in enumerate(
+                    (
+                        {"p1": "x"},
+                        {"p1": None},
+                        {"p1": 1.5},
+                        {"p1": True},
+                        {f"p{n}": n for n in range(MAX_RESUMED + 1)},
+                    )
+                ):
+                    resume = {"epoch": 1, "procs": procs_ran}
+                    forged = dict(agent_hello, host_id=f"f{i}", resume=resume)
+                    assert await forger[0].hello(hosts.address, forged) == "nothing"
+                assert hosts.hosts == [real] and real.alive
+        finally:
+            agent.kill()
+            agent.wait()
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh"):
+        run_trio(body, timeout=90)
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refusals and "resume" in refusals[0], refusals
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_takeover_runs_agents_register_only_with_their_launchers_tokens(
+    cluster_secret: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Takeover(..., hosts=TakeoverHosts(launchers.Local(...)))`` starts its agents with the
+    launcher's one-time tokens, as ``otpmesh.cluster`` does: a compromised actor's HELLO as a
+    further host is refused with nothing sent back. Before, a takeover run never asked its
+    launcher for tokens, so its controller registered any holder of the secret as a host (and
+    told it the fencing epoch and grace), and every later spawn could land on it."""
+    tree = Supervisor("job", children=[Mesh("forger", Forger, shape={"hosts": 1, "procs": 1})])
+    hosts = otpmesh.TakeoverHosts(launchers.Local(hosts=1))
+
+    async def body() -> None:
+        takeover = otpmesh.Takeover(dir=str(tmp_path / "state"), grace=5.0, hosts=hosts)
+        async with otpmesh.start(tree, takeover=takeover) as app:
+            rt = await runtime()
+            assert rt.cluster is not None
+            [real] = rt.cluster.live
+            forger = app.mesh("job/forger")
+            forged = {"agent": "forged", "pid": 1, "listen": "127.0.0.1", "host_id": "f1"}
+            for rank in (1, None):
+                hello = forged if rank is None else dict(forged, rank=rank)
+                assert await forger[0].hello(rt.cluster.address, hello) == "nothing"
+            assert rt.cluster.hosts == [real] and real.alive
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh.node"):
+        run_trio(body, timeout=120)
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refusals and "agent HELLO" in refusals[0], refusals

@@ -21,7 +21,7 @@ import trio
 
 from otpmesh._hosts._hostover import GIVE_UP_STATUS
 from otpmesh.testing import netns
-from tests.conftest import SLOWDOWN, alive
+from tests.conftest import SLOWDOWN, alive, free_port
 
 NETNS_UNAVAILABLE = netns.unavailable()
 needs_netns = pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"{NETNS_UNAVAILABLE}")
@@ -251,3 +251,54 @@ def test_bench_takeover_has_a_hosts_variant() -> None:
     for fault in ("sigkill", "partition"):
         assert figures[fault]["trials"] == 1
         assert 0 < figures[fault]["takeover_median_s"] < figures[fault]["fresh_start_median_s"] * 10
+
+
+def test_a_standby_that_does_not_take_over_cannot_keep_an_agents_workers_past_the_grace(
+    tmp_path: Path,
+) -> None:
+    """A standby that never takes over (a minority of the hosts came to it: the active
+    controller still holds its place for the rest) beats to the agents that came to it, so they
+    never time out on it. Their workers must still go when the grace period ends: the active
+    controller declares their host dead after HOST_TIMEOUT + grace and restarts their actors
+    elsewhere, taking them for killed (before, they ran on, a second copy of each actor).
+
+    Real processes on loopback, no namespaces: the active controller is SIGSTOPped (it holds
+    the lease, silently); host0's agent knows the standby and waits there, host1's knows only
+    the active controller, so the standby sees 1 of 2 hosts and waits."""
+    grace = 3.0
+    ports = [free_port(), free_port()]
+    a, b = (f"tcp:127.0.0.1:{port}" for port in ports)
+    env = dict(os.environ, OTPMESH_SECRET="test-cluster-secret", PYTHONUNBUFFERED="1")
+    out, state = tmp_path / "report.json", tmp_path / "state"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], err: str) -> subprocess.Popen[bytes]:
+        with open(tmp_path / err, "wb") as f:
+            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stderr=f))
+        return procs[-1]
+
+    try:
+        for rank, controllers in ((0, f"{a},{b}"), (1, a)):
+            argv = ["-m", "otpmesh", "agent", "--controller", controllers, "--rank", str(rank)]
+            start([*argv, "--name", f"host{rank}"], f"agent{rank}.err")
+        for i, port in enumerate(ports):
+            argv = [JOB, "--dir", str(state), "--listen", "127.0.0.1", "--port", str(port)]
+            argv += ["--out", str(out), "--grace", str(grace), "--steps", "100000"]
+            start([*argv, *(["--standby"] if i else [])], f"controller{i}.err")
+            if i == 0:
+                _wait(
+                    "the active controller's first step",
+                    lambda: _read(Path(f"{out}.progress")),
+                    120,
+                )
+        pids = [s["pid"] for s in _read(Path(f"{out}.{procs[2].pid}.start"))]  # type: ignore[union-attr]
+        time.sleep(1.0)  # the standby reads the journal and listens (JOURNAL_POLL)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        assert all(alive(p) for p in pids)  # kept for a standby meanwhile
+        _wait("every worker to exit", lambda: not any(alive(p) for p in pids), grace + 15)
+        assert procs[3].poll() is None  # the standby never took over: it still waits
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

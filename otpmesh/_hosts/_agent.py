@@ -110,12 +110,8 @@ class Agent:
             tcp_secret=secret,
             is_app_process=self._is_worker,
         )
-        self.node.parent_ops = frozenset(
-            {
-                *("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"),
-                *("agent_token", "takeover", "lifeline"),
-            }
-        )
+        ops = ("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat")
+        self.node.parent_ops = frozenset((*ops, "agent_token", "takeover", "lifeline"))
         self.grace = AgentGrace(self)
         self.relay = Relay(self.node)
         lifeline = self.lifeline = AgentLifeline(self._beat, HEARTBEAT_INTERVAL / 2)
@@ -209,6 +205,10 @@ class Agent:
                     log.warning("agent %s: no heartbeat from the controller; fencing", self.name)
                     self._kill_all()  # before the controller restarts our actors elsewhere
                 conn.abort("the controller stopped answering")
+                return
+            if self.grace.ran_out():  # a standby that came to nothing: kill as above
+                self._kill_all()
+                conn.abort("no controller took over within the grace period")
                 return
             if now >= next_beat:
                 self.node.sys_cast(conn, "beat", {"host_id": self.host_id})

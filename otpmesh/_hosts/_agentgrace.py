@@ -27,6 +27,22 @@ log = logging.getLogger("otpmesh.agent")
 #: While the agent waits for a standby, how long one dial of one address may take (a
 #: partitioned controller's address would otherwise hold the rotation for DIAL_TIMEOUT).
 RESUME_DIAL_TIMEOUT = 1.0
+#: The most processes a resume HELLO may say it still runs (a controller keeps that list).
+MAX_RESUMED = 4096
+
+
+def resume_refusal(hello: dict[str, Any]) -> str | None:
+    """Why the ``resume`` of an agent's HELLO (hello(), below) may not register (None: it is
+    absent, or a map of at most MAX_RESUMED process ids to pids)."""
+    resume = hello.get("resume")
+    if resume is None:
+        return None
+    procs = resume.get("procs") if isinstance(resume, dict) else None
+    if not isinstance(procs, dict) or len(procs) > MAX_RESUMED:
+        return f"its resume is not a map of at most {MAX_RESUMED} processes"
+    if not all(type(k) is str and type(v) is int and v > 0 for k, v in procs.items()):
+        return "its resume maps a process id to something other than a pid"
+    return None
 
 
 class _Agent(Protocol):
@@ -70,9 +86,22 @@ class AgentGrace:
             )
         if now < self.deadline:
             return True
+        self._over()
+        return False
+
+    def ran_out(self) -> bool:
+        """Registered meanwhile with a standby that has not taken over (it beats, so it is not
+        lost): whether the grace period is over all the same. Then the caller kills the
+        workers, as the active controller expects by now (HOST_TIMEOUT + grace), and registers
+        afresh."""
+        if self.deadline is None or trio.current_time() < self.deadline:
+            return False
+        self._over()
+        return True
+
+    def _over(self) -> None:
         log.warning("agent %s: no controller took over within %g s", self._agent.name, self.grace)
         self.grace = self.deadline = None  # the workers go; registration starts afresh
-        return False
 
     def hello(self) -> dict[str, Any]:
         """What a HELLO adds while waiting: the epoch served and the processes still running."""

@@ -26,6 +26,7 @@ import trio
 from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._runtime._proc import Proc, hello_peer, new_registration_token, token_matches
 from .._wire._connection import Connection
+from ._agentgrace import resume_refusal
 from ._host import Host
 from ._launcher import Launcher
 from ._lifeline import Lifeline, Lifelines
@@ -106,8 +107,8 @@ class Cluster:
         self.hosts.append(host)
         self._by_rank[rank] = host
         resume = hello.get("resume")
-        if isinstance(resume, dict) and isinstance(resume.get("procs"), dict):
-            host.resumed = {str(k): int(v) for k, v in resume["procs"].items()}
+        if resume is not None:  # checked by resume_refusal
+            host.resumed = dict(resume["procs"])
         if self.takeover is not None:
             self.takeover.registered(host)
         host.lifeline_token = new_registration_token()
@@ -124,6 +125,8 @@ class Cluster:
         host_id = hello.get("host_id")
         if not isinstance(host_id, str) or not host_id:
             return "it carries no host_id"
+        if (why := resume_refusal(hello)) is not None:
+            return why
         old = next((h for h in self.hosts if h.host_id == host_id), None)
         if old is not None:
             if old.alive:

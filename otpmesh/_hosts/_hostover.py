@@ -101,6 +101,10 @@ class TakeoverHosts:
         """A fresh run: start the agents, wait for them, tell each the epoch and grace."""
         await self.attach(rt)
         assert self._cluster is not None
+        # As otpmesh.cluster does: only the holders of the launcher's one-time tokens register.
+        agent_tokens = getattr(self.launcher, "agent_tokens", None)
+        if agent_tokens is not None:
+            self._cluster.tokens = dict(agent_tokens())
         self._cluster.takeover.activate(state)
         await self.launcher.start(self._cluster.address, rt.node.tcp_secret or b"")
         await self._cluster.wait_for(self.launcher, self.timeout)

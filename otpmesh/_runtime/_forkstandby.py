@@ -36,6 +36,9 @@ PROOF_TIMEOUT = 2.0
 #: Dialers proving themselves at once; one more evicts the oldest.
 MAX_PENDING = 8
 _MAX = 1 << 16
+#: How long a standby tries again to attach when its dial fails on the way (see dial_standby).
+DIAL_RETRY = 5.0
+_HUNG_UP = "it hung up"
 
 
 def attach_proof(secret: bytes, nonce: bytes, epoch: int) -> bytes:
@@ -50,21 +53,47 @@ async def dial_standby(
 ) -> tuple[socket.socket, dict[str, Any]]:
     """The controller's side: attach to the fork server listening at `path` at `epoch`; the
     socket and the server's "ready". FencedError if it refuses (a stale epoch), OSError if it
-    is gone."""
+    is gone (no socket file, nobody listening).
+
+    A same-user process without the secret can still connect, and a flood of them fills the
+    listener's backlog or evicts this dialer before its proof is read (MAX_PENDING): such a
+    failure is tried again, 10 ms apart doubling up to 0.2 s, for up to DIAL_RETRY seconds.
+    Before, one of them made a standby take the fork server for gone and start afresh, its
+    children and their state lost."""
+    import trio
+
+    deadline = trio.current_time() + DIAL_RETRY
+    pause = 0.01
+    while True:
+        try:
+            return await _dial_once(path, secret, epoch)
+        except (FencedError, OSError) as exc:
+            gone = isinstance(exc, FileNotFoundError | ConnectionRefusedError)
+            refused = isinstance(exc, FencedError) and not str(exc).endswith(_HUNG_UP)
+            if gone or refused or trio.current_time() + pause > deadline:
+                raise
+        await trio.sleep(pause * (0.5 + secrets.randbelow(1000) / 1000))
+        pause = min(2 * pause, 0.2)
+
+
+async def _dial_once(path: str, secret: bytes, epoch: int) -> tuple[socket.socket, dict[str, Any]]:
     import trio
 
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock = trio.socket.from_stdlib_socket(raw)
     try:
         await sock.connect(path)
-        challenge = msgpack.unpackb(await sock.recv(_MAX))
+        data = await sock.recv(_MAX)
+        if not data:
+            raise ConnectionResetError("the fork server closed the connection before its challenge")
+        challenge = msgpack.unpackb(data)
         proof = attach_proof(secret, challenge["nonce"], epoch)
         await sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
         data = await sock.recv(_MAX)
     except BaseException:
         sock.close()
         raise
-    reply = msgpack.unpackb(data) if data else {"op": "refused", "why": "it hung up"}
+    reply = msgpack.unpackb(data) if data else {"op": "refused", "why": _HUNG_UP}
     if reply.get("op") != "ready":
         sock.close()
         raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
