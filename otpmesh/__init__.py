@@ -75,7 +75,7 @@ from ._core._supevents import LogEntry as LogEntry
 from ._core._supevents import LogKind as LogKind
 from ._core._supevents import Outcome as Outcome
 from ._hosts._cluster import Cluster as Cluster
-from ._hosts._cluster import cluster as cluster
+from ._hosts._clusterblock import cluster as cluster
 from ._hosts._hostover import TakeoverHosts as TakeoverHosts
 from ._node._failure import MeshFailure as MeshFailure
 from ._node._future import Future as Future

@@ -460,9 +460,8 @@ def test_no_agent_or_worker_outlives_its_controller(tmp_path: Any, how: str) -> 
 def test_a_held_controller_loop_is_named_in_the_log(
     where: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Beats to agents go out from the controller's event loop; a driver's synchronous step
-    that holds it for half of an agent's patience (which ends that agent's workers if it runs
-    on) is logged with its remedy."""
+    """A driver's synchronous step that holds the controller's event loop is logged with its
+    remedy: heartbeats go on (test_lifeline.py), but calls, replies and restarts wait."""
 
     async def main() -> None:
         async with where(1):

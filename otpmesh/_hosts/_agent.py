@@ -9,13 +9,13 @@ authenticates with the cluster secret, registers, and then serves the controller
     shutdown                    kill every worker and exit
 
 and reports what it sees: ``proc_spawned``, ``proc_exit`` (from the fork server's SIGCHLD, not
-polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT_INTERVAL.
-
-The controller's heartbeats are its lifeline: when none came for AGENT_TIMEOUT (shorter than the
-controller's HOST_TIMEOUT), the agent kills its workers *before* the controller declares the host
-dead and restarts their actors elsewhere, so no actor runs twice; then it registers afresh, as a
-new host, for up to `reconnect` seconds. With a takeover, it keeps them for a standby instead
-(_agentgrace.py).
+polling), ``proc_output`` (a line a worker printed) and ``beat`` every HEARTBEAT_INTERVAL, here
+and on its lifeline (_agentlife.py), which the controller serves from a thread: a held
+controller loop does not stop its beats. With no controller beat on either for AGENT_TIMEOUT
+(shorter than its HOST_TIMEOUT), the agent kills its workers *before* the controller declares
+the host dead and restarts their actors elsewhere, so no actor runs twice; then it registers
+afresh, as a new host, for up to `reconnect` seconds. With a takeover, it keeps them for a
+standby instead (_agentgrace.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from .._wire._handshake import dial
 from .._wire._secret import SecretError, load_secret
 from ._agentcli import parser as parser
 from ._agentgrace import AgentGrace
+from ._agentlife import AgentLifeline
 from ._cluster import HEARTBEAT_INTERVAL, HOST_TIMEOUT
 
 log = logging.getLogger("otpmesh.agent")
@@ -109,17 +110,13 @@ class Agent:
             tcp_secret=secret,
             is_app_process=self._is_worker,
         )
-        self.node.parent_ops = frozenset(
-            {
-                *("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat"),
-                *("agent_token", "takeover"),
-            }
-        )
+        ops = ("spawn_proc", "kill_proc", "proc_stacks", "shutdown", "fanout", "beat")
+        self.node.parent_ops = frozenset((*ops, "agent_token", "takeover", "lifeline"))
         self.grace = AgentGrace(self)
-        self.node.sys_inline["takeover"] = self.grace.on_takeover
         self.relay = Relay(self.node)
-        self.node.sys_inline["beat"] = self._beat
-        self.node.sys_inline["agent_token"] = self._next_token
+        lifeline = self.lifeline = AgentLifeline(self._beat, HEARTBEAT_INTERVAL / 2)
+        self.node.sys_inline |= {"takeover": self.grace.on_takeover, "beat": self._beat}
+        self.node.sys_inline |= {"agent_token": self._next_token, "lifeline": lifeline.on_token}
         self.forkserver = ForkServer(self._report, self._forkserver_gone)
         self.procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, _Proc] = {}
@@ -190,6 +187,7 @@ class Agent:
         log.info("agent %s registered with %s as %s", self.name, self.controller, self.host_id)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._beat_loop, conn)
+            nursery.start_soon(self.lifeline.run, conn, self.controller, self.secret, self.host_id)
             await self.node.run_connection(conn)
             nursery.cancel_scope.cancel()
         if not self._stopping:
@@ -378,11 +376,11 @@ def run_agent(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             if args.secret_stdin:
 
-                async def lifeline() -> None:
+                async def until_stdin_eof() -> None:
                     await _exit_on_stdin_eof()
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(lifeline)
+                nursery.start_soon(until_stdin_eof)
             await agent.run()
             nursery.cancel_scope.cancel()
 

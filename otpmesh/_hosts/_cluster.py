@@ -4,34 +4,32 @@
 them to register, and attaches the hosts to the runtime: from then on a mesh slot's ``hosts``
 coordinate names the host whose agent forks its process (``proc_mesh(hosts=2, gpus=4)``).
 
-Host failure: controller and agents beat every HEARTBEAT_INTERVAL. A host whose agent connection
-closes, which is silent for HOST_TIMEOUT, or whose launch ended (``launcher.ended()``: its srun
-step or ssh session), is declared dead: every process on it exits with a
-reason naming the host, so each actor's supervisor sees a process failure and restarts it, on the
-same host index if that host is back, else on the live host with the fewest workers (a spare),
-unless ``relocate=False``. A dead host's registration stays refused; its agent registers afresh.
+Host failure: controller and agents beat every HEARTBEAT_INTERVAL, on the agent's connection and
+on its lifeline (_lifeline.py: a thread's, so a held event loop does not stop them). A host whose
+agent connection or lifeline closes, which is silent for HOST_TIMEOUT on both, or whose launch
+ended (``launcher.ended()``: its srun step or ssh session), is declared dead: every process on it
+exits with a reason naming the host, so each actor's supervisor sees a process failure and
+restarts it, on the same host index if that host is back, else on the live host with the fewest
+workers (a spare), unless ``relocate=False``. A dead host's registration stays refused; its agent
+registers afresh.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._core._errors import ActorDiedError, ActorError, SpawnError
-from .._runtime._controller_runtime import runtime
 from .._runtime._proc import Proc, hello_peer, new_registration_token, token_matches
 from .._wire._connection import Connection
-from .._wire._secret import load_secret
 from ._agentgrace import resume_refusal
+from ._host import Host
 from ._launcher import Launcher
+from ._lifeline import Lifeline, Lifelines
 
 if TYPE_CHECKING:
     from .._runtime._controller_runtime import Runtime
@@ -42,31 +40,9 @@ REGISTER_TIMEOUT = 60.0
 #: Controller and agents beat this often; a host silent for HOST_TIMEOUT is declared dead.
 HEARTBEAT_INTERVAL = float(os.environ.get("OTPMESH_HOST_HEARTBEAT_INTERVAL", "0.2"))
 HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
-#: Beats to agents go out from the controller's event loop: a loop held for half of what an
-#: agent waits for one (0.75 of the timeout) is logged, with what to do about it.
+#: Beats survive a held event loop (the lifelines' thread sends them), but calls, replies and
+#: restarts wait for it: a loop held this long is logged, with what to do about it.
 HELD_WARNING = 0.375 * HOST_TIMEOUT
-
-
-@dataclass(eq=False)
-class Host:
-    """One registered host agent, as the controller sees it."""
-
-    name: str
-    rank: int
-    host_id: str
-    conn: Connection
-    last_seen: float
-    procs: dict[str, Proc] = field(default_factory=dict)
-    dead_reason: str | None = None
-    #: Registered to take over: the processes (id -> pid) its agent still ran (_hostover.py).
-    resumed: dict[str, int] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.dead_reason is None
-
-    def live_procs(self) -> int:
-        return sum(1 for p in self.procs.values() if p.alive)
 
 
 class Cluster:
@@ -93,6 +69,7 @@ class Cluster:
         # the next (the cast carrying that one may be lost with its connection).
         self._presented: dict[int, bytes] = {}
         self.takeover: Any = None  # with a takeover: its rules (_hostover.py)
+        self.lifelines: Lifelines | None = None  # their thread, while ``watch`` runs
 
     # ------------------------------------------------------------ membership
 
@@ -134,6 +111,8 @@ class Cluster:
             host.resumed = dict(resume["procs"])
         if self.takeover is not None:
             self.takeover.registered(host)
+        host.lifeline_token = new_registration_token()
+        self._rt.node.sys_cast(conn, "lifeline", {"token": host.lifeline_token})
         log.info(
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
@@ -171,6 +150,25 @@ class Cluster:
         if self._rank_taken(rank):
             return f"hosts={rank} is registered and alive (as {self._by_rank[rank].name})"
         return None
+
+    def on_lifeline_hello(self, conn: Connection, hello: dict[str, Any]) -> None:
+        """A registered agent's lifeline: its socket goes to the lifelines' thread."""
+        host = next((h for h in self.hosts if h.host_id == hello.get("lifeline")), None)
+        why = None
+        if host is None or not host.alive or self.lifelines is None:
+            why = "it names no live host"
+        elif not token_matches(hello.get("token"), host.lifeline_token):
+            why = "its lifeline token is missing, wrong or spent"
+        elif any(h.conn is conn for h in self.hosts) or self._rt.proc_on(conn) is not None:
+            why = "it came on a connection registered already"
+        if why is not None or host is None or self.lifelines is None:
+            self._rt.node.refusals.refused(hello_peer(conn), f"lifeline HELLO: {why}")
+            conn.abort(f"refused: {why}")
+            return
+        host.lifeline_token = None
+        sock, mac = conn.release("handed to the lifelines' thread")
+        host.lifeline = Lifeline(sock, mac, host.name)
+        self.lifelines.add(host.lifeline)
 
     def _rank_taken(self, rank: int) -> bool:
         host = self._by_rank.get(rank)
@@ -226,18 +224,27 @@ class Cluster:
             host.last_seen = trio.current_time()
 
     async def watch(self) -> None:
-        """Beat to every live agent; declare dead those silent for HOST_TIMEOUT, and those whose
-        launch ended."""
+        """Beat to every live agent (and run the lifelines' thread); declare dead those silent
+        for HOST_TIMEOUT, those whose lifeline broke, and those whose launch ended."""
+        self.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2)
+        self.lifelines.start()
+        try:
+            await self._watch()
+        finally:
+            self.lifelines.stop()
+
+    async def _watch(self) -> None:
         due = trio.current_time()
         while True:
             self._launches_ended()
             now = trio.current_time()
-            if now - due > HELD_WARNING:
+            held = now - due
+            if held > HELD_WARNING:
                 log.warning(
                     "the controller's event loop was held for %.2f s (a synchronous driver step?): "
-                    "agents kill their workers after 0.75 x OTPMESH_HOST_TIMEOUT without its beat; "
-                    "run it in a thread (await trio.to_thread.run_sync(f)) or raise the timeout",
-                    now - due,
+                    "heartbeats went on, but calls, replies and restarts waited for it; "
+                    "run such a step in a thread (await trio.to_thread.run_sync(f))",
+                    held,
                 )
             due = now + HEARTBEAT_INTERVAL / 2
             timeout = HOST_TIMEOUT
@@ -245,7 +252,12 @@ class Cluster:
                 self.takeover.check_quorum(now)
                 timeout = self.takeover.host_timeout()
             for host in self.live:
-                if now - host.last_seen > timeout:
+                line = host.lifeline
+                if line is not None and line.close_reason is not None:
+                    self.declare_dead(host, f"lost its lifeline ({line.close_reason})")
+                # Without a lifeline, a loop just released has not read the beats waiting in
+                # its sockets yet: judge next round, not now.
+                elif host.silent_for(now) > timeout and (line or held <= HEARTBEAT_INTERVAL):
                     self.declare_dead(host, f"stopped answering (no heartbeat for {timeout:g} s)")
                 else:
                     self._rt.node.sys_cast(host.conn, "beat", None)
@@ -282,6 +294,8 @@ class Cluster:
         host.dead_reason = why
         log.warning("host %s (hosts=%d) declared dead: %s", host.name, host.rank, why)
         host.conn.abort(f"host declared dead: {why}")
+        if host.lifeline is not None:
+            host.lifeline.close(f"host declared dead: {why}")
         self._procs_lost(host)
 
     def _procs_lost(self, host: Host) -> None:
@@ -347,6 +361,8 @@ class Cluster:
     async def shutdown(self) -> None:
         """Stop every agent (each kills its workers first) and wait for the workers' exits."""
         for host in self.live:
+            # Its lifeline stays open: closed first, it could tell the agent that the controller
+            # was lost (keep the workers for a standby) before "shutdown" arrives.
             host.dead_reason = "was shut down"
             for proc in host.procs.values():
                 proc.shut_down = True
@@ -355,56 +371,3 @@ class Cluster:
             for host in self.hosts:
                 for proc in host.procs.values():
                     await proc.exited.wait()
-
-
-@asynccontextmanager
-async def cluster(
-    launcher: Launcher,
-    *,
-    listen: str = "127.0.0.1",
-    port: int = 0,
-    advertise: str | None = None,
-    relocate: bool = True,
-    timeout: float = REGISTER_TIMEOUT,
-) -> AsyncIterator[Cluster]:
-    """Start host agents with `launcher`, wait until they register, and run meshes on them.
-
-    The controller listens on `listen`:`port` (loopback unless told otherwise; ``0.0.0.0`` for a
-    real cluster, with `advertise` the address agents dial). Inside the block a mesh slot's
-    ``hosts`` coordinate picks its host. On exit every agent and worker is stopped.
-    """
-    rt = await runtime()
-    if rt.cluster is not None:
-        raise SpawnError("a cluster is already attached to this controller")
-    rt.node.tcp_secret = load_secret(create=True)
-    bound = await rt.node.listen_tcp(listen, port)
-    if advertise is None and listen in ("0.0.0.0", "::"):
-        advertise = socket.gethostname()  # a wildcard is no address to dial
-    address = bound if advertise is None else f"tcp:{advertise}:{bound.rpartition(':')[2]}"
-    hosts = Cluster(rt, relocate=relocate)
-    hosts.address = address
-    hosts.launcher = launcher
-    rt.cluster = hosts
-    watching = trio.CancelScope()
-
-    async def watch() -> None:
-        with watching:
-            await hosts.watch()
-
-    assert rt.nursery is not None
-    rt.nursery.start_soon(watch)
-    # Made before any agent is started, so that none registers before they are expected.
-    agent_tokens = getattr(launcher, "agent_tokens", None)  # a launcher that can give them
-    if agent_tokens is not None:
-        hosts.tokens = dict(agent_tokens())
-    try:
-        await launcher.start(address, rt.node.tcp_secret)
-        await hosts.wait_for(launcher, timeout)
-        yield hosts
-    finally:
-        with trio.CancelScope(shield=True):
-            await hosts.shutdown()
-            await launcher.stop()
-        watching.cancel()
-        rt.cluster = None
-        rt.node.stop_tcp()

@@ -37,7 +37,8 @@ from .._runtime._controller_runtime import Runtime
 from .._runtime._proc import Proc
 from .._runtime._statedir import EPOCH
 from .._wire._secret import load_secret
-from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster, Host
+from ._cluster import HOST_TIMEOUT, REGISTER_TIMEOUT, Cluster
+from ._host import Host
 from ._launcher import Launcher
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class _HostsLease:
         live = self._hosts.live
         if self.epoch is None or not live:
             return
-        silent = [h for h in live if now - h.last_seen > QUORUM_TIMEOUT]
+        silent = [h for h in live if h.silent_for(now) > QUORUM_TIMEOUT]
         if 2 * len(silent) < len(live):
             return
         names = ", ".join(h.name for h in silent)
@@ -218,7 +219,10 @@ class _HostsLease:
             "over, so it stops acting now and waits to learn whether one did"
         )
         # It blocks its own event loop: no task of this process runs again, so none can act
-        # (a restart, a driver's call) once the partition heals and connections break.
+        # (a restart, a driver's call) once the partition heals and connections break. Nor
+        # does its lifelines' thread beat on: the hosts it still reaches time out as the others.
+        if self._hosts.lifelines is not None:
+            self._hosts.lifelines.silence()
         deadline = time.monotonic() + self.grace + HOST_TIMEOUT
         while time.monotonic() < deadline:
             newer = self._newer_epoch()

@@ -424,6 +424,9 @@ class Runtime:
         if isinstance(payload, dict) and "agent" in payload and self.cluster is not None:
             self.cluster.on_agent_hello(conn, payload)
             return
+        if isinstance(payload, dict) and "lifeline" in payload and self.cluster is not None:
+            self.cluster.on_lifeline_hello(conn, payload)
+            return
         proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
         if (
             proc is not None

@@ -86,6 +86,7 @@ class Connection:
         self._drain_lot = trio.lowlevel.ParkingLot()
         self.closed = False
         self.close_reason: str | None = None
+        self._released = False  # handed over (``release``): its socket is not closed here
         #: Where a protocol error the peer caused is logged, rate-limited (the node's); None:
         #: at ERROR, each time.
         self.refusals: RefusalLog | None = None
@@ -227,8 +228,9 @@ class Connection:
                 await self._guarded(self._read_loop, nursery.cancel_scope)
         finally:
             self._mark_closed("connection closed")
-            trio.lowlevel.notify_closing(self.sock)
-            self.sock.close()
+            if not self._released:
+                trio.lowlevel.notify_closing(self.sock)
+                self.sock.close()
             self._close_fds()
 
     async def _guarded(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
@@ -272,6 +274,11 @@ class Connection:
             for frame in decoder.feed(data):
                 message, pending = self._decode(frame if mac is None else mac.open(frame))
                 waiting = self._on_message(self, message, pending)
+                if self._released:
+                    if decoder.buffered:
+                        sock.shutdown(socket.SHUT_RDWR)  # its new owner sees it end
+                        raise ProtocolError("bytes followed the frame that handed it over")
+                    return
                 if waiting is not None:
                     await waiting
             streak += 1
@@ -298,6 +305,18 @@ class Connection:
             finally:
                 self._writing = False
             self._drain_lot.unpark_all()
+
+    def release(self, reason: str) -> tuple[socket.socket, FrameMac | None]:
+        """Hand this connection's socket and frame-MAC state over to a new owner (a lifeline
+        thread), from the ``on_message`` of the frame after which the peer sends nothing until
+        the new owner answers: reading stops there, nothing more is sent, and the socket is
+        not closed here. A peer that sent more bytes after that frame gets its socket closed."""
+        if self._out or self._fds_out:
+            raise ProtocolError(f"connection to {self.peer} has frames queued: not handed over")
+        self._released = True
+        self._mark_closed(reason)
+        self._writer_lot.unpark_all()
+        return self.sock, self._mac
 
     def abort(self, reason: str) -> None:
         """Close this connection now (its reader sees end of stream): a peer declared dead."""
