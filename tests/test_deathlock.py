@@ -1,0 +1,145 @@
+"""The death lock (otpmesh/_runtime/_deathlock.py): real processes, real SIGKILLs, no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from otpmesh._runtime import _deathlock
+from otpmesh._runtime._deathlock import DeathWatch, new_page
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not _deathlock.available(), reason="no futex_waitv/memfd/robust mutex"),
+]
+
+# The worker's side: take the lock, say so, then wait (or forge its word, or exit normally).
+_HOLDER = """
+import ctypes, mmap, os, sys, time
+from otpmesh._runtime import _deathlock
+fd = int(sys.argv[1])
+if sys.argv[2] == "forge":
+    page = mmap.mmap(os.dup(fd), 4096, mmap.MAP_SHARED)
+_deathlock.hold(fd)
+print("held", flush=True)
+sys.stdin.readline()
+if sys.argv[2] == "forge":  # write OWNER_DIED into its own word and wake the waiter
+    word = ctypes.c_uint32.from_buffer(page)
+    word.value = 0x40000000
+    _deathlock._libc.syscall(_deathlock._SYS_FUTEX, ctypes.byref(word), 1, 1, None, None, 0)
+    time.sleep(60)
+os._exit(0)
+"""
+
+
+def _holder(mode: str = "hold") -> tuple[subprocess.Popen[str], int]:
+    fd = new_page()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(fd), mode],
+        pass_fds=(fd,),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "held\n"
+    return proc, fd
+
+
+class _Heard:
+    def __init__(self) -> None:
+        self.keys: list[object] = []
+        self.event = threading.Event()
+
+    def __call__(self, key: object) -> None:
+        self.keys.append(key)
+        self.event.set()
+
+
+def test_a_sigkilled_holder_is_heard_through_its_lock_before_it_is_reaped() -> None:
+    watch = DeathWatch()
+    heard = _Heard()
+    proc, fd = _holder()
+    try:
+        assert watch.watch(fd, "w1", heard)
+        proc.kill()
+        assert heard.event.wait(30)
+        assert heard.keys == ["w1"]
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(fd)
+        watch.stop()
+    assert watch.threads() == 0
+
+
+def test_a_holder_that_forges_its_word_reports_itself_never_a_sibling() -> None:
+    watch = DeathWatch()
+    heard = _Heard()
+    forger, ffd = _holder("forge")
+    sibling, sfd = _holder()
+    try:
+        assert watch.watch(ffd, "forger", heard)
+        assert watch.watch(sfd, "sibling", heard)
+        assert forger.stdin is not None
+        forger.stdin.write("\n")
+        forger.stdin.flush()
+        assert heard.event.wait(30)
+        assert heard.keys == ["forger"]
+        assert sibling.poll() is None
+        heard.event.clear()
+        sibling.send_signal(signal.SIGKILL)
+        assert heard.event.wait(30)
+        assert heard.keys == ["forger", "sibling"]
+    finally:
+        for p in (forger, sibling):
+            p.kill()
+            p.wait()
+        os.close(ffd)
+        os.close(sfd)
+        watch.stop()
+    assert watch.threads() == 0
+
+
+def test_a_normal_exit_also_releases_the_lock() -> None:
+    watch = DeathWatch()
+    heard = _Heard()
+    proc, fd = _holder()
+    try:
+        assert watch.watch(fd, "w", heard)
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 0
+        assert heard.event.wait(30)
+        assert heard.keys == ["w"]
+    finally:
+        os.close(fd)
+        watch.stop()
+
+
+def test_a_stopped_watch_takes_no_more_and_leaves_no_thread_or_fd() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    watch = DeathWatch()
+    proc, fd = _holder()
+    try:
+        assert watch.watch(fd, "w", _Heard())
+        assert watch.threads() == 1
+    finally:
+        watch.stop()
+        proc.kill()
+        proc.communicate()
+        os.close(fd)
+    assert watch.threads() == 0
+    assert not any(t.name == "otpmesh-deathwatch" for t in threading.enumerate())
+    late = new_page()
+    try:
+        assert not watch.watch(late, "late", _Heard())
+    finally:
+        os.close(late)
+    assert set(os.listdir("/proc/self/fd")) <= before
