@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -37,6 +39,18 @@ os._exit(0)
 """
 
 
+@contextlib.contextmanager
+def _holding(mode: str = "hold") -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A holder process and its page's fd, both ended afterwards."""
+    proc, fd = _holder(mode)
+    try:
+        yield proc, fd
+    finally:
+        proc.kill()
+        proc.communicate()
+        os.close(fd)
+
+
 def _holder(mode: str = "hold") -> tuple[subprocess.Popen[str], int]:
     fd = new_page()
     proc = subprocess.Popen(
@@ -64,16 +78,13 @@ class _Heard:
 def test_a_sigkilled_holder_is_heard_through_its_lock_before_it_is_reaped() -> None:
     watch = DeathWatch()
     heard = _Heard()
-    proc, fd = _holder()
     try:
-        assert watch.watch(fd, "w1", heard)
-        proc.kill()
-        assert heard.event.wait(30)
-        assert heard.keys == ["w1"]
+        with _holding() as (proc, fd):
+            assert watch.watch(fd, "w1", heard)
+            proc.kill()
+            assert heard.event.wait(30)
+            assert heard.keys == ["w1"]
     finally:
-        proc.kill()
-        proc.wait()
-        os.close(fd)
         watch.stop()
     assert watch.threads() == 0
 
@@ -81,27 +92,21 @@ def test_a_sigkilled_holder_is_heard_through_its_lock_before_it_is_reaped() -> N
 def test_a_holder_that_forges_its_word_reports_itself_never_a_sibling() -> None:
     watch = DeathWatch()
     heard = _Heard()
-    forger, ffd = _holder("forge")
-    sibling, sfd = _holder()
     try:
-        assert watch.watch(ffd, "forger", heard)
-        assert watch.watch(sfd, "sibling", heard)
-        assert forger.stdin is not None
-        forger.stdin.write("\n")
-        forger.stdin.flush()
-        assert heard.event.wait(30)
-        assert heard.keys == ["forger"]
-        assert sibling.poll() is None
-        heard.event.clear()
-        sibling.send_signal(signal.SIGKILL)
-        assert heard.event.wait(30)
-        assert heard.keys == ["forger", "sibling"]
+        with _holding("forge") as (forger, ffd), _holding() as (sibling, sfd):
+            assert watch.watch(ffd, "forger", heard)
+            assert watch.watch(sfd, "sibling", heard)
+            assert forger.stdin is not None
+            forger.stdin.write("\n")
+            forger.stdin.flush()
+            assert heard.event.wait(30)
+            assert heard.keys == ["forger"]
+            assert sibling.poll() is None
+            heard.event.clear()
+            sibling.send_signal(signal.SIGKILL)
+            assert heard.event.wait(30)
+            assert heard.keys == ["forger", "sibling"]
     finally:
-        for p in (forger, sibling):
-            p.kill()
-            p.wait()
-        os.close(ffd)
-        os.close(sfd)
         watch.stop()
     assert watch.threads() == 0
 
@@ -109,17 +114,16 @@ def test_a_holder_that_forges_its_word_reports_itself_never_a_sibling() -> None:
 def test_a_normal_exit_also_releases_the_lock() -> None:
     watch = DeathWatch()
     heard = _Heard()
-    proc, fd = _holder()
     try:
-        assert watch.watch(fd, "w", heard)
-        assert proc.stdin is not None
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.wait(30) == 0
-        assert heard.event.wait(30)
-        assert heard.keys == ["w"]
+        with _holding() as (proc, fd):
+            assert watch.watch(fd, "w", heard)
+            assert proc.stdin is not None
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(30) == 0
+            assert heard.event.wait(30)
+            assert heard.keys == ["w"]
     finally:
-        os.close(fd)
         watch.stop()
 
 
