@@ -41,6 +41,9 @@ _FUTEX_OWNER_DIED = 0x40000000
 _FUTEX_TID_MASK = 0x3FFFFFFF
 _FUTEX_WAKE = 1
 _FUTEX2_SIZE_U32 = 0x02
+# The watcher's own control word is private: keyed as shared, its wakes were lost once the
+# process had forked (stop() hung in the test suite until this and the backstop).
+_FUTEX_PRIVATE = 128
 _SYS_FUTEX_WAITV = 449  # x86_64 and aarch64 alike
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _CLOCK_MONOTONIC = 1
@@ -205,7 +208,9 @@ class _Waiter(threading.Thread):
 
     def _poke(self) -> None:
         self._control.value += 1
-        _libc.syscall(_SYS_FUTEX, ctypes.byref(self._control), _FUTEX_WAKE, 1, None, None, 0)
+        _libc.syscall(
+            _SYS_FUTEX, ctypes.byref(self._control), _FUTEX_WAKE | _FUTEX_PRIVATE, 1, None, None, 0
+        )
 
     def run(self) -> None:
         try:
@@ -223,7 +228,9 @@ class _Waiter(threading.Thread):
                         w.dying(w.key)
                     continue
                 vec = (_Waitv * (len(watches) + 1))()
-                vec[0] = _Waitv(control, ctypes.addressof(self._control), _FUTEX2_SIZE_U32, 0)
+                vec[0] = _Waitv(
+                    control, ctypes.addressof(self._control), _FUTEX2_SIZE_U32 | _FUTEX_PRIVATE, 0
+                )
                 for i, w in enumerate(watches, 1):
                     vec[i] = _Waitv(w.word(), w.addr, _FUTEX2_SIZE_U32, 0)
                 # Woken, a word changed before the wait (EAGAIN), a signal, or the deadline (a
