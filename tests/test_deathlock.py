@@ -75,56 +75,58 @@ class _Heard:
         self.event.set()
 
 
-def test_a_sigkilled_holder_is_heard_through_its_lock_before_it_is_reaped() -> None:
-    watch = DeathWatch()
-    heard = _Heard()
+@pytest.fixture
+def watch() -> Iterator[DeathWatch]:
+    """A DeathWatch, stopped afterwards with no thread left."""
+    w = DeathWatch()
     try:
-        with _holding() as (proc, fd):
-            assert watch.watch(fd, "w1", heard)
-            proc.kill()
-            assert heard.event.wait(30)
-            assert heard.keys == ["w1"]
+        yield w
     finally:
-        watch.stop()
-    assert watch.threads() == 0
+        w.stop()
+    assert w.threads() == 0
 
 
-def test_a_holder_that_forges_its_word_reports_itself_never_a_sibling() -> None:
-    watch = DeathWatch()
+def _tell(proc: subprocess.Popen[str]) -> None:
+    """Let a holder go on (forge its word, or exit normally)."""
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+
+
+def test_a_sigkilled_holder_is_heard_through_its_lock_before_it_is_reaped(
+    watch: DeathWatch,
+) -> None:
     heard = _Heard()
-    try:
-        with _holding("forge") as (forger, ffd), _holding() as (sibling, sfd):
-            assert watch.watch(ffd, "forger", heard)
-            assert watch.watch(sfd, "sibling", heard)
-            assert forger.stdin is not None
-            forger.stdin.write("\n")
-            forger.stdin.flush()
-            assert heard.event.wait(30)
-            assert heard.keys == ["forger"]
-            assert sibling.poll() is None
-            heard.event.clear()
-            sibling.send_signal(signal.SIGKILL)
-            assert heard.event.wait(30)
-            assert heard.keys == ["forger", "sibling"]
-    finally:
-        watch.stop()
-    assert watch.threads() == 0
+    with _holding() as (proc, fd):
+        assert watch.watch(fd, "w1", heard)
+        proc.kill()
+        assert heard.event.wait(30)
+        assert heard.keys == ["w1"]
 
 
-def test_a_normal_exit_also_releases_the_lock() -> None:
-    watch = DeathWatch()
+def test_a_holder_that_forges_its_word_reports_itself_never_a_sibling(watch: DeathWatch) -> None:
     heard = _Heard()
-    try:
-        with _holding() as (proc, fd):
-            assert watch.watch(fd, "w", heard)
-            assert proc.stdin is not None
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-            assert proc.wait(30) == 0
-            assert heard.event.wait(30)
-            assert heard.keys == ["w"]
-    finally:
-        watch.stop()
+    with _holding("forge") as (forger, ffd), _holding() as (sibling, sfd):
+        assert watch.watch(ffd, "forger", heard)
+        assert watch.watch(sfd, "sibling", heard)
+        _tell(forger)
+        assert heard.event.wait(30)
+        assert heard.keys == ["forger"]
+        assert sibling.poll() is None
+        heard.event.clear()
+        sibling.send_signal(signal.SIGKILL)
+        assert heard.event.wait(30)
+        assert heard.keys == ["forger", "sibling"]
+
+
+def test_a_normal_exit_also_releases_the_lock(watch: DeathWatch) -> None:
+    heard = _Heard()
+    with _holding() as (proc, fd):
+        assert watch.watch(fd, "w", heard)
+        _tell(proc)
+        assert proc.wait(30) == 0
+        assert heard.event.wait(30)
+        assert heard.keys == ["w"]
 
 
 def test_a_stopped_watch_takes_no_more_and_leaves_no_thread_or_fd() -> None:
