@@ -34,44 +34,7 @@ os.environ.setdefault("OTPMESH_PRELOAD", "")
 SLOWDOWN = max(1.0, float(os.environ.get("OTPMESH_TEST_SLOWDOWN") or 1))
 
 
-#: The files that hold the suite's longest tests (over ~7 s each on 2 quiet cores, or a module
-#: fixture that long), longest first. They run first: under ``--dist worksteal`` each worker takes
-#: a contiguous half of the collection and a worker that is done steals the *end* of the other's
-#: queue, so a long test collected late is the run's tail, with one core idle behind it; and a
-#: module fixture (test_grpo's 25 s run) is set up once only while its tests are not split by a
-#: steal. A file missing here costs time, never a test; ``--durations=60`` shows who belongs here.
-LONG_FIRST = (
-    "test_grpo.py",
-    "test_docs.py",
-    "test_examples.py",
-    "test_takeover_groups.py",
-    "test_fault_machine.py",
-    "rdma/test_channel_buffers.py",
-    "rdma/test_bench_rdma.py",
-    "test_whole_machine.py",
-    "test_takeover_hosts.py",
-    "test_peer_heal.py",
-    "test_takeover.py",
-    "rdma/test_undumpable_controller.py",
-    "test_blocking_endpoints.py",
-    "test_cli.py",
-    "test_pipelining.py",
-    "test_bench_rl.py",
-    "test_hangs.py",
-    "test_codec_hostile.py",
-)
-
-
-def _long_first_rank(item: pytest.Item) -> int:
-    path = item.path.as_posix()
-    for rank, name in enumerate(LONG_FIRST):
-        if path.endswith(f"/tests/{name}"):
-            return rank
-    return len(LONG_FIRST)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_long_first_rank)  # stable: each file keeps its own order
     if SLOWDOWN == 1.0:
         return
     default = float(config.getini("timeout") or 0)
