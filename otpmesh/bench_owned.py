@@ -98,25 +98,32 @@ async def mesh_to_first_reply(procs: int) -> float:
 
 
 async def owned_benchmark(trials: int = 5, kills: int = 10, lookups: int = 200) -> dict[str, Any]:
-    logging.getLogger("otpmesh").setLevel(logging.CRITICAL)  # the kills are on purpose
+    # The kills are on purpose: keep their crash reports out, for this run only (a caller in
+    # the same process, a test run among them, keeps its own logging).
+    logger = logging.getLogger("otpmesh")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     tree = otpmesh.Supervisor(
         "b",
         intensity=1000,
         children=[otpmesh.Worker("svc", Owner), otpmesh.Worker("top", BenchActor)],
     )
-    async with otpmesh.start(tree) as app:
-        owner, top = app.actor("b/svc"), app.actor("b/top")
-        await mesh_to_first_reply(4)  # warm: the fork server's first forks
-        controller, owned = [], []
-        for _ in range(trials):  # interleaved, so load drifts hit both alike
-            controller.append(await mesh_to_first_reply(4))
-            owned.append(await owner.owned_mesh_to_first_reply(4))
-        replica = await owner.replica()
-        level3 = await _sigkill_to_reply(replica, kills)
-        level1 = await _sigkill_to_reply(top, kills)
-        owner = app.actor("b/svc")
-        looked = await owner.lookups("b/top", lookups)
-        called = await owner.calls(top, lookups)
+    try:
+        async with otpmesh.start(tree) as app:
+            owner, top = app.actor("b/svc"), app.actor("b/top")
+            await mesh_to_first_reply(4)  # warm: the fork server's first forks
+            controller, owned = [], []
+            for _ in range(trials):  # interleaved, so load drifts hit both alike
+                controller.append(await mesh_to_first_reply(4))
+                owned.append(await owner.owned_mesh_to_first_reply(4))
+            replica = await owner.replica()
+            level3 = await _sigkill_to_reply(replica, kills)
+            level1 = await _sigkill_to_reply(top, kills)
+            owner = app.actor("b/svc")
+            looked = await owner.lookups("b/top", lookups)
+            called = await owner.calls(top, lookups)
+    finally:
+        logger.setLevel(level)
 
     def ms(samples: list[float]) -> float:
         return round(statistics.median(samples) * 1e3, 2)

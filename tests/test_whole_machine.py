@@ -1,7 +1,8 @@
 """Under pytest-xdist, a test marked ``whole_machine`` runs while no other test does (the
 readers-writer lock in tests/conftest.py). A real xdist run of two workers, in a temporary
-directory with this suite's conftest: the unmarked test stays running until the marked one is
-over, or for 10 s, so without the lock the two would overlap, every time."""
+directory with this suite's conftest: each test waits until it sees the other one either
+running or blocked on the lock (a waiter the kernel lists in /proc/locks), so without the lock
+the two would overlap, every time, and with it neither waits on a clock."""
 
 from __future__ import annotations
 
@@ -11,32 +12,50 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-_MARKED = """
+_WAIT = """
 import os, time
+
+def other_blocked(config):
+    # A request blocked on one of this run's lock files: '... -> POSIX ADVISORY ...'.
+    locks = config.workerinput["otpmesh_locks"]
+    inodes = {str(os.stat(os.path.join(locks, n)).st_ino) for n in os.listdir(locks)}
+    with open("/proc/locks") as table:
+        return any(
+            "->" in line and line.split()[-3].rsplit(":", 1)[1] in inodes for line in table
+        )
+
+def wait_for(config, path):
+    # Both tests land on one worker only if xdist puts them there: then nothing overlaps
+    # anyway, and the 30 s are the only wait.
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) or other_blocked(config)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
+
+_MARKED = (
+    _WAIT
+    + """
 import pytest
 
 @pytest.mark.whole_machine
-def test_alone():
-    # Let the unmarked test start first where nothing holds it back.
-    deadline = time.monotonic() + 10
-    while not os.path.exists("started") and time.monotonic() < deadline:
-        time.sleep(0.05)
+def test_alone(request):
+    wait_for(request.config, "started")
     running = os.path.exists("running")
     open("marked-done", "w").close()
     assert not running, "an unmarked test was running beside a whole_machine one"
 """
+)
 
-_UNMARKED = """
-import os, time
-
-def test_beside():
+_UNMARKED = (
+    _WAIT
+    + """
+def test_beside(request):
+    open("running", "w").close()  # before "started": the marked test reads them in that order
     open("started", "w").close()
-    open("running", "w").close()
-    deadline = time.monotonic() + 10
-    while not os.path.exists("marked-done") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(request.config, "marked-done")
     os.unlink("running")
 """
+)
 
 
 @pytest.mark.timeout(120)
