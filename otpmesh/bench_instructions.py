@@ -168,11 +168,15 @@ def _run_pair(kind: str, calls: int, tmp: str) -> tuple[int, int]:
     return _instructions(server_out), _instructions(caller_out)
 
 
-def measure(calls: int = FULL) -> dict[str, Any]:
-    """Instructions per round trip on each side, for otpmesh and the bare echo."""
+def measure(calls: int = FULL, keep: str | None = None) -> dict[str, Any]:
+    """Instructions per round trip on each side, for otpmesh and the bare echo; `keep`: a
+    directory to leave callgrind's files in (``KIND-CALLS-SIDE``), for ``callgrind_annotate``."""
     os.environ.setdefault(_SECRET_ENV, secrets.token_hex(32))
     result: dict[str, Any] = {"calls": calls, "warmup": WARMUP}
-    with tempfile.TemporaryDirectory(prefix="otpmesh-insn-") as tmp:
+    if keep is not None:
+        os.makedirs(keep, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="otpmesh-insn-") as scratch:
+        tmp = keep or scratch
         os.environ[_START_ENV] = _start_library(tmp)
         for kind in ("bare", "otpmesh"):
             server0, caller0 = _run_pair(kind, 0, tmp)
@@ -194,6 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--calls", type=int, default=FULL, help=f"counted round trips ({FULL})")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK} round trips: a smoke test")
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="leave callgrind's files in DIR (callgrind_annotate DIR/otpmesh-N-caller)",
+    )
     parser.add_argument("--side", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
             caller = _bare_caller if kind == "bare" else _otpmesh_caller
             trio.run(caller, rest[0], int(rest[1]))
         return
-    print(json.dumps(measure(QUICK if args.quick else args.calls), indent=2))
+    print(json.dumps(measure(QUICK if args.quick else args.calls, args.keep), indent=2))
 
 
 if __name__ == "__main__":
