@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -264,7 +264,9 @@ async def _echo_server(addr: str) -> None:
             await stream.send_all(_LEN.pack(len(out)) + out)
 
 
-async def _bare_round_trips(n: int) -> list[float]:
+@contextlib.asynccontextmanager
+async def _bare_echo() -> AsyncIterator[Callable[[int], Awaitable[None]]]:
+    """A bare echo server in another process, for the block: yields one round trip to it."""
     addr = f"otpmesh-bench-echo-{os.getpid()}"
     server = subprocess.Popen(
         [sys.executable, "-m", "otpmesh.bench", "--echo-server", addr],
@@ -284,12 +286,33 @@ async def _bare_round_trips(n: int) -> list[float]:
                 got += await stream.receive_some(1 << 16)
 
         await _time_calls(one, 200)
-        samples = await _time_calls(one, n)
+        yield one
         await stream.aclose()
-        return samples
     finally:
         server.kill()
         server.wait()
+
+
+#: Calls per block of the interleaved baseline and unicast (rounds: the calls over this).
+BLOCK = 200
+
+
+async def _interleaved(
+    bare: Callable[[int], Awaitable[Any]], call: Callable[[int], Awaitable[Any]], calls: int
+) -> tuple[list[float], list[float], list[float]]:
+    """(bare samples, unicast samples, per-round ratios of their medians): alternating blocks,
+    so a change in the machine's load between rounds weighs on both halves alike."""
+    block = min(BLOCK, calls)
+    bares: list[float] = []
+    unicasts: list[float] = []
+    ratios: list[float] = []
+    for _ in range(max(1, calls // block)):
+        b = await _time_calls(bare, block)
+        u = await _time_calls(call, block)
+        bares += b
+        unicasts += u
+        ratios.append(statistics.median(u) / statistics.median(b))
+    return bares, unicasts, ratios
 
 
 # ---------------------------------------------------------------- otpmesh
@@ -329,23 +352,25 @@ async def run_benchmarks(
         if progress is not None:
             progress(STEPS[done - 1], done, len(STEPS))
 
-    step()
-    bare = await _bare_round_trips(calls)
+    async with _bare_echo() as bare_echo:
+        step()
+        bare = await _time_calls(bare_echo, calls)
 
-    step()
-    warm = await otpmesh.proc_mesh(procs=1)  # starts the fork server (and preloads torch)
-    await warm.stop()
+        step()
+        warm = await otpmesh.proc_mesh(procs=1)  # starts the fork server (and preloads torch)
+        await warm.stop()
 
-    step()
-    start = time.perf_counter()
-    procs = await otpmesh.proc_mesh(procs=4)
-    mesh = await procs.spawn("bench", BenchActor)
-    await mesh[0].echo(0)
-    first_reply = time.perf_counter() - start
+        step()
+        start = time.perf_counter()
+        procs = await otpmesh.proc_mesh(procs=4)
+        mesh = await procs.spawn("bench", BenchActor)
+        await mesh[0].echo(0)
+        first_reply = time.perf_counter() - start
 
-    step()
-    await _time_calls(mesh[0].echo, min(200, calls))
-    unicast = await _time_calls(mesh[0].echo, calls)
+        step()
+        await _time_calls(mesh[0].echo, min(200, calls))
+        unicast = await _time_calls(mesh[0].echo, calls)
+        bare_mixed, uni_mixed, ratios = await _interleaved(bare_echo, mesh[0].echo, calls)
     awaiting = await _time_calls(mesh[0].echo_awaiting, max(min(200, calls), calls // 4))
     step()
     broadcast = await _time_calls(mesh.echo, max(min(200, calls), calls // 4))
@@ -375,6 +400,16 @@ async def run_benchmarks(
             "p50": round(uni_p50 * 1e6, 1),
             "p99": round(_percentile(unicast, 0.99) * 1e6, 1),
             "p50_vs_baseline": round(uni_p50 / bare_p50, 2),
+        },
+        # The baseline and unicast again, in alternating blocks of BLOCK calls: the median of
+        # the rounds' ratios is the figure to compare (a change of load between the two
+        # sequential runs above moves their ratio; here both halves of a round see it).
+        "interleaved_us": {
+            "rounds": len(ratios),
+            "bare_p50": round(statistics.median(bare_mixed) * 1e6, 1),
+            "unicast_p50": round(statistics.median(uni_mixed) * 1e6, 1),
+            "ratio_median_of_rounds": round(statistics.median(ratios), 2),
+            "ratio_range": [round(min(ratios), 2), round(max(ratios), 2)],
         },
         # The same round trip to an endpoint that awaits: the actor's task runs it, in a cancel
         # scope of its own (the general async path; `echo` above has none to await).

@@ -280,6 +280,8 @@ def test_bench_quick_shows_each_step_on_stderr_and_the_results_as_json() -> None
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["unicast_us"]["calls"] == 100
+    assert result["interleaved_us"]["rounds"] == 1  # 100 calls: one block of each
+    assert result["interleaved_us"]["ratio_median_of_rounds"] > 0
     assert result["restart_ms"]["after_exception_to_next_reply_p50"] > 0
     steps = [line for line in done.stderr.splitlines() if line.startswith("otpmesh bench: [")]
     assert len(steps) == 9 and steps[-1].startswith("otpmesh bench: [9/9] one-for-all")
