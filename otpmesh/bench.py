@@ -378,14 +378,20 @@ async def run_benchmarks(
     rate = await _pipelined(mesh, pipelined)
     await procs.stop()
 
-    # The restart benchmarks crash actors on purpose: keep their crash reports out of the output.
-    logging.getLogger("otpmesh").setLevel(logging.CRITICAL)
-    step()
-    after_exception = await _restart_after_exception(restarts[0])
-    step()
-    after_sigkill, death_noticed = await _restart_after_sigkill(restarts[1])
-    step()
-    group_after_sigkill = await _one_for_all_after_sigkill(restarts[2])
+    # The restart benchmarks crash actors on purpose: keep their crash reports out of the output,
+    # for these runs only (a caller in the same process, a test among others, keeps its logging).
+    logger = logging.getLogger("otpmesh")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        step()
+        after_exception = await _restart_after_exception(restarts[0])
+        step()
+        after_sigkill, death_noticed = await _restart_after_sigkill(restarts[1])
+        step()
+        group_after_sigkill = await _one_for_all_after_sigkill(restarts[2])
+    finally:
+        logger.setLevel(level)
 
     bare_p50 = statistics.median(bare)
     uni_p50 = statistics.median(unicast)
