@@ -39,9 +39,9 @@ from ._statedir import JOURNAL, epoch_lock, fsync_dir, open_private, read_epoch
 log = logging.getLogger("otpmesh.takeover")
 
 #: Compact once the journal is this many bytes past its last snapshot (or the snapshot's own
-#: size, if larger, so that a big tree is not rewritten on every append). A MiB is about 8,000
+#: size, if larger, so that a big tree is not rewritten on every append). A MiB is about 7,000
 #: restarts, which a standby reads and folds in about 0.1 s; a compaction stops the event loop
-#: for about a millisecond (``python -m otpmesh.bench_takeover --journal N`` measures both).
+#: for a few milliseconds (``python -m otpmesh.bench_takeover --journal N`` measures both).
 COMPACT_BYTES = 1 << 20
 _TMP = f"{JOURNAL}.new"
 _NEVER = 1 << 62
