@@ -11,6 +11,7 @@ import os
 import pwd
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,13 @@ import trio
 
 # Workers of most tests never touch a tensor: don't make every fork server import torch.
 os.environ.setdefault("OTPMESH_PRELOAD", "")
+
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
+# ignored, and so would every program a test starts: an ignored signal stays ignored across
+# exec, and Python then installs no Ctrl-C handler. The tests that stop a program with SIGINT
+# need it delivered: a handled signal (this) is reset to the default in a child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: How much slower than the machines the deadlines were set on this one is measured to be: the
 #: soft-RoCE guest emulates its CPUs, and on a busy host a fresh interpreter there takes minutes
