@@ -1,11 +1,19 @@
 """An agent's side of its lifeline (_lifeline.py has the controller's): once registered, it
 dials the controller again, presents the one-time token its registration handed it, and beats
-both ways on that connection too, in the agent's own trio loop (no user code holds it). Losing
-the lifeline is losing the controller: the agent's main connection is closed with it.
+both ways on that connection too, in the agent's own trio loop (no user code holds it).
+
+Losing the lifeline alone is not losing the controller: the two connections are not ordered with
+each other, and a controller that stops in order closes its lifelines while its ``shutdown`` is
+still on its way on the main one (an agent that took the lifeline's end for the controller's
+death went on looking for one instead of exiting). A dead controller closes both; a partitioned
+one is silent on both (AGENT_TIMEOUT); a controller that finds a lifeline broken declares the
+host dead and closes the main connection itself. Without its lifeline the agent goes on, judged
+by the beats of its main connection.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +25,8 @@ from .._wire._connection import Connection
 from .._wire._frames import HELLO
 from .._wire._handshake import dial
 from ._lifeline import BEAT, is_beat
+
+log = logging.getLogger("otpmesh.agent")
 
 DIAL_TIMEOUT = 5.0
 
@@ -39,7 +49,8 @@ class AgentLifeline:
                 pass
 
     async def run(self, conn: Connection, controller: str, secret: bytes, host_id: str) -> None:
-        """Open the lifeline of the registration on `conn`; close `conn` once it is lost."""
+        """Open the lifeline of the registration on `conn` and run it until it closes (`conn`
+        is left to its own end: see the module docstring)."""
         self._tokens, tokens = trio.open_memory_channel[bytes](1)
         token = await tokens.receive()
         hello = {"lifeline": host_id, "token": token}
@@ -47,7 +58,8 @@ class AgentLifeline:
             why = await _run(controller, secret, hello, self._on_beat, self._interval)
         except (OSError, ProtocolError, trio.TooSlowError) as exc:
             why = f"could not open it: {exc or type(exc).__name__}"
-        conn.abort(f"lost its lifeline: {why}")
+        if not conn.closed:
+            log.info("agent lifeline to %s closed: %s", controller, why)
 
 
 async def _run(
