@@ -101,6 +101,12 @@ _records = st.one_of(
     st.builds(lambda p: {"restart": p, "at": 1.0}, st.sampled_from(["s", "t"])),
     st.builds(lambda g, e: {"group": g, "epoch": e}, st.sampled_from(["g", "h"]), st.integers()),
     st.builds(lambda i: {"chaos": "controller", "index": i}, st.integers(0, 3)),
+    st.builds(
+        lambda rank, n, p: {"agent_token": rank, "next": n, **({"presented": p} if p else {})},
+        st.integers(0, 2),
+        st.sampled_from(["aa", "bb", "cc"]),
+        st.sampled_from(["", "aa", "dd"]),
+    ),
 )
 
 

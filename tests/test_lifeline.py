@@ -8,6 +8,7 @@ test_multihost.py), over localhost otherwise.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import time
 from typing import Any
@@ -74,6 +75,34 @@ def test_a_held_controller_loop_kills_no_remote_worker(
     assert "fencing" not in caplog.text and "declared dead" not in caplog.text
     # What a held loop still costs is named, with the remedy.
     assert "calls, replies and restarts waited for it" in caplog.text
+
+
+def test_a_loop_held_past_the_limit_is_taken_for_hung_and_its_hosts_fence(
+    where: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lifelines cover a busy loop, not a hung one: held past ``LOOP_HELD_LIMIT`` (here 1 x
+    HOST_TIMEOUT; 60 s by default), the thread beats no more, the agents fence their workers as
+    for a lost controller, and the actors are restarted once the loop turns again. Before, a
+    controller whose driver deadlocked kept its remote workers (and a standby out) for ever."""
+    from otpmesh._hosts import _cluster
+
+    monkeypatch.setattr(_cluster, "LOOP_HELD_LIMIT", HOST_TIMEOUT)
+
+    async def main() -> None:
+        async with where(2) as hosts, otpmesh.start(_tree(2)) as app:
+            await _lifelines_up(hosts)
+            before = await _identities(app)
+            since = len(app.events)
+            time.sleep(4 * HOST_TIMEOUT)
+            with trio.fail_after(60):  # a hang guard: the remote actors come back elsewhere
+                while _restarts(app, since) < 4:
+                    await trio.sleep(0.05)
+            assert not any(alive(pid) for pid, _ in before)  # fenced by their agents
+            assert (await app.mesh("root/workers").echo(7)).values() == [7] * 4
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh"):
+        run_trio(main, timeout=120)
+    assert "lifelines beat no more" in caplog.text
 
 
 def test_a_cut_host_is_fenced_and_replaced_though_its_lifeline_was_up(where: Any) -> None:
@@ -152,13 +181,13 @@ def _framed(payload: bytes, mac: FrameMac) -> bytes:
     return frame_header(len(payload) + len(tag)) + payload + tag
 
 
-def _read_frame(sock: socket.socket, mac: FrameMac) -> Any:
+def _read_frame(sock: socket.socket, mac: FrameMac | None) -> Any:
     sock.settimeout(30)  # a hang guard
     decoder = FrameDecoder()
     while True:
         frames = decoder.feed(sock.recv(4096))
         if frames:
-            return _codec.unpack(mac.open(frames[0]))
+            return _codec.unpack(frames[0] if mac is None else mac.open(frames[0]))
 
 
 def test_the_lifelines_thread_beats_records_beats_and_closes_on_anything_else() -> None:
@@ -191,3 +220,33 @@ def test_the_lifelines_thread_beats_records_beats_and_closes_on_anything_else() 
     finally:
         lifelines.stop()
     assert lines[0].close_reason == "the cluster stopped"
+
+
+def test_the_lifelines_thread_stops_beating_while_the_loop_is_held_past_its_limit() -> None:
+    """The thread beats while the loop ticks; once the loop has not ticked for ``held_limit``
+    it sends nothing more, and it beats again at the next tick."""
+    lifelines = Lifelines(0.01, held_limit=0.3)
+    lifelines.start()
+    ours, theirs = socket.socketpair()
+    try:
+        lifelines.add(Lifeline(ours, None, "host"))
+        lifelines.tick()
+        assert is_beat(_read_frame(theirs, None))
+        deadline = time.monotonic() + 30  # a hang guard
+        while not lifelines._warned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lifelines._warned  # held: every beat it sent is in the socket by now
+        theirs.setblocking(False)
+        try:
+            while theirs.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        theirs.setblocking(True)
+        readable, _, _ = select.select([theirs], [], [], 0.3)
+        assert not readable, "a beat while the loop was held past the limit"
+        lifelines.tick()
+        assert is_beat(_read_frame(theirs, None))
+    finally:
+        lifelines.stop()
+        theirs.close()

@@ -222,3 +222,74 @@ def test_a_takeover_runs_agents_register_only_with_their_launchers_tokens(
         run_trio(body, timeout=120)
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
     assert refusals and "agent HELLO" in refusals[0], refusals
+
+
+_STANDBY = """
+import sys
+import otpmesh
+from otpmesh import Mesh, Supervisor, launchers
+from tests.actors import Forger
+
+tree = Supervisor("job", children=[Mesh("forger", Forger, shape={"hosts": 1, "procs": 1})])
+hosts = otpmesh.TakeoverHosts(launchers.Local(hosts=1), port=int(sys.argv[2]))
+takeover = otpmesh.Takeover(dir=sys.argv[1], grace=5.0, standby=True, hosts=hosts)
+
+async def main():
+    async with otpmesh.start(tree, takeover=takeover):
+        pass
+
+otpmesh.run(main)
+"""
+
+
+def test_a_standby_registers_only_the_agents_holding_the_journalled_tokens(
+    cluster_secret: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The active controller journals each rank's registration tokens; its standby, listening
+    for the agents that lose their controller, registers only their holders. A compromised
+    actor (it holds the secret) sending a standby an agent HELLO is refused with nothing sent
+    back, as it is by the active controller; the journalled token is accepted (the standby
+    checks tokens, it does not refuse every agent). Before, a standby checked the secret
+    alone: the actor registered, as a host the standby would count, relay through and spawn
+    on (docs/security.md)."""
+    from otpmesh._controller._takeover import last_run
+    from otpmesh._runtime._journal import read_journal
+
+    tree = Supervisor("job", children=[Mesh("forger", Forger, shape={"hosts": 1, "procs": 1})])
+    state, port = tmp_path / "state", free_port()
+
+    async def body() -> None:
+        hosts = otpmesh.TakeoverHosts(launchers.Local(hosts=1))
+        takeover = otpmesh.Takeover(dir=str(state), grace=5.0, hosts=hosts)
+        async with otpmesh.start(tree, takeover=takeover) as app:
+            rt = await runtime()
+            assert rt.cluster is not None and rt.cluster.tokens is not None
+            tokens = last_run(read_journal(state)).tokens
+            assert tokens[0][0] == rt.cluster.tokens[0]  # the token the agent holds now
+            argv = [sys.executable, "-c", _STANDBY, str(state), str(port)]
+            root = str(Path(__file__).parent.parent)
+            env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            standby = subprocess.Popen(argv, env=env)
+            try:
+                with trio.fail_after(60):  # a hang guard: it listens once it read the journal
+                    while True:
+                        try:
+                            await (await trio.open_tcp_stream("127.0.0.1", port)).aclose()
+                            break
+                        except OSError:
+                            await trio.sleep(0.05)
+                addr = f"tcp:127.0.0.1:{port}"
+                forger = app.mesh("job/forger")
+                forged = {"agent": "forged", "pid": 1, "listen": "127.0.0.1", "rank": 0}
+                assert await forger[0].hello(addr, dict(forged, host_id="f1")) == "nothing"
+                wrong = dict(forged, host_id="f2", token=bytes(32))
+                assert await forger[0].hello(addr, wrong) == "nothing"
+                right = dict(forged, host_id="f3", token=tokens[0][0])
+                assert await forger[0].hello(addr, right) != "nothing"
+            finally:
+                standby.kill()
+                standby.wait()
+            assert rt.cluster.live and rt.cluster.live[0].host_id != "f3"
+
+    with caplog.at_level(logging.WARNING, logger="otpmesh.node"):
+        run_trio(body, timeout=180)

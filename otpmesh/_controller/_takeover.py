@@ -47,6 +47,7 @@ class Hosts(Protocol):
 
     async def attach(self, rt: Runtime) -> None: ...
     def witnesses(self) -> set[int]: ...
+    def expect_tokens(self, tokens: dict[int, tuple[bytes, bytes | None]]) -> None: ...
     async def start_fresh(self, rt: Runtime, state: TakeoverState) -> None: ...
     async def adopt(
         self, rt: Runtime, state: TakeoverState, procs: list[dict[str, Any]]
@@ -221,6 +222,7 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
             "controller with Takeover(..., hosts=otpmesh.TakeoverHosts(...)) to take them over"
         )
     if hosts is not None:
+        hosts.expect_tokens(run.tokens)
         live.update(await hosts.adopt(rt, rt.takeover, on_hosts))
     boot = str(run.app.get("boot", ""))
     resumed = Resumed(rt, lease, restarts=run.restarts, hosts=hosts, boot=boot)
@@ -250,6 +252,7 @@ async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease) -> None:
                 int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]
             }
             if run.app is not None:  # its agents come to this address: listen from now on
+                hosts.expect_tokens(run.tokens)
                 await hosts.attach(await runtime(bytes.fromhex(str(run.app["secret"]))))
         if hosts is not None and ranks:
             came = hosts.witnesses() & ranks
@@ -270,6 +273,8 @@ class LastRun:
     #: Supervisor path -> the times, oldest first, of its restarts that a later intensity
     #: check may still count.
     restarts: dict[str, list[Stamp]] = field(default_factory=dict)
+    #: Rank -> its agent's registration tokens: (the next it holds, the one it presented last).
+    tokens: dict[int, tuple[bytes, bytes | None]] = field(default_factory=dict)
 
 
 def last_run(records: list[dict[str, Any]]) -> LastRun:
@@ -278,7 +283,15 @@ def last_run(records: list[dict[str, Any]]) -> LastRun:
     if state.app is None:
         return LastRun()
     actors = {path: (int(r["incarnation"]), str(r["proc"])) for path, r in state.actors.items()}
-    return LastRun(state.app, state.procs, actors, state.restarts)
+    tokens = {
+        rank: (bytes.fromhex(str(r["next"])), _hex(r.get("presented")))
+        for rank, r in state.tokens.items()
+    }
+    return LastRun(state.app, state.procs, actors, state.restarts, tokens)
+
+
+def _hex(text: object) -> bytes | None:
+    return None if text is None else bytes.fromhex(str(text))
 
 
 def carried_times(

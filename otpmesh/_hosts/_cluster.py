@@ -43,6 +43,9 @@ HOST_TIMEOUT = float(os.environ.get("OTPMESH_HOST_TIMEOUT", "1.0"))
 #: Beats survive a held event loop (the lifelines' thread sends them), but calls, replies and
 #: restarts wait for it: a loop held this long is logged, with what to do about it.
 HELD_WARNING = 0.375 * HOST_TIMEOUT
+#: Held this long, the loop is taken for hung for good (a deadlocked driver), not busy: the
+#: lifelines stop beating and the agents fence their workers (a standby may take over).
+LOOP_HELD_LIMIT = float(os.environ.get("OTPMESH_LOOP_HELD_LIMIT", "60"))
 
 
 class Cluster:
@@ -92,8 +95,8 @@ class Cluster:
             given = hello["token"]
             if token_matches(given, self.tokens[rank]):  # the next one: the last is spent now
                 self._presented[rank] = given
-            next_token = self.tokens[rank] = new_registration_token()
-            self._rt.node.sys_cast(conn, "agent_token", {"token": next_token})
+            if self.takeover is None or self.takeover.active:  # a standby waits (_hostover.py)
+                self.rotate_token(conn, rank)
         elif rank < 0 or self._rank_taken(rank):
             rank = next(i for i in range(len(self.hosts) + 1) if not self._rank_taken(i))
         host = Host(
@@ -117,6 +120,20 @@ class Cluster:
             "host %s registered as hosts=%d (workers on %s)", host.name, rank, hello.get("listen")
         )
         self._registered.set()
+
+    def rotate_token(self, conn: Connection, rank: int) -> None:
+        """Give the agent of `rank` (registered on `conn`) the token for its next registration;
+        with a takeover, the journal has it first (a standby registers only its holder)."""
+        assert self.tokens is not None
+        next_token = self.tokens[rank] = new_registration_token()
+        if self.takeover is not None:
+            self.takeover.token_changed(rank, next_token, self._presented.get(rank))
+        self._rt.node.sys_cast(conn, "agent_token", {"token": next_token})
+
+    def expect_tokens(self, tokens: dict[int, tuple[bytes, bytes | None]]) -> None:
+        """Register only the holders of these tokens, by rank: (the next, the last presented)."""
+        self.tokens = {rank: pair[0] for rank, pair in tokens.items()}
+        self._presented = {rank: pair[1] for rank, pair in tokens.items() if pair[1] is not None}
 
     def _hello_refusal(self, hello: dict[str, Any]) -> str | None:
         """Why an agent's HELLO may not register (None: it may). A live host is never replaced:
@@ -226,7 +243,7 @@ class Cluster:
     async def watch(self) -> None:
         """Beat to every live agent (and run the lifelines' thread); declare dead those silent
         for HOST_TIMEOUT, those whose lifeline broke, and those whose launch ended."""
-        self.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2)
+        self.lifelines = Lifelines(HEARTBEAT_INTERVAL / 2, LOOP_HELD_LIMIT)
         self.lifelines.start()
         try:
             await self._watch()
@@ -236,6 +253,8 @@ class Cluster:
     async def _watch(self) -> None:
         due = trio.current_time()
         while True:
+            if self.lifelines is not None:
+                self.lifelines.tick()
             self._launches_ended()
             now = trio.current_time()
             held = now - due

@@ -69,6 +69,19 @@ class TakeoverHosts:
 
     def __post_init__(self) -> None:
         self._cluster: Cluster | None = None
+        # A standby's: the agents' tokens its active controller journalled, by rank.
+        self._expected: dict[int, tuple[bytes, bytes | None]] = {}
+
+    def expect_tokens(self, tokens: dict[int, tuple[bytes, bytes | None]]) -> None:
+        """A standby's: the agents' registration tokens the journal holds (the active
+        controller's, by rank); only their holders register with it. Nothing when this
+        launcher gives agents no tokens (``Static``: the secret alone, as on a fresh run)."""
+        self._expected = dict(tokens)
+        if self._cluster is not None and self._gives_tokens():
+            self._cluster.expect_tokens(self._expected)
+
+    def _gives_tokens(self) -> bool:
+        return getattr(self.launcher, "agent_tokens", None) is not None
 
     # ------------------------------------------------------------ the controller layer's side
 
@@ -89,6 +102,8 @@ class TakeoverHosts:
         )
         hosts.launcher = self.launcher
         hosts.takeover = _HostsLease(hosts)
+        if self._gives_tokens():  # none journalled yet: nobody registers until some are
+            hosts.expect_tokens(self._expected)
         rt.cluster = self._cluster = hosts
         assert rt.nursery is not None
         rt.nursery.start_soon(hosts.watch)
@@ -188,12 +203,29 @@ class _HostsLease:
         self.epoch: int | None = None  # None: a standby not yet active (agents are held)
         self.grace = 0.0
         self._epoch_file: Path | None = None
+        self._state: TakeoverState | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether this controller drives the app (a standby is not, until it takes over)."""
+        return self.epoch is not None
 
     def activate(self, state: TakeoverState) -> None:
         self.epoch, self.grace = state.epoch, state.grace
         self._epoch_file = state.root / EPOCH
-        for host in self._hosts.live:
+        self._state = state
+        hosts = self._hosts
+        if hosts.tokens is not None:  # the table this run starts from, for its own standby
+            for rank, token in hosts.tokens.items():
+                state.agent_token(rank, token, hosts._presented.get(rank))
+        for host in hosts.live:
+            if hosts.tokens is not None:  # it came while this was a standby: a fresh token
+                hosts.rotate_token(host.conn, host.rank)
             self.registered(host)
+
+    def token_changed(self, rank: int, next_token: bytes, presented: bytes | None) -> None:
+        if self._state is not None:
+            self._state.agent_token(rank, next_token, presented)
 
     def registered(self, host: Host) -> None:
         if self.epoch is not None:

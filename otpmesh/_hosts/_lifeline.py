@@ -12,13 +12,17 @@ the network does; the trio side reads ``Lifeline.silent_for()`` when it judges a
 
 The thread never blocks on a peer: non-blocking sockets under one selector; at most one beat is
 queued per lifeline (a peer that does not read gets no more), frames are tiny and bounded
-(MAX_FRAME), and anything but a beat with a good MAC closes that lifeline. The agent treats a
-lost lifeline as a lost controller; the controller declares a host whose lifeline broke dead.
+(MAX_FRAME), and anything but a beat with a good MAC closes that lifeline. It covers a held
+loop for a while, not for ever: once the loop has not turned for ``held_limit`` seconds (a
+deadlocked driver), it stops beating, and the agents fence as they would for a lost controller.
+The agent treats a lost lifeline as a lost controller; the controller declares a host whose
+lifeline broke dead.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import selectors
 import socket
 import threading
@@ -100,8 +104,11 @@ class Lifeline:
 class Lifelines:
     """The thread that owns every lifeline of one cluster: ``start``, ``add``, ``stop``."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, held_limit: float = math.inf) -> None:
         self._interval = interval
+        # The trio loop's last turn (``tick``): held past `held_limit`, the thread beats no more.
+        self._held_limit = held_limit
+        self._loop_seen = time.monotonic()  # a float store: atomic under the GIL
         self._lock = threading.Lock()
         self._added: list[Lifeline] = []
         self._wake_r, self._wake_w = socket.socketpair()
@@ -109,6 +116,7 @@ class Lifelines:
         self._wake_w.setblocking(False)
         self._stopping = False
         self._silent = False
+        self._warned = False
         self._thread = threading.Thread(target=self._run, name="otpmesh-lifelines", daemon=True)
 
     def start(self) -> None:
@@ -123,6 +131,28 @@ class Lifelines:
                 return
             self._added.append(line)
         self._wake()
+
+    def tick(self) -> None:
+        """The controller's loop took a turn (its heartbeat round): beats may go on."""
+        self._loop_seen = time.monotonic()
+
+    def _loop_held(self, now: float) -> bool:
+        """Whether the loop has been held past the limit: a controller hung for good (a
+        deadlocked driver) must not keep its hosts' workers, nor a standby out, forever."""
+        held = now - self._loop_seen
+        if held <= self._held_limit:
+            self._warned = False
+            return False
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "the controller's event loop has been held for %.0f s (past %g s): its "
+                "lifelines beat no more, so its hosts' agents fence their workers as for a lost "
+                "controller (a standby, if any, may take over)",
+                held,
+                self._held_limit,
+            )
+        return True
 
     def silence(self) -> None:
         """Send no beat from now on (the lifelines stay open): a controller that stops acting
@@ -157,7 +187,8 @@ class Lifelines:
                 now = time.monotonic()
                 if now >= due:
                     due = now + self._interval
-                    for line in [] if self._silent else lines.values():
+                    quiet = self._silent or self._loop_held(now)
+                    for line in [] if quiet else lines.values():
                         self._guard(line, line._beat)
                 for key, _ in sel.select(max(0.0, due - time.monotonic())):
                     if key.fileobj is self._wake_r:

@@ -8,6 +8,9 @@ reads the file). The records, by the key that names their kind:
   host's monotonic clock, which the app record's ``boot`` says which boot of it; ``window``:
   how many of its restarts, this one included, are still inside its intensity period, all a
   later intensity check can count).
+- ``agent_token``: the one-time registration tokens of the host agent of a rank (hex): the one
+  it holds for its next registration and the one it presented last. A standby registers a
+  rank's agent only with one of them (docs/security.md).
 - ``group``: a process group's epoch. ``chaos``: a controller kill ``otpmesh.chaos`` threw.
 - ``stopped``: the run stopped in order: nothing to take over.
 
@@ -28,7 +31,7 @@ Stamp = tuple[float, float | None]
 
 #: The record kinds, by the key that names each; the order matters where records share keys
 #: (an ``actor`` record names its ``proc`` too).
-KINDS = ("app", "stopped", "actor", "proc", "exited", "restart", "group", "chaos")
+KINDS = ("app", "stopped", "actor", "proc", "exited", "restart", "agent_token", "group", "chaos")
 
 
 def record_kind(record: object, line: int) -> str:
@@ -62,6 +65,8 @@ class JournalState:
     actors: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The last run's restart times (wall clock, oldest first) each supervisor may still count.
     restarts: dict[str, list[Stamp]] = field(default_factory=dict)
+    #: The last run's agent tokens, by rank: the last record of each.
+    tokens: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Every run's last epoch of each process group, by path, and chaos's marks.
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     marks: list[dict[str, Any]] = field(default_factory=list)
@@ -70,7 +75,7 @@ class JournalState:
         kind = record_kind(record, line)
         if kind in ("app", "stopped"):
             self.app, self.stopped = (record, None) if kind == "app" else (None, record)
-            self.procs, self.actors, self.restarts = {}, {}, {}
+            self.procs, self.actors, self.restarts, self.tokens = {}, {}, {}, {}
         elif kind == "actor":
             self.actors[str(record["actor"])] = record
         elif kind == "proc":
@@ -84,6 +89,8 @@ class JournalState:
             window = record.get("window")
             if isinstance(window, int) and not isinstance(window, bool) and window > 0:
                 del times[:-window]  # the older ones fell out of its intensity period
+        elif kind == "agent_token":
+            self.tokens[int(record["agent_token"])] = record
         elif kind == "group":
             self.groups[str(record["group"])] = record
         else:
@@ -93,7 +100,7 @@ class JournalState:
         """The snapshot: the marks and group epochs (every run's), then the last run."""
         out = [*self.marks, *self.groups.values()]
         out += [r for r in (self.app, self.stopped) if r is not None]  # one at most
-        out += [*self.procs.values(), *self.actors.values()]
+        out += [*self.procs.values(), *self.actors.values(), *self.tokens.values()]
         for sup, times in self.restarts.items():
             for at, mono in times:
                 out.append({"restart": sup, "at": at, **({} if mono is None else {"mono": mono})})

@@ -215,6 +215,15 @@ class TakeoverState:
     def proc_exited(self, proc: Placed) -> None:
         self.journal.append({"exited": proc.proc_id})
 
+    def agent_token(self, rank: int, next_token: bytes, presented: bytes | None) -> None:
+        """The tokens of rank `rank`'s agent: the one it holds for its next registration, the
+        one it presented last. Not fsync'd, as a process record: a controller's death does not
+        lose a write, and a standby reads them to register only those agents."""
+        record: dict[str, Any] = {"agent_token": rank, "next": next_token.hex()}
+        if presented is not None:
+            record["presented"] = presented.hex()
+        self.journal.append(record)
+
     def restarted(
         self, sup_path: str, at: float, mono: float | None, window: int | None = None
     ) -> None:
