@@ -13,6 +13,9 @@ Prints one JSON object, with the machine's load average (1 minute) before and af
   for each N of ``--sizes`` (1, 10, 100 by default; add 1000); and a no-op broadcast to
   ``--broadcast`` processes (100; median). These fork from a server that preloads nothing (as
   ``tests/test_thousand_idle.py`` does): a thousand workers need no torch, and fit in memory.
+  Beside it, the floor on this machine: the same broadcast to as many bare trio echo servers
+  (``python -m otpmesh.bench``'s baseline, each in a process and session of its own, forked
+  from one interpreter), one frame to each and one reply from each, from one task.
 
 On a shared machine the absolute figures say as much about the other jobs as about otpmesh:
 read them beside the load.
@@ -21,15 +24,21 @@ read them beside the load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import msgpack
+import trio
 
 import otpmesh
 
@@ -148,9 +157,13 @@ async def start(sizes: tuple[int, ...] = SIZES, broadcast: int = 100) -> dict[st
         await procs.stop()
     procs = await otpmesh.proc_mesh(procs=broadcast)
     try:
-        out[f"broadcast_{broadcast}_ms_p50"] = await _broadcasts(await procs.spawn("idle", _idle()))
+        ms = await _broadcasts(await procs.spawn("idle", _idle()))
     finally:
         await procs.stop()
+    bare = await _bare_broadcasts(broadcast)
+    out[f"broadcast_{broadcast}_ms_p50"] = ms
+    out[f"broadcast_{broadcast}_bare_trio_ms_p50"] = bare
+    out[f"broadcast_{broadcast}_vs_bare"] = round(ms / bare, 2)
     return out
 
 
@@ -163,6 +176,79 @@ async def _broadcasts(mesh: Any) -> float:
         await mesh.noop()
         samples.append(time.perf_counter() - began)
     return round(statistics.median(samples) * 1e3, 2)
+
+
+async def _bare_broadcasts(n: int) -> float:
+    """The median ms of a broadcast to `n` bare trio echo servers: one frame written to each,
+    then one reply read from each (the floor an actor broadcast is measured against)."""
+    from otpmesh.bench import _LEN
+
+    out = msgpack.packb([0, 1, "bench/0", "noop", [None], {}])
+    frame = _LEN.pack(len(out)) + out
+    with _bare_servers(n) as socks:
+
+        async def once() -> None:
+            for sock in socks:
+                sock.send(frame)
+            for sock in socks:
+                got = b""
+                while len(got) < 4 or len(got) < 4 + _LEN.unpack_from(got)[0]:
+                    try:
+                        got += sock.recv(1 << 16)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(sock)
+
+        for _ in range(BROADCASTS // 10):
+            await once()
+        samples = []
+        for _ in range(BROADCASTS):
+            began = time.perf_counter()
+            await once()
+            samples.append(time.perf_counter() - began)
+    return round(statistics.median(samples) * 1e3, 2)
+
+
+@contextlib.contextmanager
+def _bare_servers(n: int) -> Iterator[list[socket.socket]]:
+    """`n` bare echo servers (``--bare-servers``), connected: their sockets, non-blocking."""
+    prefix = f"otpmesh-bench-fanout-{os.getpid()}"
+    argv = [sys.executable, "-m", MODULE, "--bare-servers", str(n), prefix]
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    socks: list[socket.socket] = []
+    try:
+        assert server.stdout is not None
+        for _ in range(n):
+            server.stdout.readline()  # each says "ready" once it listens
+        for i in range(n):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.connect(f"\0{prefix}-{i}")
+            sock.setblocking(False)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()  # each server's one connection ends: it exits
+        server.kill()
+        server.wait()
+
+
+def _serve_bare(n: int, prefix: str) -> None:
+    """``--bare-servers N PREFIX``: fork `n` bare echo servers from this interpreter (trio and
+    msgpack imported once), each in a session of its own as a worker is; wait for them."""
+    from otpmesh.bench import _echo_server
+
+    children = []
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            try:
+                trio.run(_echo_server, f"{prefix}-{i}")
+            finally:
+                os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,7 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--broadcast", type=int, default=100, metavar="N", help="processes broadcast to (100)"
     )
+    parser.add_argument("--bare-servers", nargs=2, metavar=("N", "PREFIX"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.bare_servers:
+        _serve_bare(int(args.bare_servers[0]), args.bare_servers[1])
+        return
     load = [os.getloadavg()[0]]
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     result["memory"] = otpmesh.run(memory)

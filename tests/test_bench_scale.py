@@ -35,6 +35,13 @@ def test_the_scale_benchmark_reports_memory_imports_and_start() -> None:
         "trio",
     ]
     start = result["start"]
-    assert set(start) == {"procs_1_s", "procs_2_s", "broadcast_2_ms_p50"}
+    assert set(start) == {
+        "procs_1_s",
+        "procs_2_s",
+        "broadcast_2_ms_p50",
+        "broadcast_2_bare_trio_ms_p50",
+        "broadcast_2_vs_bare",
+    }
+    assert start["broadcast_2_bare_trio_ms_p50"] > 0
     assert start["procs_2_s"]["to_first_broadcast"] >= start["procs_2_s"]["started"] > 0
     assert len(result["machine"]["load_1min_before_after"]) == 2
