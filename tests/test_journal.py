@@ -269,6 +269,32 @@ def test_a_fenced_controller_does_not_compact_the_journal_over_its_successor(
     assert not (root / f"{JOURNAL}.new").exists() and (root / EPOCH).read_text() == "2\n"
 
 
+def test_a_replaced_controller_appends_nothing_to_its_successors_journal(
+    tmp_path: Path,
+) -> None:
+    """A controller cut off from most of its hosts acts until its quorum timeout, after a
+    standby may have taken its run over: what it appends meanwhile must not land among its
+    successor's records (a later takeover would fold them into the new run: a process exit that
+    never happened, a restart counted against the new run's intensity). The successor renames a
+    snapshot over the journal before its first record, so the old controller's appends go to
+    the file it holds open. Before, both appended to one file."""
+    root = open_state_dir(tmp_path / "state")
+    old = _started(root)
+    old.append(_proc("p1"))
+    new = Journal(root, epoch=bump_epoch(root), after=read_journal(root))
+    standby = {**APP, "app": 200, "epoch": 2}
+    new.append(standby, durable=True)
+    new.append(_proc("p1"))  # it adopted p1
+    old.append({"exited": "p1"})
+    old.append(_restart("s", 1.0, 1))
+    new.append(_actor("s/a", 2, "p1"))
+    after = read_journal(root)
+    assert {"exited": "p1"} not in after
+    assert after[-3:] == [standby, _proc("p1"), _actor("s/a", 2, "p1")]
+    run = last_run(after)
+    assert run.app == standby and "p1" in run.procs and "s" not in run.restarts
+
+
 def _lines(*records: dict[str, Any]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 

@@ -5,8 +5,14 @@ what they fold to: _journalstate.py).
 Only the ``app`` and ``stopped`` records and chaos's marks are fsync'd: a controller that dies
 leaves what it wrote in the kernel's page cache for the standby, and a host that loses power
 loses its workers too. The bytes after the last newline are a write cut short (the controller
-died in it, or the disk filled): a reader drops them and the next controller cuts them off
-before it appends, so its first record does not run on from them.
+died in it, or the disk filled): a reader drops them.
+
+A takeover starts the journal over: the controller that takes the run over writes the run it
+read as a snapshot (so a torn line is gone too) and renames it over the journal before its
+first record. The controller it
+replaced may still be running (across hosts, one cut off from most of its hosts acts until its
+quorum timeout); what that one appends goes to the file it holds open, no longer the journal,
+so no record of a replaced controller lands among its successor's.
 
 Compaction: once the journal has grown ``COMPACT_BYTES`` (or its last snapshot's size, if
 larger) past its last snapshot, the controller takes the snapshot of what its records still say
@@ -75,10 +81,12 @@ class Journal:
         self._root, self._epoch, self._compact_bytes = root, epoch, compact_bytes
         self._nursery = nursery
         self.state = fold(after or [])
-        flags = os.O_RDWR | os.O_APPEND | (os.O_TRUNC if after is None else 0)
-        self._fd = open_private(root / JOURNAL, flags)
-        self._size = _cut_torn_tail(self._fd)  # our records must not follow a torn line
-        self._base = 0  # the size of the last snapshot
+        if after is None:
+            self._fd = open_private(root / JOURNAL, os.O_RDWR | os.O_APPEND | os.O_TRUNC)
+            self._size = self._base = 0  # the size of the last snapshot
+        else:
+            self._fd, self._size = _fence(root, epoch, self.state.records())
+            self._base = self._size
         self._aside: list[bytes] | None = None  # appended while a snapshot is being written
         self._aside_durable = False
         #: Statistics: each compaction's duration and how long it held the event loop
@@ -178,10 +186,34 @@ class Journal:
             self._fd = -1
 
 
-def _write_snapshot(root: Path, records: list[dict[str, Any]]) -> tuple[int, int]:
-    """Write `records` to a fresh ``journal.new`` (0600, no link), fsync'd: its fd and size."""
+def _fence(root: Path, epoch: int, records: list[dict[str, Any]]) -> tuple[int, int]:
+    """A takeover's journal: the run it continues, as its snapshot `records`, renamed over the
+    journal (its fd and size). The controller it takes over from may still be running (cut off
+    from most of its hosts, it acts until its quorum timeout): what it appends from now on goes
+    to the file it has open, no longer the journal, and never into this run's records."""
+    name = f"{JOURNAL}.{epoch}.new"  # never the name a compaction of that controller uses
+    fd, size = _write_snapshot(root, records, name)
+    try:
+        with epoch_lock(root):
+            newer = read_epoch(root)
+            if newer > epoch:
+                raise TakeoverError(
+                    f"takeover: epoch {newer} took the state directory over while this "
+                    f"controller (epoch {epoch}) was starting"
+                )
+            os.replace(root / name, root / JOURNAL)
+        fsync_dir(root)
+    except BaseException:
+        os.close(fd)
+        (root / name).unlink(missing_ok=True)
+        raise
+    return fd, size
+
+
+def _write_snapshot(root: Path, records: list[dict[str, Any]], name: str = _TMP) -> tuple[int, int]:
+    """Write `records` to a fresh file `name` (0600, no link), fsync'd: its fd and size."""
     data = b"".join(encode(record) for record in records)
-    tmp = root / _TMP
+    tmp = root / name
     tmp.unlink(missing_ok=True)
     fd = open_private(tmp, os.O_RDWR | os.O_APPEND | os.O_EXCL)
     try:
@@ -197,18 +229,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _cut_torn_tail(fd: int) -> int:
-    """Truncate the file at `fd` after its last newline (a torn write's bytes go); its size."""
-    size = end = os.fstat(fd).st_size
-    while end > 0:
-        chunk = os.pread(fd, min(end, 4096), max(0, end - 4096))
-        cut = chunk.rfind(b"\n")
-        if cut >= 0:
-            end = end - len(chunk) + cut + 1
-            break
-        end -= len(chunk)
-    if end != size:
-        os.ftruncate(fd, end)
-    return end
