@@ -188,3 +188,21 @@ def test_get_from_a_plain_thread_gathers_through_the_background_run(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert "in order: True" in done.stdout
     assert "mixed: ['a', ActorError(" in done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_calls_sent_together_run_in_the_order_they_were_sent() -> None:
+    """A call to an endpoint that suspends, then calls to a plain-def one, arriving in one
+    read while the actor is idle: the first is handed to the actor's task, and the others
+    must queue behind it, not run at once in the reader ahead of it."""
+
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=1) as procs:
+            ref = (await procs.spawn("w", Echo))[0]
+            for round in range(3):
+                calls = [ref.record_later((round, "first")), *(ref.record(i) for i in range(5))]
+                await otpmesh.gather(*calls)
+            expected = [x for r in range(3) for x in [(r, "first"), *range(5)]]
+            assert await ref.history() == expected
+
+    run_trio(body)
