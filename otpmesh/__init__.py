@@ -79,6 +79,7 @@ from ._hosts._clusterblock import cluster as cluster
 from ._hosts._hostover import TakeoverHosts as TakeoverHosts
 from ._node._failure import MeshFailure as MeshFailure
 from ._node._future import Future as Future
+from ._node._gather import gather as gather
 from ._node._mesh import ActorMesh as ActorMesh
 from ._node._mesh import ActorRef as ActorRef
 from ._node._mesh import Endpoint as Endpoint

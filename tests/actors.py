@@ -52,6 +52,12 @@ class Echo(otpmesh.Actor):
         self.seen.append(x)
 
     @otpmesh.endpoint
+    async def record_later(self, x: Any) -> None:
+        """`record`, after a checkpoint (an endpoint that suspends: never run inline)."""
+        await trio.sleep(0)
+        self.seen.append(x)
+
+    @otpmesh.endpoint
     def history(self) -> list[Any]:
         return self.seen
 

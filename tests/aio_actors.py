@@ -95,6 +95,11 @@ class Rollout(otpmesh.Actor, loop="asyncio"):
         return answer
 
     @otpmesh.endpoint
+    async def ask_all(self, ref: otpmesh.ActorRef, prompts: list[str]) -> list[str]:
+        """Call another actor once per prompt from asyncio code, all at once (gather)."""
+        return await otpmesh.gather(*(ref.generate(p) for p in prompts))
+
+    @otpmesh.endpoint
     async def stop_me(self) -> str:
         self.stop()
         return "stopping"

@@ -283,6 +283,8 @@ def test_bench_quick_shows_each_step_on_stderr_and_the_results_as_json() -> None
     assert result["interleaved_us"]["rounds"] == 1  # 100 calls: one block of each
     assert result["interleaved_us"]["ratio_median_of_rounds"] > 0
     assert result["restart_ms"]["after_exception_to_next_reply_p50"] > 0
+    for key in ("pipelined_calls_per_s", "pipelined_gather_calls_per_s"):  # both, same run
+        assert result[key]["in_flight"] == 500 and result[key]["rate"] > 0, result[key]
     steps = [line for line in done.stderr.splitlines() if line.startswith("otpmesh bench: [")]
     assert len(steps) == 9 and steps[-1].startswith("otpmesh bench: [9/9] one-for-all")
 

@@ -180,3 +180,10 @@ def test_takeover_runs_to_the_end_as_the_active_controller(tmp_path: Path) -> No
     assert "starts at step 0, incarnations [1, 1, 1, 1]" in out
     for rank in range(4):
         assert f"shard {rank}: step 5 total {(rank + 1) * 15} pid" in out
+
+
+def test_gather_calls_answers_every_call_in_order_and_reports_a_failure() -> None:
+    out = _run("gather_calls.py", "--calls", "2000")
+    assert "2000 calls, replies in order: True" in out
+    assert "with return_exceptions: ['int', 'ActorError'] 4" in out
+    assert "raised once both ended: ValueError" in out

@@ -106,3 +106,62 @@ def test_ten_thousand_calls_in_flight_across_a_sigkill_end_exactly_once_and_in_o
     # The killed incarnation served its calls in the order they were written to it.
     order = [position[seq] for _, seq in replies[first]]
     assert order == sorted(order), "the first incarnation served calls out of send order"
+
+
+GATHER_KILL_AT = 4_000  # the call the first incarnation is serving when it is SIGKILLed
+
+
+@pytest.mark.timeout(240)
+def test_ten_thousand_calls_in_flight_through_gather_across_a_sigkill_end_once_in_order(
+    tmp_path: Path,
+) -> None:
+    """The same through ``otpmesh.gather``: 10,000 calls sent at once from one task, the
+    actor's process SIGKILLed as it serves call 4,000 (after journaling it, before replying),
+    then 10,000 more through gather to the restarting actor. Each call ends once, in its place:
+    the first gather's results are a prefix of replies (of the first incarnation, numbered in
+    argument order) followed only by deaths; a death is for a call the killed incarnation got
+    (it may have run it) or never got, and no call ran twice; the second gather is answered
+    in full by the new incarnation."""
+    journal = tmp_path / "journal"
+
+    async def main() -> tuple[list[object], list[object], int, int]:
+        ledger = Worker("w", Ledger, args=(str(journal), GATHER_KILL_AT))
+        tree = Supervisor("p", intensity=5, period=60.0, children=[ledger])
+        async with otpmesh.start(tree) as app:
+            ref = app.actor("p/w")
+            victim = await ref.pid()
+            first = await otpmesh.gather(
+                *(ref.note(seq) for seq in range(IN_FLIGHT)), return_exceptions=True
+            )
+            second = await otpmesh.gather(
+                *(ref.note(seq) for seq in range(IN_FLIGHT, 2 * IN_FLIGHT)),
+                return_exceptions=True,
+            )
+            return first, second, victim, await ref.pid()
+
+    first, second, victim, survivor = run_trio(main, timeout=220)
+    assert survivor != victim
+    assert len(first) == IN_FLIGHT and len(second) == IN_FLIGHT
+    answered = [r for r in first if not isinstance(r, BaseException)]
+    died = first[len(answered) :]
+    assert all(isinstance(r, otpmesh.ActorDiedError) for r in died), "a reply after a death"
+    assert died, "no call ended with ActorDiedError though its actor was SIGKILLed"
+    assert all(r.delivered for r in died)  # type: ignore[attr-defined]
+    tokens = {token for token, _ in answered}  # type: ignore[misc]
+    assert len(tokens) == 1
+    (killed,) = tokens
+    # Replies in argument order, numbered as served: the actor served them in send order.
+    assert [n for _, n in answered] == list(range(len(answered)))  # type: ignore[misc]
+    assert len(answered) <= GATHER_KILL_AT  # the call being served when killed got no reply
+    ran = [line.split() for line in journal.read_text().splitlines()]
+    runs = Counter(int(seq) for _, seq in ran)
+    assert not [seq for seq, n in runs.items() if n > 1], "a call ran twice"
+    ran_by = {int(seq): token for token, seq in ran}
+    assert all(ran_by[seq] == killed for seq in range(GATHER_KILL_AT + 1))
+    for seq in range(len(answered), IN_FLIGHT):  # a death: run by the killed one, or by none
+        assert ran_by.get(seq, killed) == killed, f"call {seq} ran after the restart, then died"
+    # The second gather: every call answered by the new incarnation, each served once (while
+    # the actor restarts they go the general way, a task each: served in no set order).
+    assert not [r for r in second if isinstance(r, BaseException)]
+    assert {token for token, _ in second} == {ran_by[IN_FLIGHT]} != {killed}  # type: ignore[misc]
+    assert sorted(n for _, n in second) == list(range(IN_FLIGHT))  # type: ignore[misc]

@@ -8,7 +8,7 @@ EXPECTED = {
     # actors and meshes
     "Actor", "ActorContext", "ActorMesh", "ActorRef", "Endpoint", "Future", "ProcMesh", "Reduction",
     "ValueMesh",
-    "context", "endpoint", "proc_mesh", "run", "retry", "progress", "UNANSWERED",
+    "context", "endpoint", "proc_mesh", "run", "retry", "progress", "UNANSWERED", "gather",
     # supervision
     "App", "Mesh", "Supervisor", "Worker", "start", "EventLog", "LogEntry", "LogKind", "Outcome",
     "ChildInfo", "ChildStatus", "Stacks", "start_background", "BackgroundApp", "Heal",

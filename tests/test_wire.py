@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any
 
 import msgpack
 import pytest
@@ -207,6 +208,48 @@ def test_a_frame_sent_while_the_writer_waits_for_the_socket_queues_behind_it() -
         return FrameDecoder().feed(received)
 
     assert run_trio(body, timeout=30) == [big, small]
+
+
+class _CountingSocket(socket.socket):
+    """A real socket that counts the writes made on it."""
+
+    writes = 0
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self.writes += 1
+        return super().send(data, flags)
+
+
+def test_a_burst_of_small_frames_queued_past_the_coalescing_limit_goes_out_in_few_writes() -> None:
+    """10,000 small frames sent in one pass (a pipelined burst of calls, or their replies):
+    the first is written at once, the rest queue for the writer, well past the size it joins
+    in one write. It must still join them into writes of about that size, not write each part
+    of each frame on its own (it once made six writes per frame)."""
+    frames = [b"frame %05d" % i for i in range(10_000)]
+    padding = [b"p" * 40] * len(frames)  # a second part per frame, as calls have several
+
+    async def body() -> tuple[int, list[bytes]]:
+        a, right = socket.socketpair()
+        left = _CountingSocket(fileno=a.detach())
+        left.setblocking(False)
+        right.setblocking(False)
+        conn = Connection(left, peer="test", decode=lambda f: (f, ()), on_message=print)
+        received = bytearray()
+        size = sum(len(f) + len(p) + 4 for f, p in zip(frames, padding, strict=True))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            for frame, pad in zip(frames, padding, strict=True):
+                conn.send_nowait(frame, pad)
+            while len(received) < size:
+                await trio.lowlevel.wait_readable(right)
+                received += right.recv(1 << 20)
+            nursery.cancel_scope.cancel()
+        right.close()
+        return left.writes, FrameDecoder().feed(received)
+
+    writes, received = run_trio(body, timeout=30)
+    assert received == [f + p for f, p in zip(frames, padding, strict=True)]
+    assert writes < 50, f"{writes} writes for {len(frames)} frames"
 
 
 def test_a_thousand_workers_dialing_at_once_wait_in_the_backlog_not_refused() -> None:

@@ -71,10 +71,14 @@ class CallGroup:
         return [i for i, r in enumerate(self.results) if r is _MISSING]
 
     def forget(self) -> None:
-        """Drop the requests still outstanding (timeout, cancellation); late replies are ignored."""
-        for i, cancel in enumerate(self.cancels):
+        """Drop the requests still outstanding (timeout, cancellation); late replies are ignored.
+        Last first: an actor told to cancel a call it is serving has already been told about
+        the calls queued behind it (of a pipelined batch), so it never starts them."""
+        cancels = self.cancels
+        for i in range(len(cancels) - 1, -1, -1):
+            cancel = cancels[i]
             if cancel is not None:
-                self.cancels[i] = None
+                cancels[i] = None
                 cancel()
 
     def outcome(self, index: int) -> Any:

@@ -321,7 +321,10 @@ class ActorCell:
         message must be queued instead."""
         if self.busy or self.exit_reason is not None:
             return False
-        if self._receive.statistics().current_buffer_used:
+        mailbox = self._receive.statistics()
+        if mailbox.current_buffer_used or (self._idle and not mailbox.tasks_waiting_receive):
+            # Queued, or handed to the actor's task (idle, no longer waiting) and not begun
+            # yet: a call run here would overtake it (calls sent together arrive together).
             return False
         info = self.endpoints.get(method)
         if info is None or info.blocking or (info.is_async and method not in self._one_step):

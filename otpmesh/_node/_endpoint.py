@@ -349,3 +349,36 @@ def _value(outcome: tuple[bool, Any]) -> Any:
 
 
 _round_robin = itertools.count()
+
+
+# ---------------------------------------------------------------- for gather (_gather.py)
+
+
+def send_into(
+    node: Node, group: CallGroup, index: int, start: Callable[..., Any], args: tuple[Any, ...]
+) -> Slot | None:
+    """Send the call of a ``call_one`` Future (its start and arguments: ``_future.take``) into
+    entry `index` of `group` here and now, where ``_call_one``'s hot path would: the slot it
+    went to; None, with nothing sent, when it must go the general way (``await`` the Future)."""
+    if start is not Endpoint._begin or args[1] is not Endpoint._call_one:
+        return None
+    endpoint, _, call_args, call_kwargs = args
+    slot: Slot = endpoint._owner.slots[0]
+    if endpoint._timeout is not None or endpoint._retry is not NO_RETRY or not slot.up:
+        return None
+    group.paths[index] = slot.actor_id
+    if not node.call_into(group, index, slot, endpoint._name, call_args, call_kwargs):
+        return None
+    return slot
+
+
+def resend(
+    args: tuple[Any, ...], slot: Slot, version: int, error: Any
+) -> Callable[[], Awaitable[list[tuple[bool, Any]]]] | None:
+    """What ``_call_one`` does after its hot path failed with `error`: a call that never
+    reached its supervised actor goes the general way to the next incarnation (newer than
+    `version`); None when `error` is the call's outcome."""
+    if not _resendable(slot, error):
+        return None
+    endpoint, _, call_args, call_kwargs = args
+    return partial(endpoint._outcomes, [slot], call_args, call_kwargs, [version])

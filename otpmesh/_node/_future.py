@@ -166,6 +166,33 @@ class Future(Coroutine[Any, Any, T]):
         return f"<otpmesh.Future {state}: {name}>"
 
 
+# ------------------------------------------------------------ for gather (_gather.py)
+
+
+def take(fut: Future[Any]) -> tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]] | None:
+    """Claim a Future not sent yet, for ``gather`` to send its call itself: the start and
+    arguments it was made with; None when it has ended or is being awaited elsewhere."""
+    if fut._state != _NEW:
+        return None
+    fut._state = _BUSY
+    return fut._start, fut._args
+
+
+def give_back(fut: Future[Any]) -> None:
+    """A Future `take` claimed was not sent after all (or was cancelled): it may be awaited."""
+    fut._state = _NEW
+
+
+def settle(fut: Future[Any], ok: bool, value: Any) -> None:
+    """End a Future `take` claimed with the outcome gather got for it."""
+    fut._settle(_OK if ok else _ERROR, value)
+
+
+def outcome(fut: Future[Any]) -> tuple[bool, Any]:
+    """The (ok, value-or-error) of a Future that has ended."""
+    return fut._state == _OK, fut._value
+
+
 def _in_trio_worker_thread() -> bool:
     """Whether this thread was started by a trio run (``trio.to_thread``), which it can reach."""
     try:

@@ -100,6 +100,32 @@ class Outgoing:
         nothing awaited (the hot path of ``ref.ep(...)``). None, with nothing sent, when
         ``call`` must do it: the actor is dead or in this process, its connection is not open
         yet or has too much queued (``call`` waits), or chaos is on this node's links."""
+        conn = self._ready(target)
+        if conn is None:
+            return None
+        group = CallGroup([path])
+        group.offered = []
+        try:
+            self._call_into(conn, group, 0, target, method, args, kwargs)
+        except BaseException:
+            self.ended((), group)
+            raise
+        return group
+
+    def call_into(
+        self, group: CallGroup, index: int, target: Target, method: str, args: Any, kwargs: Any
+    ) -> bool:
+        """``call_now``'s call, its reply going to entry `index` of a `group` shared with other
+        calls (``otpmesh.gather``: one group, one wait for them all); False, with nothing sent,
+        when ``call`` must do it. An argument that cannot be encoded raises, nothing sent."""
+        conn = self._ready(target)
+        if conn is None:
+            return False
+        self._call_into(conn, group, index, target, method, args, kwargs)
+        return True
+
+    def _ready(self, target: Target) -> Connection | None:
+        """The open connection a call to `target` can be written on at once, if there is one."""
         conn = self._conns.get(target.addr)
         if (
             conn is None
@@ -110,19 +136,24 @@ class Outgoing:
             or target.dead_reason() is not None
         ):
             return None
+        return conn
+
+    def _call_into(
+        self,
+        conn: Connection,
+        group: CallGroup,
+        index: int,
+        target: Target,
+        method: str,
+        args: Any,
+        kwargs: Any,
+    ) -> None:
         chain = _chain.CHAIN.get()
         array, tail = _call_array(chain)
-        group = CallGroup([path])
-        group.offered = []
-        try:
-            body = _call_body(method, args, kwargs, self.offer(group.offered))
-        except BaseException:
-            self.ended((), group)
-            raise
+        body = _call_body(method, args, kwargs, self.offer(group.offered))
         actor_id = target.actor_id
         self.inflight[actor_id] = self.inflight.get(actor_id, 0) + 1
-        self._call_remote(conn, group, 0, actor_id, body, array, tail)
-        return group
+        self._call_remote(conn, group, index, actor_id, body, array, tail)
 
     def ended(self, targets: Sequence[Target], group: CallGroup) -> None:
         """A call to `targets` is over, answered or not: replies still to come are ignored
