@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 from pathlib import Path
 
@@ -119,6 +121,40 @@ def test_stream_yields_replies_as_they_arrive(tmp_path: Path) -> None:
             assert sorted(order[:2]) == [1, 2] and order[2] == 0
 
     run_trio(body)
+
+
+def test_a_stream_left_early_leaves_trio_sound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Left by a `break` and by an error in the loop's body, never closed: Python finalizes such
+    # a generator later, from a task of trio's own. A nursery held open across the yields made
+    # that task exit a cancel scope of the caller's ("Cancel scope stack corrupted").
+    gate = tmp_path / "gate"
+
+    async def body() -> None:
+        async with await otpmesh.proc_mesh(procs=3) as procs:
+            mesh = await procs.spawn("w", Echo)
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(mesh[0].hold, str(gate))
+                    while not Path(f"{gate}.held").exists():
+                        await trio.sleep(0.01)
+                    async for _ in mesh.record.stream(1):
+                        break  # rank 0's call is still out, queued behind `hold`
+                    with pytest.raises(KeyError):
+                        async for _ in mesh.record.stream(2):
+                            raise KeyError("the loop's body failed")
+                    gc.collect()
+                    for _ in range(10):
+                        await trio.sleep(0.01)
+                    gate.touch()
+                with trio.CancelScope():  # scopes still open and close in order
+                    assert [v async for _, v in mesh.echo.stream(3)] == [3, 3, 3]
+                assert await mesh[1].history() == [1, 2]
+
+    with caplog.at_level(logging.ERROR):
+        run_trio(body)
+    assert not [r for r in caplog.records if r.name.startswith("trio")], caplog.text
 
 
 def test_every_call_takes_a_timeout_that_names_the_actor() -> None:

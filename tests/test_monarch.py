@@ -191,6 +191,39 @@ def test_accumulator_and_stream_over_a_mesh() -> None:
     run_trio(body)
 
 
+def test_a_stream_from_a_script_is_sound_however_its_threads_are_scheduled(
+    tmp_path: Path,
+) -> None:
+    # The stream's driver runs on the background run's thread and may settle the first reply
+    # before the script's thread has made the futures; the script's thread is held up here
+    # (in making the stream's first future), which made the driver find no future to settle.
+    result = _program(
+        tmp_path / "stream.py",
+        """
+            import operator, threading, time
+            from otpmesh.monarch import Accumulator, this_host, _meshes
+            from tests.monarch_actors import Counter
+
+            class Slow(_meshes.Future):
+                def __init__(self, owner):
+                    if threading.current_thread() is threading.main_thread():
+                        time.sleep(0.5)
+                    super().__init__(owner)
+
+            procs = this_host().spawn_procs(per_host={"gpus": 3})
+            counters = procs.spawn("counters", Counter, 2)
+            counters.get_value.call().get()
+            _meshes.Future = Slow
+            print(Accumulator(counters.get_value, 0, operator.add).accumulate().get())
+            print(sorted(f.get()["rank"] for f in counters.where.stream()))
+            procs.stop().get()
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["6", "[0, 1, 2]"]
+    assert "Exception ignored" not in result.stderr, result.stderr
+
+
 def test_stopped_meshes_refuse_calls_and_a_second_stop(tmp_path: Path) -> None:
     log = tmp_path / "cleanup.log"
 

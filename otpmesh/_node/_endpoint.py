@@ -194,8 +194,9 @@ class Endpoint:
     ) -> R:
         slots = self._owner.slots
         accumulated, error = initial, None
+        send, arrivals = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
         async with trio.open_nursery() as nursery:
-            arrivals = self._fan_out(nursery, slots, args, kwargs)
+            self._fan_out(nursery, slots, args, kwargs, send)
             for _ in slots:
                 _, outcome = await arrivals.receive()
                 try:
@@ -218,17 +219,35 @@ class Endpoint:
         self._bind(args, kwargs)
         slots = self._owner.slots
         coords = all_coords(self._owner.shape)
-        async with trio.open_nursery() as nursery:
-            arrivals = self._fan_out(nursery, slots, args, kwargs)
+        # The calls run in a system task, not in a nursery held open across the yields: a
+        # generator left unfinished (a `break`, an error in the loop's body) is closed later
+        # from another task, which must not be asked to exit a cancel scope of this one.
+        send, arrivals = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
+        calls = trio.CancelScope()
+
+        async def fan_out() -> None:
+            with calls:
+                async with trio.open_nursery() as nursery:
+                    self._fan_out(nursery, slots, args, kwargs, send)
+
+        trio.lowlevel.spawn_system_task(fan_out, name=f"otpmesh: {self._name}.stream()")
+        try:
             for _ in range(len(slots)):
                 index, outcome = await arrivals.receive()
                 yield coords[index], _value(outcome)
+        finally:
+            calls.cancel()  # the calls still out end with the loop
 
     def _fan_out(
-        self, nursery: trio.Nursery, slots: list[Slot], args: Any, kwargs: Any
-    ) -> trio.MemoryReceiveChannel[tuple[int, tuple[bool, Any]]]:
-        """Call each of `slots` in a task of `nursery`; (index, outcome) pairs as they arrive."""
-        send, receive = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
+        self,
+        nursery: trio.Nursery,
+        slots: list[Slot],
+        args: Any,
+        kwargs: Any,
+        send: trio.MemorySendChannel[tuple[int, tuple[bool, Any]]],
+    ) -> None:
+        """Call each of `slots` in a task of `nursery`; (index, outcome) pairs into `send` (room
+        for every slot's) as they arrive."""
 
         async def one(index: int) -> None:
             try:
@@ -239,7 +258,6 @@ class Endpoint:
 
         for index in range(len(slots)):
             nursery.start_soon(one, index)
-        return receive
 
     async def _outcomes(
         self, slots: list[Slot], args: Any, kwargs: Any, seen: list[int] | None = None

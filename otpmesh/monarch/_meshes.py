@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
 from .._controller._procmesh import ProcMesh as NativeProcMesh
@@ -190,22 +192,28 @@ class Endpoint(Generic[R]):
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; one Future per actor, the k-th holding the k-th reply to arrive."""
-        futures: list[Future[R]] = []
+        # Made before the driver starts: it may run (on the trio run's thread) at once.
+        futures: list[Future[R]] = [Future(0) for _ in range(self._mesh.size())]
 
         async def stream(ready: Ready) -> None:
+            for future in futures:
+                future.owned_by(threading.get_ident())
             ep, a, k = await self._prepare(ready, args, kwargs)
             index = 0
             try:
-                async for _coords, value in ep.stream(*a, **k):
-                    futures[index]._settle(to_monarch(value), None)
-                    index += 1
+                async with aclosing(ep.stream(*a, **k)) as replies:
+                    async for _coords, value in replies:
+                        futures[index]._settle(to_monarch(value), None)
+                        index += 1
             except BaseException as exc:
                 for future in futures[index:]:
                     future._settle(None, exc)
                 raise
 
         driver = start(stream)
-        futures.extend(Future(driver.owner) for _ in range(self._mesh.size()))
+        if driver.owner:  # started from that run's thread: known now (get() there refused)
+            for future in futures:
+                future.owned_by(driver.owner)
         return iter(futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
