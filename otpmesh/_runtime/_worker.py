@@ -28,7 +28,7 @@ from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
-from . import _spare
+from . import _deathlock, _spare
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
@@ -143,6 +143,8 @@ class Worker:
                 # Its parent handed it the one-time token over a private socket pair (the fork
                 # request): it shows the controller that this process is the one forked for it.
                 "token": self.cfg.pop("token", None),
+                # It holds its death lock: the controller may watch it (_deathlock.py).
+                "deathlock": _deathlock.holding(),
             }
             conn.send_nowait(_codec.pack([HELLO, hello]))
             nursery.start_soon(self._serve_controller, conn)
