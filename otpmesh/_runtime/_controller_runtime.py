@@ -513,6 +513,7 @@ class Runtime:
         status = dying_status(proc.pid, self.forkserver.pid)
         self.forkserver.kill(proc.pid)
         proc.noticed_by = "deathlock"
+        log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
         # 0 read: killed just now (a forged word, or a status not ours to read).
         self.mark_exited(proc, describe_status(status or signal.SIGKILL))
         proc.conn.finish()
