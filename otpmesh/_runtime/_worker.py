@@ -115,15 +115,6 @@ class Worker:
                     early[1][0].close()
                 nursery.cancel_scope.cancel()
                 return
-            if self.cfg.get("heartbeat_fd") is not None:
-                self.watchdog = Watchdog(
-                    lambda: self.node.actors,
-                    beat_fd=self.cfg["heartbeat_fd"],
-                    control_fd=self.cfg.get("control_fd"),
-                    interval=self.cfg["heartbeat_interval"],
-                    token=trio.lowlevel.current_trio_token(),
-                    on_fence=self._fenced_by_agent,
-                ).start()
             controller = self.cfg["controller"]
             if early is not None and early[0] != controller:  # not the one it was given
                 early[1][0].close()
@@ -147,6 +138,17 @@ class Worker:
                 "deathlock": _deathlock.holding(),
             }
             conn.send_nowait(_codec.pack([HELLO, hello]))
+            # Its watchdog thread once the HELLO is on its way: starting a thread costs a restart
+            # milliseconds on a busy machine, and nothing runs here before this step ends.
+            if self.cfg.get("heartbeat_fd") is not None:
+                self.watchdog = Watchdog(
+                    lambda: self.node.actors,
+                    beat_fd=self.cfg["heartbeat_fd"],
+                    control_fd=self.cfg.get("control_fd"),
+                    interval=self.cfg["heartbeat_interval"],
+                    token=trio.lowlevel.current_trio_token(),
+                    on_fence=self._fenced_by_agent,
+                ).start()
             nursery.start_soon(self._serve_controller, conn)
             await self._done.wait()
             nursery.cancel_scope.cancel()
