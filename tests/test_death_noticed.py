@@ -34,6 +34,7 @@ from otpmesh._runtime import _deathlock
 from otpmesh._runtime._controller_runtime import Runtime, runtime
 from otpmesh._runtime._proc import Proc
 from tests.conftest import alive, run_trio
+from tests.test_restart_path import _new_pid
 
 pytestmark = pytest.mark.skipif(not _deathlock.available(), reason="no robust futex wait here")
 
@@ -113,17 +114,6 @@ async def _only_its_lock_can_tell(rt: Runtime, ref: Any) -> AsyncIterator[None]:
     finally:
         os.kill(server, signal.SIGCONT)
         os.kill(keeper, signal.SIGKILL)
-
-
-async def _new_pid(ref: Any, old: int) -> int:
-    while True:
-        try:
-            pid: int = await ref.pid()
-        except otpmesh.ActorDiedError:
-            pid = old
-        if pid != old:
-            return pid
-        await trio.sleep(0.01)
 
 
 async def _reaped(rt: Runtime, pid: int) -> None:
