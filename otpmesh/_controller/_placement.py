@@ -269,8 +269,7 @@ class ProcsPlacement:
     async def close(self) -> None:
         self._rt.retire_spare()  # stopped: no process of this tree will be restarted
         for proc in self._procs.values():
-            if proc.alive and proc.conn is not None:
-                self._rt.node.sys_cast(proc.conn, "shutdown", {"timeout": 1.0})
+            self._rt.shutdown(proc, {"timeout": 1.0})
         with trio.move_on_after(3.0):
             for proc in self._procs.values():
                 await proc.exited.wait()

@@ -317,8 +317,7 @@ class ProcMesh:
             for tree in self._apps.values():
                 nursery.start_soon(tree.stop, timeout)
         for proc in self._procs:
-            if proc.alive and proc.conn is not None:
-                self._rt.node.sys_cast(proc.conn, "shutdown", None)
+            self._rt.shutdown(proc, None)
         with trio.move_on_after(timeout):
             for proc in self._procs:
                 await proc.exited.wait()

@@ -27,8 +27,9 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
 from . import _spare
+from ._deathlock import DeathWatch
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
-from ._liveness import HARD_FACTOR, describe_status, zombie_status
+from ._liveness import HARD_FACTOR, describe_status, dying_status, zombie_status
 from ._proc import (
     HEARTBEAT_INTERVAL,
     HEARTBEAT_TIMEOUT,
@@ -107,6 +108,10 @@ class Runtime:
         #: and grace, and where workers write while no controller reads their pipes.
         self.takeover: TakeoverState | None = None
         self._spare_asked = False  # a spare is to be asked for (want_spare)
+        #: Watches every local worker's death lock (_deathlock.py): a death heard before the
+        #: dead process's memory is torn down and its socket closes.
+        self.deathwatch = DeathWatch()
+        self._token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
@@ -122,6 +127,7 @@ class Runtime:
     # ------------------------------------------------------------ life cycle
 
     async def _main(self, started: trio.Event) -> None:
+        self._token = trio.lowlevel.current_trio_token()
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -143,17 +149,23 @@ class Runtime:
         except Exception:
             log.exception("otpmesh runtime failed")
             started.set()
+        finally:
+            self.deathwatch.stop()
 
     def _fork_server_report(self, msg: dict[str, Any]) -> None:
         if msg["op"] == "spawned":
             proc = self.procs.get(msg["id"])
             if proc is not None:
                 proc.pid = msg["pid"]
+                proc.lock_page = msg.pop("page", None)  # watched once it says it holds it
                 self._by_pid[proc.pid] = proc
                 proc.forked.set()
         elif msg["op"] == "exit":
             proc = self._by_pid.pop(msg["pid"], None)
             if proc is not None:
+                if proc.noticed_by == "deathlock":  # reported then: this is only its reaping
+                    log.debug("%s (pid %d) reaped: %s", proc.label(), proc.pid, msg["reason"])
+                proc.noticed_by = proc.noticed_by or "fork server"
                 self.mark_exited(proc, msg["reason"])
 
     def _fork_server_gone(self) -> None:
@@ -178,6 +190,9 @@ class Runtime:
         if proc.exit_reason is None:
             proc.exit_reason = proc.hang_reason or reason
         self.node.relays.pop(proc.addr, None)
+        if proc.lock_page is not None:
+            os.close(proc.lock_page)
+            proc.lock_page = None
         proc.exited.set()
         proc.ready.set()
         proc.forked.set()
@@ -409,6 +424,12 @@ class Runtime:
         except (OSError, ValueError):
             pass
 
+    def shutdown(self, proc: Proc, payload: Any) -> None:
+        """Ask a worker to stop its actors and exit (its death lock's release is then no news)."""
+        if proc.alive and proc.conn is not None:
+            proc.stop_asked = True
+            self.node.sys_cast(proc.conn, "shutdown", payload)
+
     def kill(self, proc: Proc) -> None:
         """SIGKILL a worker (through its fork server, its parent, so the exit is reported)."""
         if not proc.alive:
@@ -465,7 +486,37 @@ class Runtime:
             self.node.relays[proc.addr] = proc.host.conn
         if self.takeover is not None:
             self.takeover.proc_started(proc)
+        if proc.lock_page is not None:
+            if payload.get("deathlock") is True:
+                self.deathwatch.watch(proc.lock_page, proc, self._heard_dying)
+            os.close(proc.lock_page)  # mapped by the watch now (or not watched: its EOF)
+            proc.lock_page = None
         proc.ready.set()
+
+    def _heard_dying(self, proc: object) -> None:
+        """From the DeathWatch's thread: `proc`'s death lock was released."""
+        assert isinstance(proc, Proc) and self._token is not None
+        try:
+            self._token.run_sync_soon(self._dying, proc)
+        except trio.RunFinishedError:
+            pass
+
+    def _dying(self, proc: Proc) -> None:
+        """`proc` is exiting (its lock says so; its memory is still being torn down). Unless it
+        was asked to: kill it (a worker that forged its word dies for real: self-harm only),
+        take its exit status from the kernel now, and read what its connection holds before its
+        pending calls fail and its actors' exits are reported (Connection.finish: the usual
+        path from its end of stream on, once). Its reaping later only confirms it."""
+        if proc.noticed_by is not None or not proc.alive or proc.stop_asked or proc.conn is None:
+            log.debug("%s (pid %d) released its death lock", proc.label(), proc.pid)
+            return
+        status = dying_status(proc.pid, self.forkserver.pid)
+        self.forkserver.kill(proc.pid)
+        proc.noticed_by = "deathlock"
+        log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
+        # 0 read: killed just now (a forged word, or a status not ours to read).
+        self.mark_exited(proc, describe_status(status or signal.SIGKILL))
+        proc.conn.finish()
 
     def _on_connection_lost(self, conn: Connection) -> bool:
         if self.cluster is not None and self.cluster.connection_lost(conn):
@@ -474,6 +525,7 @@ class Runtime:
         self._by_conn.pop(conn, None)
         if proc is None or self.nursery is None:
             return False
+        proc.noticed_by = proc.noticed_by or "connection"
         self.nursery.start_soon(self._report_death, proc, conn)
         return True
 
@@ -490,7 +542,7 @@ class Runtime:
     async def _report_death(self, proc: Proc, conn: Connection) -> None:
         # EOF comes first; the exit status follows from the fork server within milliseconds.
         with trio.move_on_after(_EXIT_STATUS_WAIT):
-            if proc.host is None:
+            if proc.host is None and not proc.exited.is_set():
                 await self._exit_status(proc)
             await proc.exited.wait()
         if proc.exit_reason is None:

@@ -119,6 +119,11 @@ def hold(fd: int) -> None:
     _held.append(page)
 
 
+def holding() -> bool:
+    """Whether this process holds its death lock (``hold`` succeeded)."""
+    return bool(_held)
+
+
 class _Watch:
     """One worker's page, mapped read-only here (libc's mmap: Python's refuses an address)."""
 

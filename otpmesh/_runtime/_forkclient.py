@@ -38,7 +38,9 @@ class ForkServer:
     """A running fork server. ``await nursery.start(fs.run)``, then ``spawn`` and ``kill``.
 
     `on_report` hears its reports: ``{"op": "spawned", "id", "pid"}`` and
-    ``{"op": "exit", "pid", "reason"}``; `on_gone` is called once when it stops.
+    ``{"op": "exit", "pid", "reason"}``; `on_gone` is called once when it stops. A "spawned"
+    report also carries the child's death lock page (_deathlock.py) as ``"page"``, a descriptor
+    `on_report` takes by popping it (one left in the report is closed after it).
     """
 
     def __init__(
@@ -119,7 +121,7 @@ class ForkServer:
         task_status.started(started)
         try:
             while True:
-                data = await sock.recv(1 << 16)
+                data, fds = await _recv_report(sock)
                 if not data:
                     break
                 msg = msgpack.unpackb(data)
@@ -128,8 +130,14 @@ class ForkServer:
                     break
                 if msg["op"] == "ready":
                     self.ready.set()
-                else:
+                    continue
+                if msg["op"] == "spawned" and fds:
+                    msg["page"] = fds.pop()
+                try:
                     self._on_report(msg)
+                finally:
+                    for fd in [*fds, *([msg["page"]] if "page" in msg else [])]:
+                        os.close(fd)
         finally:
             self.gone = True
             self.ready.set()
@@ -177,6 +185,18 @@ class ForkServer:
                 self._raw.send(msgpack.packb({"op": "kill", "pid": pid, "sig": int(sig)}))
             except OSError:
                 pass
+
+
+async def _recv_report(sock: trio.socket.SocketType) -> tuple[bytes, list[int]]:
+    """One report of the fork server, and the descriptors it came with (at most one)."""
+    data, ancillary, _flags, _addr = await sock.recvmsg(
+        1 << 16, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
+    )
+    fds = array.array("i")
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+    return data, list(fds)
 
 
 def worker_pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:

@@ -8,7 +8,9 @@ the controller's socket closes, it SIGKILLs every child and exits. With a takeov
 (_forkstandby.py) it first waits the grace period for a standby controller to attach instead.
 
 Requests and reports are msgpack packets on a SOCK_SEQPACKET socket pair; a spawn request carries
-the child's stdout, stderr, beat and control pipe ends as SCM_RIGHTS file descriptors.
+the child's stdout, stderr, beat and control pipe ends as SCM_RIGHTS file descriptors. Every child
+(a spare too) is forked holding its death lock (_deathlock.py) in a page made here for it; the
+"spawned" report hands that page to the controller, which watches it (read-only) from then on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from . import _deathlock
 from ._exitfuncs import disown_finalizers, run_exit_functions
 from ._forkstandby import ControllerLink, Standby
 from ._liveness import describe_status
@@ -53,6 +56,7 @@ def _child(
     server_pid: int,
     standby: Standby | None,
     server_fds: list[int],
+    page: int | None = None,
 ) -> None:
     code = 1
     started = False
@@ -80,6 +84,11 @@ def _child(
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
+        if page is not None:  # held by this (main) thread until the process exits
+            try:
+                _deathlock.hold(page)
+            except OSError as exc:  # its HELLO says so: it is watched by its EOF alone
+                print(f"otpmesh worker: no death lock: {exc}", file=sys.stderr)
         os.environ.update(req["env"])
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -141,17 +150,18 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
     link = ControllerLink(sock)
     standby: Standby | None = None
 
-    def fork_spare(cfg: dict[str, Any]) -> tuple[int, socket.socket]:
+    def fork_spare(cfg: dict[str, Any]) -> tuple[int, socket.socket, int | None]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        page = _new_page()
         pid = os.fork()
         if pid == 0:
             ours.close()
             req = {"env": {}, "cfg": dict(cfg, spare_fd=theirs.fileno())}
             assert link.sock is not None  # a spare is asked for by the controller linked now
-            _child(link.sock, wake_r, wake_w, req, [], server_pid, standby, spares.fds())
+            _child(link.sock, wake_r, wake_w, req, [], server_pid, standby, spares.fds(), page)
         theirs.close()
         children.add(pid)
-        return pid, ours
+        return pid, ours, page
 
     spares = SparePool(fork_spare)
     link.send({"op": "ready", "pid": server_pid})
@@ -206,15 +216,28 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                             spares.want(template(req["cfg"]))
                         continue
                     spare = spares.take(req, fds)
-                    pid = os.fork() if spare is None else spare
-                    if pid == 0:
-                        _child(
-                            link.sock, wake_r, wake_w, req, fds, server_pid, standby, spares.fds()
-                        )
+                    if spare is None:
+                        page = _new_page()
+                        pid = os.fork()
+                        if pid == 0:
+                            server = spares.fds()
+                            _child(
+                                link.sock,
+                                wake_r,
+                                wake_w,
+                                req,
+                                fds,
+                                server_pid,
+                                standby,
+                                server,
+                                page,
+                            )
+                    else:
+                        pid, page = spare
                     for fd in fds:
                         os.close(fd)
                     children.add(pid)
-                    link.send({"op": "spawned", "id": req["id"], "pid": pid})
+                    link.send({"op": "spawned", "id": req["id"], "pid": pid}, page)
                 else:
                     os.read(wake_r, 4096)
                     for pid in _reap(link, children):
@@ -227,6 +250,16 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _new_page() -> int | None:
+    """A death lock page for the child about to be forked (None: this kernel has none)."""
+    if not _deathlock.available():
+        return None
+    try:
+        return _deathlock.new_page()
+    except OSError:  # no descriptor or memory left: that worker is watched by its EOF
+        return None
 
 
 def _reap(link: ControllerLink, children: set[int]) -> list[int]:

@@ -17,6 +17,7 @@ A wrong proof gets no answer at all. An attached controller cut off by a newer o
 
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
 import os
@@ -108,14 +109,24 @@ class ControllerLink:
         self.sock: socket.socket | None = sock
         self._held: list[dict[str, Any]] = []
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: dict[str, Any], fd: int | None = None) -> None:
+        """Send `msg`, with descriptor `fd` (closed here, sent or not): held without it while
+        no controller is attached."""
         if self.sock is None:
             self._held.append(msg)
-            return
-        try:
-            self.sock.send(msgpack.packb(msg))
-        except OSError:
-            self._held.append(msg)  # it is going: its EOF comes next
+        else:
+            try:
+                if fd is None:
+                    self.sock.send(msgpack.packb(msg))
+                else:
+                    self.sock.sendmsg(
+                        [msgpack.packb(msg)],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))],
+                    )
+            except OSError:
+                self._held.append(msg)  # it is going: its EOF comes next
+        if fd is not None:
+            os.close(fd)
 
     def lost(self) -> None:
         if self.sock is not None:

@@ -62,6 +62,19 @@ def zombie_status(pid: int, parent: int | None) -> int | None:
     return int(fields[49])
 
 
+def dying_status(pid: int, parent: int | None) -> int | None:
+    """The wait status process `pid` (a child of `parent`, not reaped) is exiting with, from
+    ``/proc/PID/stat``'s exit_code (field 52): the kernel sets it in ``do_exit`` before it
+    tears the memory down, so it is there when the process's death lock is released
+    (_deathlock.py), long before the process is a zombie. None when it reads 0: not exiting
+    (a forged lock word), not ours to read (a non-dumpable process shows 0), or exiting with
+    code 0."""
+    fields = stat_fields(pid) if parent is not None else None
+    if fields is None or len(fields) < 50 or int(fields[1]) != parent:
+        return None
+    return int(fields[49]) or None
+
+
 def verdict(
     state: str | None, silent_for: float, timeout: float, started: bool = True
 ) -> str | None:

@@ -91,6 +91,13 @@ class Proc:
     started: bool = False
     # Its runtime's index of actor paths to the process hosting them (Runtime.host_of).
     index: dict[str, Proc] | None = field(default=None, repr=False)
+    # Its death lock's page (_deathlock.py), from its fork server, until it is watched.
+    lock_page: int | None = field(default=None, repr=False)
+    #: What told the controller it died first: "deathlock" (its lock released: before its
+    #: memory was torn down), "connection" (its socket's end), or "fork server" (its report).
+    noticed_by: str | None = None
+    # The controller asked it to exit (shutdown): its lock's release is no news.
+    stop_asked: bool = False
 
     @property
     def alive(self) -> bool:

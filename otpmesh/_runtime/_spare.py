@@ -52,19 +52,32 @@ class _Spare:
     pid: int
     sock: socket.socket  # the fork server's end of the spare's private socket pair
     cfg: dict[str, Any]  # the template it started from
+    page: int | None  # its death lock's page (_deathlock.py), for the controller once taken
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.page is not None:
+            os.close(self.page)
 
 
 class SparePool:
     """The fork server's spare (one at most), forked by `fork_spare(cfg)`: a callable that
-    forks a spare from a template and returns its pid and the server's end of its socket."""
+    forks a spare from a template and returns its pid, the server's end of its socket and its
+    death lock's page (or None)."""
 
-    def __init__(self, fork_spare: Callable[[dict[str, Any]], tuple[int, socket.socket]]) -> None:
+    def __init__(
+        self, fork_spare: Callable[[dict[str, Any]], tuple[int, socket.socket, int | None]]
+    ) -> None:
         self._fork_spare = fork_spare
         self._spare: _Spare | None = None
 
     def fds(self) -> list[int]:
-        """Descriptors a newly forked child must close (the server's end of the spare's)."""
-        return [self._spare.sock.fileno()] if self._spare is not None else []
+        """Descriptors a newly forked child must close (the server's end of the spare's socket,
+        and the spare's page: a worker may write its own lock's word, never another's)."""
+        spare = self._spare
+        if spare is None:
+            return []
+        return [spare.sock.fileno()] + ([spare.page] if spare.page is not None else [])
 
     def want(self, cfg: dict[str, Any]) -> None:
         """Have a spare started from `cfg` (a template) ready; one from another is retired."""
@@ -72,12 +85,13 @@ class SparePool:
             if self._spare.cfg == cfg:
                 return
             self.retire()
-        pid, sock = self._fork_spare(cfg)
-        self._spare = _Spare(pid, sock, cfg)
+        pid, sock, page = self._fork_spare(cfg)
+        self._spare = _Spare(pid, sock, cfg, page)
 
-    def take(self, req: dict[str, Any], fds: list[int]) -> int | None:
-        """Hand spawn request `req` and its pipe ends `fds` to the spare if it fits: its pid,
-        or None (no spare, one started for another template, or one that died: fork)."""
+    def take(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int | None] | None:
+        """Hand spawn request `req` and its pipe ends `fds` to the spare if it fits: its pid and
+        its lock's page (now the caller's), or None (no spare, one started for another
+        template, or one that died: fork)."""
         spare, self._spare = self._spare, None
         if spare is None:
             return None
@@ -96,22 +110,22 @@ class SparePool:
             )
         except OSError:
             # It died before its assignment (its exit report names a pid nobody knows).
-            spare.sock.close()
+            spare.close()
             return None
         spare.sock.close()
-        return spare.pid
+        return spare.pid, spare.page
 
     def exited(self, pid: int) -> None:
         """A child of the fork server exited: if it was the spare, there is none now."""
         if self._spare is not None and self._spare.pid == pid:
-            self._spare.sock.close()
+            self._spare.close()
             self._spare = None
 
     def retire(self) -> None:
         """Have no spare (it is SIGKILLed: it ran no user code)."""
         spare, self._spare = self._spare, None
         if spare is not None:
-            spare.sock.close()  # it reads the end of its socket and exits
+            spare.close()  # it reads the end of its socket and exits
             try:
                 os.kill(spare.pid, signal.SIGKILL)  # and if it is not reading yet, now
             except ProcessLookupError:

@@ -28,7 +28,7 @@ from .._wire._frames import HELLO, decode_frame
 from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
-from . import _spare
+from . import _deathlock, _spare
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
@@ -115,15 +115,6 @@ class Worker:
                     early[1][0].close()
                 nursery.cancel_scope.cancel()
                 return
-            if self.cfg.get("heartbeat_fd") is not None:
-                self.watchdog = Watchdog(
-                    lambda: self.node.actors,
-                    beat_fd=self.cfg["heartbeat_fd"],
-                    control_fd=self.cfg.get("control_fd"),
-                    interval=self.cfg["heartbeat_interval"],
-                    token=trio.lowlevel.current_trio_token(),
-                    on_fence=self._fenced_by_agent,
-                ).start()
             controller = self.cfg["controller"]
             if early is not None and early[0] != controller:  # not the one it was given
                 early[1][0].close()
@@ -143,8 +134,21 @@ class Worker:
                 # Its parent handed it the one-time token over a private socket pair (the fork
                 # request): it shows the controller that this process is the one forked for it.
                 "token": self.cfg.pop("token", None),
+                # It holds its death lock: the controller may watch it (_deathlock.py).
+                "deathlock": _deathlock.holding(),
             }
             conn.send_nowait(_codec.pack([HELLO, hello]))
+            # Its watchdog thread once the HELLO is on its way: starting a thread costs a restart
+            # milliseconds on a busy machine, and nothing runs here before this step ends.
+            if self.cfg.get("heartbeat_fd") is not None:
+                self.watchdog = Watchdog(
+                    lambda: self.node.actors,
+                    beat_fd=self.cfg["heartbeat_fd"],
+                    control_fd=self.cfg.get("control_fd"),
+                    interval=self.cfg["heartbeat_interval"],
+                    token=trio.lowlevel.current_trio_token(),
+                    on_fence=self._fenced_by_agent,
+                ).start()
             nursery.start_soon(self._serve_controller, conn)
             await self._done.wait()
             nursery.cancel_scope.cancel()

@@ -327,6 +327,16 @@ class Connection:
             pass
         self._writer_lot.unpark_all()
 
+    def finish(self) -> None:
+        """The peer is dying (known before its socket closes): read what it sent, then end as
+        at its end of stream. On a Unix socket every byte it wrote is in this end's receive
+        queue already, so a reply it sent just before it died still reaches its caller; it
+        can send nothing more."""
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
     def _mark_closed(self, reason: str) -> None:
         if not self.closed:
             self.closed = True
