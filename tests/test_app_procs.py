@@ -224,11 +224,6 @@ def test_a_ref_held_by_another_actor_follows_its_target_to_a_new_process() -> No
             assert first == await target.pid() != await caller.pid()
             os.kill(first, signal.SIGKILL)
             await _wait_for(app, LogKind.CHILD_EXITED, "s/t")
-            # The controller hears of a death from the dead process's lock, before its memory
-            # and sockets are gone (_deathlock.py): until they are, a call from a peer still
-            # goes to its old process and is lost with it. Once it is gone:
-            while alive(first):
-                await trio.sleep(0.01)
             second = await caller.call_kept("pid")  # the stale address is resolved again
             assert second != first and second == await target.pid()
             with pytest.raises(otpmesh.ActorError):

@@ -58,6 +58,14 @@ class Mortal(otpmesh.Actor):
         return keeper.pid
 
     @otpmesh.endpoint
+    def keep(self, peer: Any) -> None:
+        self.kept = peer
+
+    @otpmesh.endpoint
+    async def call_kept(self, method: str) -> Any:
+        return await self.kept.endpoint(method)()
+
+    @otpmesh.endpoint
     def exit_with(self, code: int) -> None:
         os._exit(code)
 
@@ -155,6 +163,40 @@ def test_a_worker_that_exits_by_itself_is_reported_once_with_its_exit_code() -> 
     _died_alone("exit", "exited with code 3")
 
 
+def test_a_peer_calls_the_new_incarnation_while_the_dead_ones_sockets_are_open() -> None:
+    """The death is reported while the dead process's sockets are still open (a keeper holds
+    them here; in life, while the kernel tears a large process down): another actor's call to
+    it after the report must go to its new incarnation, not into the old socket, where it would
+    wait for a reply that never comes."""
+    tree = Supervisor("s", intensity=5, children=[Worker("t", Mortal), Worker("c", Mortal)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            target, caller, rt = app.actor("s/t"), app.actor("s/c"), await runtime()
+            await caller.keep(target)
+            first = await caller.call_kept("pid")  # the caller's connection to it is open
+            await app.settled()
+            keeper = await target.keep_sockets_open()
+            try:
+                server = rt.forkserver.pid
+                assert server is not None
+                os.kill(server, signal.SIGSTOP)  # its report cannot come first
+                try:
+                    os.kill(first, signal.SIGKILL)
+                    await _reported(app, "s/t", 1)
+                finally:
+                    os.kill(server, signal.SIGCONT)
+                assert _proc(rt, first).noticed_by == "deathlock"
+                with trio.fail_after(20):
+                    second = await caller.call_kept("pid")
+            finally:
+                os.kill(keeper, signal.SIGKILL)
+            assert second != first and second == await target.pid()
+            assert _exits(app, "s/c") == []
+
+    run_trio(body)
+
+
 def test_the_reply_a_worker_sent_just_before_it_died_reaches_its_caller(tmp_path: Any) -> None:
     """The reply and the death arrive while the controller's loop is held, so the lock's news
     and the reply are both waiting when it runs again, in either order: the reply must win
@@ -225,7 +267,7 @@ def test_a_clean_stop_reports_no_death_and_leaves_no_watcher_thread() -> None:
         async with otpmesh.start(tree) as app:
             rt = await runtime()
             await app.mesh("s/m").pid()
-            assert rt.deathwatch.threads() == 1
+            assert rt.deaths.watch.threads() == 1
             procs.extend(rt.procs.values())
         for proc in procs:
             await proc.exited.wait()

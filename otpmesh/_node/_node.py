@@ -14,6 +14,7 @@ Frames are described in _frames.py and docs/wire.md.
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import weakref
 from collections.abc import Callable
@@ -41,6 +42,10 @@ from ._porttable import PortTable, set_current_table
 log = logging.getLogger("otpmesh.node")
 
 _CURRENT: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otpmesh_node")
+
+
+#: How many dying processes' addresses a node remembers (each is a fresh address, never reused).
+DYING_KEPT = 4096
 
 
 def current_node() -> Node | None:
@@ -127,6 +132,8 @@ class Node(Admission, Incoming, Outgoing):
         self.channel: TensorChannel | None = channel(self) if channel is not None else None
         #: This process's ports (otpmesh.Channel) and its sends to others' (_porttable.py).
         self.ports = PortTable(self)
+        #: Processes said to be dying (``peer_dying``), by address, the newest DYING_KEPT.
+        self.dying: dict[str, None] = {}
 
     # ---------------------------------------------------------------- serving
 
@@ -197,6 +204,8 @@ class Node(Admission, Incoming, Outgoing):
         """Dial `addr`, keep the connection in `table` and serve it until it closes."""
         if self.nursery is None:
             raise RuntimeError("node is not serving")
+        if addr in self.dying:  # its listener may be open still, with nobody to accept
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "its process is dying", addr)
         sock, mac = await dial(addr, self.secret_for(addr))
         conn = Connection(sock, peer=addr, decode=decode_frame, on_message=self.dispatch, mac=mac)
         table[addr] = conn
@@ -212,6 +221,23 @@ class Node(Admission, Incoming, Outgoing):
         """Use the (already served) incoming `conn` for calls to the node at `addr`."""
         conn.peer = addr
         self._conns[addr] = conn
+
+    def peer_dying(self, addr: Any) -> None:
+        """The process at `addr` is dying: its controller heard it from its death lock, while
+        the kernel still tears it down and its sockets stay open (``_runtime/_deathlock.py``).
+        Nothing more is written to it: the connection leaves the table (a new call finds none,
+        is refused as unreachable and, to a supervised actor, resolves the new incarnation) and
+        ends after what the process sent before it died (``Connection.finish``), the calls
+        still out on it failing as at its end of stream."""
+        if type(addr) is not str:
+            return
+        self.dying[addr] = None
+        if len(self.dying) > DYING_KEPT:
+            del self.dying[next(iter(self.dying))]
+        for table in (self._conns, self._side):
+            conn = table.pop(addr, None)
+            if conn is not None:
+                conn.finish()
 
     def _connection_closed(self, conn: Connection) -> None:
         if self._conns.get(conn.peer) is conn:

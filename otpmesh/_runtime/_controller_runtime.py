@@ -27,9 +27,9 @@ from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
 from ..rdma._channel import Channel
 from . import _spare
-from ._deathlock import DeathWatch
+from ._deaths import Deaths
 from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
-from ._liveness import HARD_FACTOR, describe_status, dying_status, zombie_status
+from ._liveness import HARD_FACTOR
 from ._proc import (
     HEARTBEAT_INTERVAL,
     HEARTBEAT_TIMEOUT,
@@ -108,10 +108,8 @@ class Runtime:
         #: and grace, and where workers write while no controller reads their pipes.
         self.takeover: TakeoverState | None = None
         self._spare_asked = False  # a spare is to be asked for (want_spare)
-        #: Watches every local worker's death lock (_deathlock.py): a death heard before the
-        #: dead process's memory is torn down and its socket closes.
-        self.deathwatch = DeathWatch()
-        self._token: trio.lowlevel.TrioToken | None = None
+        #: How it hears of a local worker's death, first from its death lock (_deaths.py).
+        self.deaths = Deaths(self.node, self.forkserver, self.procs, self._by_pid, self.mark_exited)
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
@@ -127,7 +125,7 @@ class Runtime:
     # ------------------------------------------------------------ life cycle
 
     async def _main(self, started: trio.Event) -> None:
-        self._token = trio.lowlevel.current_trio_token()
+        self.deaths.start()
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -150,7 +148,7 @@ class Runtime:
             log.exception("otpmesh runtime failed")
             started.set()
         finally:
-            self.deathwatch.stop()
+            self.deaths.stop()
 
     def _fork_server_report(self, msg: dict[str, Any]) -> None:
         if msg["op"] == "spawned":
@@ -163,10 +161,7 @@ class Runtime:
         elif msg["op"] == "exit":
             proc = self._by_pid.pop(msg["pid"], None)
             if proc is not None:
-                if proc.noticed_by == "deathlock":  # reported then: this is only its reaping
-                    log.debug("%s (pid %d) reaped: %s", proc.label(), proc.pid, msg["reason"])
-                proc.noticed_by = proc.noticed_by or "fork server"
-                self.mark_exited(proc, msg["reason"])
+                self.deaths.reaped(proc, msg["reason"])
 
     def _fork_server_gone(self) -> None:
         if self.forkserver.fenced is not None:
@@ -486,37 +481,8 @@ class Runtime:
             self.node.relays[proc.addr] = proc.host.conn
         if self.takeover is not None:
             self.takeover.proc_started(proc)
-        if proc.lock_page is not None:
-            if payload.get("deathlock") is True:
-                self.deathwatch.watch(proc.lock_page, proc, self._heard_dying)
-            os.close(proc.lock_page)  # mapped by the watch now (or not watched: its EOF)
-            proc.lock_page = None
+        self.deaths.hello(proc, payload)
         proc.ready.set()
-
-    def _heard_dying(self, proc: object) -> None:
-        """From the DeathWatch's thread: `proc`'s death lock was released."""
-        assert isinstance(proc, Proc) and self._token is not None
-        try:
-            self._token.run_sync_soon(self._dying, proc)
-        except trio.RunFinishedError:
-            pass
-
-    def _dying(self, proc: Proc) -> None:
-        """`proc` is exiting (its lock says so; its memory is still being torn down). Unless it
-        was asked to: kill it (a worker that forged its word dies for real: self-harm only),
-        take its exit status from the kernel now, and read what its connection holds before its
-        pending calls fail and its actors' exits are reported (Connection.finish: the usual
-        path from its end of stream on, once). Its reaping later only confirms it."""
-        if proc.noticed_by is not None or not proc.alive or proc.stop_asked or proc.conn is None:
-            log.debug("%s (pid %d) released its death lock", proc.label(), proc.pid)
-            return
-        status = dying_status(proc.pid, self.forkserver.pid)
-        self.forkserver.kill(proc.pid)
-        proc.noticed_by = "deathlock"
-        log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
-        # 0 read: killed just now (a forged word, or a status not ours to read).
-        self.mark_exited(proc, describe_status(status or signal.SIGKILL))
-        proc.conn.finish()
 
     def _on_connection_lost(self, conn: Connection) -> bool:
         if self.cluster is not None and self.cluster.connection_lost(conn):
@@ -543,7 +509,7 @@ class Runtime:
         # EOF comes first; the exit status follows from the fork server within milliseconds.
         with trio.move_on_after(_EXIT_STATUS_WAIT):
             if proc.host is None and not proc.exited.is_set():
-                await self._exit_status(proc)
+                await self.deaths.exit_status(proc)
             await proc.exited.wait()
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
@@ -558,33 +524,6 @@ class Runtime:
         # anything else is a process failure.
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
-
-    async def _exit_status(self, proc: Proc) -> None:
-        """Until `proc` is known to have exited, and why: from its fork server's report, or
-        from the process itself, once it is a zombie (the kernel keeps its wait status until
-        its parent reaps it), whichever comes first. On a busy machine the fork server's report
-        can come well after (it must be scheduled to wake, reap and write); the status is the
-        same. A closed connection means the process is exiting, not yet that it is a zombie:
-        its pidfd says when."""
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:
-            return  # reaped already: its fork server's report is on its way
-        try:
-            async with trio.open_nursery() as nursery:
-
-                async def from_itself() -> None:
-                    await trio.lowlevel.wait_readable(pidfd)
-                    status = zombie_status(proc.pid, self.forkserver.pid)
-                    if status is not None and self._by_pid.pop(proc.pid, None) is proc:
-                        self.mark_exited(proc, describe_status(status))
-
-                nursery.start_soon(from_itself)
-                await proc.exited.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            trio.lowlevel.notify_closing(pidfd)
-            os.close(pidfd)
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)

@@ -88,8 +88,10 @@ class Worker:
         # Another actor's connection (authenticated: it is one of ours) may call and cast, but
         # only the controller or agent that forked this process may run or stop actors in it.
         self.node.parent_ops = frozenset(
-            {"spawn_actor", "stop_actor", "shutdown", "inject", "partition"}
+            {"spawn_actor", "stop_actor", "shutdown", "inject", "partition", "peer_dying"}
         )
+        # Inline, in the order sent: whatever the controller sends after it finds it done.
+        self.node.sys_inline["peer_dying"] = self.node.peer_dying
         self.host = ActorHost(
             self.node,
             self._actor_exited,
