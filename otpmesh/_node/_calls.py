@@ -50,8 +50,10 @@ class CallGroup:
         self.results[index] = (ok, value)
         self.cancels[index] = None
         self.remaining -= 1
-        task, self._task = self._task, None
-        if task is not None:
+        # The caller waits for all of them (``wait_all``): woken by the last reply only, not
+        # once per reply (a broadcast's replies come in several scheduler passes).
+        if not self.remaining and self._task is not None:
+            task, self._task = self._task, None
             trio.lowlevel.reschedule(task)
 
     async def _park(self) -> None:
