@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -28,40 +27,9 @@ import msgpack
 import trio
 
 import otpmesh
+from otpmesh._bench_actor import BenchActor
 
 _LEN = struct.Struct(">I")
-
-
-class BenchActor(otpmesh.Actor):
-    """The actor every benchmark calls."""
-
-    def __init__(self) -> None:
-        self.token = uuid.uuid4().hex  # tells incarnations apart
-
-    @otpmesh.endpoint
-    async def echo(self, x: Any) -> Any:
-        return x  # no await: it runs at once when the actor is idle (_node/_inline.py)
-
-    @otpmesh.endpoint
-    async def echo_awaiting(self, x: Any) -> Any:
-        await trio.lowlevel.checkpoint()  # it may suspend: the actor's own task runs it
-        return x
-
-    @otpmesh.endpoint
-    def ident(self) -> list[Any]:
-        return [os.getpid(), self.token]
-
-    @otpmesh.endpoint
-    def fail(self) -> None:
-        raise RuntimeError("benchmark crash")
-
-    @otpmesh.endpoint
-    def stuck(self, seconds: float) -> None:
-        time.sleep(seconds)  # a plain-def endpoint: no stop reaches it, only a kill
-
-    @otpmesh.endpoint
-    async def wedged(self) -> None:
-        await trio.sleep_forever()  # an async endpoint: its deadline cancels it
 
 
 # ---------------------------------------------------------------- hangs (--hangs)
