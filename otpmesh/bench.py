@@ -27,7 +27,7 @@ import msgpack
 import trio
 
 import otpmesh
-from otpmesh._bench_actor import BenchActor
+from otpmesh.bench_actor import BenchActor
 
 _LEN = struct.Struct(">I")
 

@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 import otpmesh
-from otpmesh._bench_actor import BenchActor
+from otpmesh.bench_actor import BenchActor
 
 #: What a flooder runs: the standard library only (another user may have no otpmesh), so that
 #: ``python3 -c FLOODER TARGETS PROCS PER`` floods each target ("u:HEX" an abstract Unix

@@ -36,7 +36,7 @@ import msgpack
 import trio
 
 from . import bench
-from ._bench_actor import BenchActor
+from .bench_actor import BenchActor
 
 #: Round trips before the counted ones (the same in both runs): connections dialled and proved,
 #: caches and the allocator warm.

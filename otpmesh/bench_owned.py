@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import otpmesh
-from otpmesh._bench_actor import BenchActor
+from otpmesh.bench_actor import BenchActor
 
 
 class Owner(BenchActor):

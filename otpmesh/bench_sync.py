@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 import otpmesh
-from otpmesh._bench_actor import BenchActor
 from otpmesh.bench import _pipelined, _time_calls
+from otpmesh.bench_actor import BenchActor
 
 
 async def _awaited(calls: int, pipelined: int) -> tuple[list[float], float]:

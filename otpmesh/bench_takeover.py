@@ -40,10 +40,10 @@ import trio
 
 import otpmesh
 from otpmesh import launchers
-from otpmesh._bench_actor import BenchActor
 from otpmesh._controller._takeover import last_run
 from otpmesh._runtime._journal import COMPACT_BYTES, Journal, read_journal
 from otpmesh._runtime._statedir import bump_epoch, open_state_dir
+from otpmesh.bench_actor import BenchActor
 from otpmesh.testing import netns
 
 TREE = otpmesh.Supervisor(
