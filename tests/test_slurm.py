@@ -225,7 +225,8 @@ def test_a_three_node_job_runs_a_supervised_mesh_across_its_nodes(
     assert job.wait_ended(("CANCELLED",)) == "CANCELLED"
     _no_process_left(cluster, range(4))
     # scancel is SIGTERM then, after KillWait, SIGKILL: the tree stopped in order meanwhile.
-    assert job.on_stop() == {r: f"n{r} stopped (shutdown)" for r in range(3)}
+    stopped = {r: f"n{r} stopped (shutdown)" for r in range(3)}
+    assert job.on_stop() == stopped, cluster.output(job.id)  # what the job printed, if not
     assert "otpmesh: terminated (SIGTERM), all actors stopped" in cluster.output(job.id)
 
 
@@ -238,7 +239,8 @@ def test_preemption_gives_the_tree_its_grace_and_the_actors_their_on_stop(
     urgent = ["--partition=urgent", "--nodes=1", "--nodelist=n1", "--wrap", "true"]
     urgent_job = int(cluster.run("sbatch", "--parsable", *urgent).split(";")[0])
     assert job.wait_ended(("PREEMPTED",)) == "PREEMPTED"
-    assert job.on_stop() == {r: f"n{r} stopped (shutdown)" for r in range(3)}
+    stopped = {r: f"n{r} stopped (shutdown)" for r in range(3)}
+    assert job.on_stop() == stopped, cluster.output(job.id)  # what the job printed, if not
     assert "otpmesh: terminated (SIGTERM), all actors stopped" in cluster.output(job.id)
     _no_process_left(cluster, range(4))
     cluster.scancel(urgent_job)
