@@ -33,13 +33,14 @@ from otpmesh import LogKind, Mesh, Supervisor, Worker
 from otpmesh._runtime import _deathlock
 from otpmesh._runtime._controller_runtime import Runtime, runtime
 from otpmesh._runtime._proc import Proc
+from tests.actors import Member
 from tests.conftest import alive, run_trio
 from tests.test_restart_path import _new_pid
 
 pytestmark = pytest.mark.skipif(not _deathlock.available(), reason="no robust futex wait here")
 
 
-class Mortal(otpmesh.Actor):
+class Mortal(Member):  # Member's keep and call_kept: a ref held by another actor
     @otpmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
@@ -56,14 +57,6 @@ class Mortal(otpmesh.Actor):
                 pass
         keeper = subprocess.Popen(["sleep", "600"], pass_fds=socks, start_new_session=True)
         return keeper.pid
-
-    @otpmesh.endpoint
-    def keep(self, peer: Any) -> None:
-        self.kept = peer
-
-    @otpmesh.endpoint
-    async def call_kept(self, method: str) -> Any:
-        return await self.kept.endpoint(method)()
 
     @otpmesh.endpoint
     def exit_with(self, code: int) -> None:
