@@ -130,6 +130,13 @@ class Cluster:
             self.takeover.token_changed(rank, next_token, self._presented.get(rank))
         self._rt.node.sys_cast(conn, "agent_token", {"token": next_token})
 
+    def token_table(self) -> dict[int, tuple[bytes, bytes | None]] | None:
+        """By rank: (the token its agent registers with next, the one it presented last); None
+        when the launcher gives no tokens. What ``expect_tokens`` takes."""
+        if self.tokens is None:
+            return None
+        return {rank: (token, self._presented.get(rank)) for rank, token in self.tokens.items()}
+
     def expect_tokens(self, tokens: dict[int, tuple[bytes, bytes | None]]) -> None:
         """Register only the holders of these tokens, by rank: (the next, the last presented)."""
         self.tokens = {rank: pair[0] for rank, pair in tokens.items()}

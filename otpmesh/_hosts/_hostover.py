@@ -215,9 +215,10 @@ class _HostsLease:
         self._epoch_file = state.root / EPOCH
         self._state = state
         hosts = self._hosts
-        if hosts.tokens is not None:  # the table this run starts from, for its own standby
-            for rank, token in hosts.tokens.items():
-                state.agent_token(rank, token, hosts._presented.get(rank))
+        table = hosts.token_table()
+        if table is not None:  # the table this run starts from, for its own standby
+            for rank, (token, presented) in table.items():
+                state.agent_token(rank, token, presented)
         for host in hosts.live:
             if hosts.tokens is not None:  # it came while this was a standby: a fresh token
                 hosts.rotate_token(host.conn, host.rank)
