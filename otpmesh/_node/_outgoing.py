@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import trio
@@ -313,8 +313,16 @@ class Outgoing:
             slot.mark_up(found["addr"], None)
 
     def sys_cast(self, conn: Connection, op: str, payload: Any) -> None:
-        if not conn.closed:
-            conn.send_nowait(_codec.pack([SYS, -1, op, payload], self.offer(None)))
+        self.sys_cast_all([conn], op, payload)
+
+    def sys_cast_all(self, conns: Iterable[Connection], op: str, payload: Any) -> None:
+        """``sys_cast`` to each of `conns`, the frame encoded once."""
+        frame: bytes | None = None
+        for conn in conns:
+            if not conn.closed:
+                if frame is None:
+                    frame = _codec.pack([SYS, -1, op, payload], self.offer(None))
+                conn.send_nowait(frame)
 
 
 def _call_array(chain: tuple[str, ...]) -> tuple[bytes, list[bytes]]:

@@ -92,9 +92,10 @@ class Deaths:
         log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
         # Its peers first, in the order the controller sends: whatever it sends them after
         # this (a call, the restarted actor's address) finds the old process done there.
-        for other in self.procs.values():
-            if other is not proc and other.alive and other.conn is not None and other.host is None:
-                self.node.sys_cast(other.conn, "peer_dying", proc.addr)
+        # One frame, encoded once, to each (a mass death costs each survivor one per death).
+        conns = [p.conn for p in self.procs.values() if p.alive and p.host is None]
+        peers = [c for c in conns if c is not None and c is not proc.conn]
+        self.node.sys_cast_all(peers, "peer_dying", proc.addr)
         self.node.peer_dying(proc.addr)
         # 0 read: killed just now (a forged word, or a status not ours to read).
         self.mark_exited(proc, describe_status(status or signal.SIGKILL))
