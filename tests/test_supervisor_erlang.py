@@ -200,6 +200,24 @@ def test_restarts_older_than_the_period_are_forgotten_like_otp() -> None:
     assert simulate(tree, spaced, stop=False).alive
 
 
+def test_supervisor_steps_leave_a_worker_that_took_a_gone_supervisors_id_alone() -> None:
+    """Hypothesis found it in CI: a temporary supervisor stops, a dynamic worker is started
+    with its id, then "stop the supervisor at that path" came. The model leaves a worker there
+    alone, and so does the escript now (it stopped the worker, which exited 'normal')."""
+    sub = Supervisor("s2", restart=TEMPORARY, children=[Worker("w0", Actor)])
+    tree = Supervisor("root", children=[Supervisor("s1", children=[sub, Worker("w1", Actor)])])
+    taker = Worker("s2", Actor, restart=TEMPORARY, shutdown=1.0)
+    steps: list[Step] = [
+        StopSupervisor("root/s1/s2", "normal"),
+        Call("root/s1", "start_child", spec=taker),
+        StopSupervisor("root/s1/s2", "normal"),
+        KillSupervisor("root/s1/s2"),
+        Call("root/s1/s2", "terminate_child", id="w0"),
+    ]
+    assert_same([(tree, {}, steps)])
+    assert simulate(tree, steps, stop=False).alive
+
+
 def test_dynamic_children_outcomes_match_otp() -> None:
     tree = Supervisor(
         "root",

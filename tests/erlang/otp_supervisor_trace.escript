@@ -91,19 +91,25 @@ step({crash, Path, Reason}) ->
         end,
         receive {'DOWN', Mon, process, Pid, _} -> ok end
     end);
+%% Steps for a supervisor act only on one: a worker may have taken over the path of one that is
+%% gone (a dynamic child started with its id), and otpmesh's model leaves a worker alone there.
 step({stop_sup, Path, Reason}) ->
-    with_pid(Path, fun(Pid) -> catch sys:terminate(Pid, Reason) end);
+    with_sup(Path, fun(Pid) -> catch sys:terminate(Pid, Reason) end);
 step({kill_sup, Path}) ->
-    with_pid(Path, fun(Pid) ->
+    with_sup(Path, fun(Pid) ->
         Mon = monitor(process, Pid),
         exit(Pid, kill),
         receive {'DOWN', Mon, process, Pid, _} -> ok end
     end);
 step({call, Sup, Op, Arg}) ->
-    %% Only to a supervisor: a worker may have taken over the path of one that is gone.
-    with_pid(Sup, fun(Pid) ->
-        case ets:lookup(otpst, {sup, Sup}) of
-            [{_, Pid}] -> record({reply, Sup, Op, outcome(Op, call(Pid, Sup, Op, Arg))}, none);
+    with_sup(Sup, fun(Pid) ->
+        record({reply, Sup, Op, outcome(Op, call(Pid, Sup, Op, Arg))}, none)
+    end).
+
+with_sup(Path, Fun) ->
+    with_pid(Path, fun(Pid) ->
+        case ets:lookup(otpst, {sup, Path}) of
+            [{_, Pid}] -> Fun(Pid);
             _ -> ok
         end
     end).
