@@ -282,7 +282,11 @@ def test_bench_quick_shows_each_step_on_stderr_and_the_results_as_json() -> None
     assert result["unicast_us"]["calls"] == 100
     assert result["interleaved_us"]["rounds"] == 1  # 100 calls: one block of each
     assert result["interleaved_us"]["ratio_median_of_rounds"] > 0
-    assert result["restart_ms"]["after_exception_to_next_reply_p50"] > 0
+    restart = result["restart_ms"]
+    assert restart["after_exception_to_next_reply_p50"] > 0
+    # back to back, and with a warm spare (the steady state): both, same run
+    assert restart["after_sigkill_to_next_reply_p50"] > 0
+    assert restart["after_sigkill_warm_spare_to_next_reply_p50"] > 0
     for key in ("pipelined_calls_per_s", "pipelined_gather_calls_per_s"):  # both, same run
         assert result[key]["in_flight"] == 500 and result[key]["rate"] > 0, result[key]
     steps = [line for line in done.stderr.splitlines() if line.startswith("otpmesh bench: [")]
