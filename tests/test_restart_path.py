@@ -17,7 +17,9 @@ from typing import Any
 import trio
 
 import otpmesh
+from otpmesh._node._node import current_node
 from otpmesh._runtime._controller_runtime import runtime
+from otpmesh._runtime._worker import WARMUP_PATH
 from tests.conftest import alive, run_trio
 
 
@@ -37,6 +39,17 @@ class Probe(otpmesh.Actor):
     @otpmesh.endpoint
     def shout(self, text: str) -> None:
         print(text, flush=True)
+
+    @otpmesh.endpoint
+    def warm_state(self) -> dict[str, Any]:
+        """Whether this process ran a spare's warm-up, and what it left behind."""
+        node = current_node()
+        assert node is not None
+        return {
+            "warmed": "otpmesh._runtime._warmup" in sys.modules,
+            "actors": sorted(node.actors),
+            "left": [WARMUP_PATH in node.exited, WARMUP_PATH in node.last_exit],
+        }
 
 
 def _children(ppid: int) -> set[int]:
@@ -101,6 +114,26 @@ def test_a_sigkilled_workers_slot_is_refilled_by_the_spare_forked_before_the_kil
 
     run_trio(body)
     assert "[s/m/1] from the spare" in capsys.readouterr().out
+
+
+def test_a_spare_warms_the_restart_path_up_before_its_process_and_keeps_nothing_of_it() -> None:
+    """A spare starts, calls and stops an actor of otpmesh's own while it waits (its first
+    writes to the fork server's pages are paid then, not by the restart), and the process it
+    is handed shows nothing of it. A worker forked for a start is not warmed (nobody waits)."""
+    tree = otpmesh.Supervisor("s", intensity=5, children=[otpmesh.Worker("w", Probe)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            ref = app.actor("s/w")
+            first = await ref.pid()
+            assert (await ref.warm_state())["warmed"] is False
+            spare = await _spare({first})
+            os.kill(first, signal.SIGKILL)
+            assert await _new_pid(ref, first) == spare
+            state = await ref.warm_state()
+            assert state == {"warmed": True, "actors": ["s/w"], "left": [False, False]}
+
+    run_trio(body)
 
 
 def test_a_spare_has_proven_itself_to_the_controller_before_it_is_handed_a_process() -> None:

@@ -12,7 +12,10 @@ way a fresh fork gets them) instead of forking; the fork server then forks the n
 the controller asks again, off the restart's critical path.
 
 The spare runs no user code before its assignment: ``__main__`` is rebuilt, and actor classes
-imported, only when an actor is spawned in it. What it did before (imports, its node's
+imported, only when an actor is spawned in it. While it waits it runs the restart's own path
+once on an actor of otpmesh's (``_warmup.py``: a module imported by name, the actor started,
+called and stopped), so that the restart pays none of the page faults a forked process takes
+on its first writes to the fork server's pages there. What it did before (imports, its node's
 listener) depends on nothing per slot; the slot's environment (``CUDA_VISIBLE_DEVICES``) is set
 before anything can initialise CUDA.
 """

@@ -18,6 +18,7 @@ from .._core._errors import EncodeError, FencedError, ProtocolError
 from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
+from .._node._calls import CallGroup
 from .._node._host import ActorHost, StartFailed
 from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
@@ -32,6 +33,11 @@ from . import _deathlock, _spare
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
+
+#: The actor a spare warms up with (``_warmup.py``: named, so that the spare imports it, not
+#: the fork server), and where it lives for the few milliseconds it runs.
+WARMUP_CLASS = "otpmesh._runtime._warmup:Warmup"
+WARMUP_PATH = "otpmesh.spare/warmup"
 
 #: How long an adoption waits for the old controller's connection to be seen closed.
 ADOPT_WAIT = 1.0
@@ -112,6 +118,9 @@ class Worker:
             # only has to send its HELLO. It runs no user code meanwhile, and the connection
             # serves nothing of its own until the HELLO registers it as a process.
             early = await self._dial() if "spare_fd" in self.cfg else None
+            if early is not None:
+                async with trio.open_nursery() as warming:  # a task of its own: the actor's
+                    warming.start_soon(self._warm_up)  # context stays in its context
             if not await _spare.assignment(self.cfg):  # a spare waits here for its process
                 if early is not None:
                     early[1][0].close()
@@ -256,6 +265,37 @@ class Worker:
         os.close(err)
         self.watchdog.rewire(beat, control)
         return True
+
+    async def _warm_up(self) -> None:
+        """A spare's warm-up (``_warmup.py``): the start, a call, the reply and the stop of an
+        actor of otpmesh's own, so that the restart which takes this spare finds those pages
+        its own already. Nothing of it stays; a failure is only logged."""
+        path = WARMUP_PATH
+        payload = {
+            "id": path,
+            "incarnation": 1,
+            "cls": WARMUP_CLASS,  # imported here, by name, as an actor's module is
+            "name": "warmup",
+            "rank": 0,
+            "coords": {},
+            "shape": {},
+            "args": [],
+            "kwargs": {},
+            "progress_deadline": None,
+            "heal": None,
+        }
+        try:
+            await self._spawn_actor(None, _codec.unpack(_codec.pack(payload)))
+            group = CallGroup([path, path])
+            for index, method in enumerate(("echo", "echo_awaiting")):
+                self.node.deliver_local(path, method, [index], {}, (group, index))
+            await group.wait_all()
+            await self.host.stop(path, 1, SHUTDOWN, None, False)
+        except Exception:  # pragma: no cover - a spare that cannot warm up still serves
+            log.debug("the spare's warm-up failed", exc_info=True)
+        finally:
+            self.node.exited.pop(path, None)
+            self.node.last_exit.pop(path, None)
 
     async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str | ActorCrash:
         # A constructor or on_start that raised answers with its crash (the user's frames only),
