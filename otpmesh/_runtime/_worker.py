@@ -19,7 +19,7 @@ from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
 from .._node._calls import CallGroup
-from .._node._host import ActorHost, StartFailed
+from .._node._host import STARTED, ActorHost, StartFailed
 from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
@@ -285,7 +285,10 @@ class Worker:
             "heal": None,
         }
         try:
-            await self._spawn_actor(None, _codec.unpack(_codec.pack(payload)))
+            started = await self._spawn_actor(None, _codec.unpack(_codec.pack(payload)))
+            if started != STARTED:
+                log.debug("the spare's warm-up actor did not start: %r", started)
+                return
             group = CallGroup([path, path])
             for index, method in enumerate(("echo", "echo_awaiting")):
                 self.node.deliver_local(path, method, [index], {}, (group, index))
