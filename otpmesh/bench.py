@@ -293,18 +293,25 @@ async def _pipelined(mesh: otpmesh.ActorMesh, n: int) -> tuple[float, float]:
     """`n` calls in flight to one actor, each started in a task of its own: (calls per
     second, this process's CPU seconds per call)."""
     ref = mesh[0]
-    start, cpu = time.perf_counter(), time.process_time()
-    async with trio.open_nursery() as nursery:
-        for i in range(n):
-            nursery.start_soon(ref.echo, i)
-    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
+
+    async def calls() -> None:
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(ref.echo, i)
+
+    return await _per_call(n, calls)
 
 
 async def _pipelined_gather(mesh: otpmesh.ActorMesh, n: int) -> tuple[float, float]:
     """The same `n` calls through ``otpmesh.gather``: no task per call."""
     ref = mesh[0]
+    return await _per_call(n, lambda: otpmesh.gather(*(ref.echo(i) for i in range(n))))
+
+
+async def _per_call(n: int, calls: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+    """``await calls()`` (`n` calls): (calls per second, this process's CPU seconds per call)."""
     start, cpu = time.perf_counter(), time.process_time()
-    await otpmesh.gather(*(ref.echo(i) for i in range(n)))
+    await calls()
     return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 

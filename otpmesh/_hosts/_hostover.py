@@ -220,7 +220,7 @@ class _HostsLease:
             for rank, (token, presented) in table.items():
                 state.agent_token(rank, token, presented)
         for host in hosts.live:
-            if hosts.tokens is not None:  # it came while this was a standby: a fresh token
+            if table is not None:  # it came while this was a standby: a fresh token
                 hosts.rotate_token(host.conn, host.rank)
             self.registered(host)
 

@@ -9,10 +9,10 @@ died in it, or the disk filled): a reader drops them.
 
 A takeover starts the journal over: the controller that takes the run over writes the run it
 read as a snapshot (so a torn line is gone too) and renames it over the journal before its
-first record. The controller it
-replaced may still be running (across hosts, one cut off from most of its hosts acts until its
-quorum timeout); what that one appends goes to the file it holds open, no longer the journal,
-so no record of a replaced controller lands among its successor's.
+first record. The controller it replaced may still be running (across hosts, one cut off from
+most of its hosts acts until its quorum timeout); what that one appends goes to the file it
+holds open, no longer the journal, so no record of a replaced controller lands among its
+successor's.
 
 Compaction: once the journal has grown ``COMPACT_BYTES`` (or its last snapshot's size, if
 larger) past its last snapshot, the controller takes the snapshot of what its records still say
