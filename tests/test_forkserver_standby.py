@@ -10,6 +10,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgpack
 import trio
 
 from otpmesh._runtime._forkclient import ForkServer
-from otpmesh._runtime._forkstandby import MAX_PENDING
+from otpmesh._runtime._forkstandby import FAIR_CHANCE, MAX_PENDING, attach_proof
 
 SECRET = b"s" * 32
 
@@ -82,18 +83,43 @@ def test_a_dialer_that_never_proves_itself_does_not_stall_the_fork_server(
     trio.run(_with_fork_server, tmp_path, body)
 
 
+_SILENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.recv(1 << 16)  # the challenge
+print("challenged", flush=True)
+print("hung up" if s.recv(1 << 16) == b"" else "spoke", flush=True)  # never a byte from us
+"""
+
+
+def _silent_process(path: Path) -> subprocess.Popen[str]:
+    """A process that dials, reads its challenge, and says nothing (a place of its own: the
+    server keeps one place per process); "hung up" on its stdout once the server drops it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SILENT, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "challenged\n"
+    return proc
+
+
+def _hung_up_process(proc: subprocess.Popen[str]) -> bool:
+    return proc.poll() is not None
+
+
 def test_silent_dialers_hold_a_bounded_number_of_places_and_a_standby_still_attaches(
     tmp_path: Path,
 ) -> None:
     async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
-        dialers = [
-            await trio.to_thread.run_sync(_silent_dialer, path) for _ in range(MAX_PENDING + 1)
-        ]
+        dialers = []
         try:
-            # The oldest is evicted once one more than MAX_PENDING waits; the rest still wait.
-            await trio.to_thread.run_sync(select.select, [dialers[0]], [], [], 30.0)
-            assert _hung_up(dialers[0])
-            assert not any(_hung_up(d) for d in dialers[1:])
+            for _ in range(MAX_PENDING + 1):
+                dialers.append(await trio.to_thread.run_sync(_silent_process, path))
+            # The oldest is evicted once one more than MAX_PENDING waits (after its fair
+            # chance); the rest still wait.
+            await trio.to_thread.run_sync(dialers[0].wait, 30.0)
+            assert dialers[0].stdout is not None and dialers[0].stdout.read() == "hung up\n"
+            assert not any(_hung_up_process(d) for d in dialers[1:])
             standby = ForkServer(lambda msg: None, lambda: None)
             async with trio.open_nursery() as nursery:
                 children = await nursery.start(standby.attach, str(path), SECRET, 2)
@@ -105,9 +131,48 @@ def test_silent_dialers_hold_a_bounded_number_of_places_and_a_standby_still_atta
                 standby.quit()
         finally:
             for d in dialers:
-                d.close()
+                d.kill()
+                d.wait()
 
     trio.run(_with_fork_server, tmp_path, body)
+
+
+def test_a_process_dialing_again_takes_its_own_older_place_not_anothers(tmp_path: Path) -> None:
+    """A process holds one place: its newer dial replaces its older one, and leaves the other
+    processes' places alone."""
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        other = await trio.to_thread.run_sync(_silent_process, path)
+        try:
+            first = await trio.to_thread.run_sync(_silent_dialer, path)
+            second = await trio.to_thread.run_sync(_silent_dialer, path)
+            await trio.to_thread.run_sync(select.select, [first], [], [], 30.0)
+            assert _hung_up(first)
+            assert not _hung_up(second)
+            assert not _hung_up_process(other)
+            first.close()
+            second.close()
+        finally:
+            other.kill()
+            other.wait()
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+def _slow_prover(path: Path, epoch: int, delay: float) -> str:
+    """Attach by hand, answering the challenge only after `delay`; the server's reply's op (a
+    server that answers "ready" is then told to quit)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(str(path))  # blocking: it waits its turn in the listener's backlog
+        nonce = msgpack.unpackb(sock.recv(1 << 16))["nonce"]
+        time.sleep(delay)
+        proof = attach_proof(SECRET, nonce, epoch)
+        sock.send(msgpack.packb({"op": "attach", "epoch": epoch, "proof": proof}))
+        reply = sock.recv(1 << 16)
+        op = "hung up" if not reply else str(msgpack.unpackb(reply)["op"])
+        if op == "ready":  # attached: this is the fork server's controller now, and ends it
+            sock.send(msgpack.packb({"op": "quit"}))
+        return op
 
 
 _FLOOD = """
@@ -129,15 +194,15 @@ while True:  # connect as fast as it can, never a byte: the backlog full, the pl
 def test_a_flood_of_dialers_without_the_secret_does_not_keep_a_standby_out(
     tmp_path: Path,
 ) -> None:
-    """Two same-user processes without the secret connect to the standby socket in a loop
-    while standbys attach, one after another at rising epochs: each attaches. Before, a dial
-    failed about one time in two (the backlog full: ENOTCONN; or evicted before its proof was
-    read: "it hung up"), and a standby took that for a fork server gone: it started afresh and
-    the fork server's children, their actors' state with them, were lost."""
+    """Same-user processes without the secret connect to the standby socket in a loop (two
+    with blocking connects, two spinning on non-blocking ones) while standbys attach, one after
+    another at rising epochs: each attaches. Before, a dial failed about one time in two (the
+    backlog full: ENOTCONN; or evicted before its proof was read: "it hung up"), and a standby
+    took that for a fork server gone: it started afresh and the fork server's children, their
+    actors' state with them, were lost."""
 
     async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
-        argv = [sys.executable, "-c", _FLOOD, str(path)]
-        floods = [subprocess.Popen(argv) for _ in range(2)]
+        floods = _floods(path, 2, "blocking") + _floods(path, 2, "spinning")
         try:
             await trio.sleep(0.5)  # the flood is on
             async with trio.open_nursery() as nursery:
@@ -146,6 +211,33 @@ def test_a_flood_of_dialers_without_the_secret_does_not_keep_a_standby_out(
                     children = await nursery.start(standby.attach, str(path), SECRET, epoch)
                     assert children == []
                 standby.quit()  # the last one attached ends the fork server
+        finally:
+            for flood in floods:
+                flood.kill()
+                flood.wait()
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+def _floods(path: Path, count: int, how: str) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen([sys.executable, "-c", _FLOOD, str(path), how]) for _ in range(count)]
+
+
+def test_a_slow_prover_keeps_its_place_through_a_flood_from_more_processes_than_places(
+    tmp_path: Path,
+) -> None:
+    """A standby that answers its challenge 0.2 s late (a loaded machine) attaches while more
+    processes than there are places flood the socket: it keeps its place for FAIR_CHANCE
+    however fast the others dial. Before, the flood evicted it within a few accepts, every
+    time ("it hung up")."""
+    assert 0.2 < FAIR_CHANCE
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        floods = _floods(path, MAX_PENDING + 2, "blocking")
+        try:
+            await trio.sleep(0.5)  # the flood is on
+            got = await trio.to_thread.run_sync(_slow_prover, path, 2, 0.2)
+            assert got == "ready"
         finally:
             for flood in floods:
                 flood.kill()

@@ -173,6 +173,7 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
             if standby is not None:
                 for conn in standby.expire():
                     sel.unregister(conn)
+                _serve_listener(sel, standby)
                 due = standby.next_due()
                 if due is not None:
                     timeout = due if timeout is None else min(timeout, due)
@@ -250,6 +251,15 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _serve_listener(sel: selectors.BaseSelector, standby: Standby) -> None:
+    """Watch the standby listener only while a dialer could be admitted (Standby.full)."""
+    watched = standby.listener in sel.get_map()
+    if watched and standby.full():
+        sel.unregister(standby.listener)
+    elif not watched and not standby.full():
+        sel.register(standby.listener, selectors.EVENT_READ)
 
 
 def _new_page() -> int | None:

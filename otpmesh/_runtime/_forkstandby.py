@@ -23,7 +23,9 @@ import hmac
 import os
 import secrets
 import socket
+import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -34,11 +36,17 @@ from .._wire._peercred import peer_credentials
 #: How long a dialer of the standby socket has to prove itself. The server goes on serving its
 #: children meanwhile: a dialer that says nothing holds one of MAX_PENDING places, not the server.
 PROOF_TIMEOUT = 2.0
-#: Dialers proving themselves at once; one more evicts the oldest.
+#: Dialers proving themselves at once; one more evicts the oldest, once it has had FAIR_CHANCE.
 MAX_PENDING = 8
+#: How long a dialer holds its place before a newcomer may take it. While every place is held
+#: by a dialer younger than this, the server accepts nobody: the next dialer waits in the
+#: listener's backlog, so a flood of dialers slows a standby's turn but cannot cut it short.
+FAIR_CHANCE = 0.5
 _MAX = 1 << 16
 #: How long a standby tries again to attach when its dial fails on the way (see dial_standby).
-DIAL_RETRY = 5.0
+DIAL_RETRY = 10.0
+#: How long one connect waits for a place in the listener's backlog.
+_CONNECT_WAIT = 2.0
 _HUNG_UP = "it hung up"
 
 
@@ -57,10 +65,13 @@ async def dial_standby(
     is gone (no socket file, nobody listening).
 
     A same-user process without the secret can still connect, and a flood of them fills the
-    listener's backlog or evicts this dialer before its proof is read (MAX_PENDING): such a
-    failure is tried again, 10 ms apart doubling up to 0.2 s, for up to DIAL_RETRY seconds.
-    Before, one of them made a standby take the fork server for gone and start afresh, its
-    children and their state lost."""
+    listener's backlog and the server's places (MAX_PENDING). The connect blocks in the
+    kernel's queue for a place in the backlog (a non-blocking one fails at once, or seems to
+    succeed and then reads ENOTCONN, and never holds a place in that queue); once accepted,
+    the dialer keeps its place for FAIR_CHANCE at least. A failure on the way is still tried
+    again, 10 ms apart doubling up to 0.2 s, for up to DIAL_RETRY seconds. Before, one failed
+    dial made a standby take the fork server for gone and start afresh, its children and their
+    state lost."""
     import trio
 
     deadline = trio.current_time() + DIAL_RETRY
@@ -81,9 +92,17 @@ async def _dial_once(path: str, secret: bytes, epoch: int) -> tuple[socket.socke
     import trio
 
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        # Blocking, in a thread: it waits its turn in the listener's queue, for _CONNECT_WAIT
+        # at most (SO_SNDTIMEO bounds a Unix socket's connect; EAGAIN then, tried again).
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(_CONNECT_WAIT))
+        await trio.to_thread.run_sync(raw.connect, path, abandon_on_cancel=True)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0.0))
+    except BaseException:
+        raw.close()
+        raise
     sock = trio.socket.from_stdlib_socket(raw)
     try:
-        await sock.connect(path)
         data = await sock.recv(_MAX)
         if not data:
             raise ConnectionResetError("the fork server closed the connection before its challenge")
@@ -99,6 +118,10 @@ async def _dial_once(path: str, secret: bytes, epoch: int) -> tuple[socket.socke
         sock.close()
         raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
     return raw, reply
+
+
+def _timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
 
 
 class ControllerLink:
@@ -147,12 +170,24 @@ class ControllerLink:
             self.send(msg)
 
 
+@dataclass(slots=True)
+class _Dialer:
+    """A dialer that was sent a challenge."""
+
+    nonce: bytes
+    since: float  # when it was admitted (time.monotonic)
+    pid: int  # the kernel's word on the process that connected
+    replaced: bool = False  # the same process dialed again: this one goes at the next expire
+
+
 class Standby:
     """The listener a standby controller attaches through, and the grace period's clock.
 
-    The fork server's select loop owns the sockets: ``admit`` when the listener is readable,
-    ``answer`` when a dialer it admitted is, ``expire`` on every pass. Nothing here blocks, so a
-    dialer that connects and says nothing costs the server nothing but a place in ``pending``.
+    The fork server's select loop owns the sockets: ``admit`` when the listener is readable
+    (and ``full`` is false), ``answer`` when a dialer it admitted is, ``expire`` on every pass.
+    Nothing here blocks, so a dialer that connects and says nothing costs the server nothing but
+    a place in ``pending``. A process holds one place (its newer dial takes its older one's), so
+    a few flooding processes cannot take a standby's; many can only make it wait its turn.
     """
 
     def __init__(self, req: dict[str, Any]) -> None:
@@ -169,8 +204,8 @@ class Standby:
         os.chmod(path, 0o600)
         self.listener.listen(4)
         self.listener.setblocking(False)
-        #: Dialers that were sent a challenge: their nonce and the time their proof is due by.
-        self.pending: dict[socket.socket, tuple[bytes, float]] = {}
+        #: Dialers that were sent a challenge, in the order they were admitted.
+        self.pending: dict[socket.socket, _Dialer] = {}
         self._deadline = 0.0
 
     def close_fds(self) -> None:
@@ -195,23 +230,37 @@ class Standby:
         return self._deadline - time.monotonic()
 
     def next_due(self) -> float | None:
-        """Seconds until the oldest pending dialer's proof is due, or None if none is pending."""
+        """Seconds until the next pass has work: a dialer replaced, the oldest proof due, or
+        (every place taken) the oldest dialer's fair chance over; None if none is pending."""
         if not self.pending:
             return None
-        return max(0.0, min(due for _, due in self.pending.values()) - time.monotonic())
+        if any(d.replaced for d in self.pending.values()):
+            return 0.0
+        due = min(d.since for d in self.pending.values()) + PROOF_TIMEOUT
+        if len(self.pending) >= MAX_PENDING:
+            due = min(due, self._fair_chance_ends())
+        return max(0.0, due - time.monotonic())
+
+    def full(self) -> bool:
+        """Whether every place is held by a dialer that has not had FAIR_CHANCE yet: the
+        listener is not to be served until it has (a newcomer waits in the backlog)."""
+        return len(self.pending) >= MAX_PENDING and time.monotonic() < self._fair_chance_ends()
+
+    def _fair_chance_ends(self) -> float:
+        oldest = next(iter(self.pending.values()))  # dicts keep admission order
+        return oldest.since + FAIR_CHANCE
 
     def admit(self) -> socket.socket | None:
         """Accept a dialer of this user and challenge it; the socket to watch for its proof, or
-        None (nobody was there, or another user). May close and return nothing else: evicted
-        dialers are dropped from ``pending`` and must be unregistered by the caller (``expire``
-        returns them)."""
+        None (nobody was there, or another user). A dialer of the same process it replaces is
+        dropped at the next ``expire``, which returns it for the caller's selector."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return None
         try:
             conn.setblocking(False)
-            _pid, uid, _gid = peer_credentials(conn)
+            pid, uid, _gid = peer_credentials(conn)
             if uid != os.getuid():
                 conn.close()
                 return None
@@ -220,14 +269,17 @@ class Standby:
         except OSError:
             conn.close()
             return None
-        self.pending[conn] = (nonce, time.monotonic() + PROOF_TIMEOUT)
+        for dialer in self.pending.values():
+            if dialer.pid == pid:
+                dialer.replaced = True
+        self.pending[conn] = _Dialer(nonce, time.monotonic(), pid)
         return conn
 
     def expire(self) -> list[socket.socket]:
-        """Close and forget dialers whose proof is overdue, and the oldest beyond MAX_PENDING;
-        the sockets dropped (for the caller's selector)."""
-        now = time.monotonic()
-        dropped = [conn for conn, (_, due) in self.pending.items() if due <= now]
+        """Close and forget dialers replaced or whose proof is overdue, and the oldest beyond
+        MAX_PENDING; the sockets dropped (for the caller's selector)."""
+        overdue = time.monotonic() - PROOF_TIMEOUT
+        dropped = [c for c, d in self.pending.items() if d.replaced or d.since <= overdue]
         overflow = len(self.pending) - len(dropped) - MAX_PENDING
         if overflow > 0:  # dicts keep insertion order: the oldest first
             live = [conn for conn in self.pending if conn not in dropped]
@@ -240,7 +292,7 @@ class Standby:
     def answer(self, conn: socket.socket) -> socket.socket | None:
         """Read a pending dialer's proof: its socket (blocking again) if it proved the secret at
         a higher epoch, which it then serves; otherwise None, the dialer closed and forgotten."""
-        nonce, _due = self.pending.pop(conn)
+        nonce = self.pending.pop(conn).nonce
         try:
             msg = msgpack.unpackb(conn.recv(_MAX))
             epoch = msg.get("epoch") if isinstance(msg, dict) else None
