@@ -215,7 +215,28 @@ async def _time_calls(fn: Callable[[int], Awaitable[Any]], n: int) -> list[float
 # ---------------------------------------------------------------- the bare baseline
 
 
-async def _echo_server(addr: str) -> None:
+def bare_frame(i: int, method: str = "echo") -> bytes:
+    """The baseline's request: a length-prefixed msgpack call frame, as otpmesh's own."""
+    out: bytes = msgpack.packb([0, i, "bench/0", method, [i], {}])
+    return _LEN.pack(len(out)) + out
+
+
+def frame_complete(buf: bytes) -> bool:
+    """Whether `buf` holds one whole length-prefixed frame (the baseline reads one reply)."""
+    return len(buf) >= 4 and len(buf) >= 4 + _LEN.unpack_from(buf)[0]
+
+
+async def bare_round_trip(stream: trio.SocketStream, i: int) -> None:
+    """One baseline round trip: a call frame written, its whole reply read."""
+    await stream.send_all(bare_frame(i))
+    got = b""
+    while not frame_complete(got):
+        got += await stream.receive_some(1 << 16)
+
+
+async def echo_server(addr: str) -> None:
+    """The bare baseline: a trio echo server on abstract Unix socket `addr` that answers each
+    frame with a reply frame, nothing else (``python -m otpmesh.bench --echo-server ADDR``)."""
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await listener.bind("\0" + addr)  # abstract socket: argv cannot carry the NUL
     listener.listen(1)
@@ -225,10 +246,8 @@ async def _echo_server(addr: str) -> None:
     buf = b""
     while data := await stream.receive_some(1 << 16):
         buf += data
-        while len(buf) >= 4:
+        while frame_complete(buf):
             (size,) = _LEN.unpack_from(buf)
-            if len(buf) < 4 + size:
-                break
             msg = msgpack.unpackb(buf[4 : 4 + size])
             buf = buf[4 + size :]
             out = msgpack.packb([2, msg[1], msg[4]])
@@ -250,11 +269,7 @@ async def _bare_echo() -> AsyncIterator[Callable[[int], Awaitable[None]]]:
         stream = await trio.open_unix_socket("\0" + addr)
 
         async def one(i: int) -> None:
-            out = msgpack.packb([0, i, "bench/0", "echo", [i], {}])
-            await stream.send_all(_LEN.pack(len(out)) + out)
-            got = b""
-            while len(got) < 4 or len(got) < 4 + _LEN.unpack_from(got)[0]:
-                got += await stream.receive_some(1 << 16)
+            await bare_round_trip(stream, i)
 
         await _time_calls(one, 200)
         yield one
@@ -523,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(otpmesh.run(hangs_benchmark), indent=2))
         return
     if args.echo_server:
-        trio.run(_echo_server, args.echo_server)
+        trio.run(echo_server, args.echo_server)
         return
     if args.shutdown:
         print(json.dumps(otpmesh.run(shutdown_benchmark), indent=2))

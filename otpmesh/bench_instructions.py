@@ -32,7 +32,6 @@ import sys
 import tempfile
 from typing import Any
 
-import msgpack
 import trio
 
 from . import bench
@@ -100,11 +99,7 @@ async def _bare_caller(addr: str, calls: int) -> None:
     addr = bytes.fromhex(addr).decode()
     stream = await trio.open_unix_socket("\0" + addr)
     for i in range(WARMUP + calls):  # the same loop as otpmesh.bench's baseline
-        out = msgpack.packb([0, i, "bench/0", "echo", [i], {}])
-        await stream.send_all(bench._LEN.pack(len(out)) + out)
-        got = b""
-        while len(got) < 4 or len(got) < 4 + bench._LEN.unpack_from(got)[0]:
-            got += await stream.receive_some(1 << 16)
+        await bench.bare_round_trip(stream, i)
     await stream.aclose()
 
 
@@ -218,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "worker":
             trio.run(_worker_side)
         elif kind == "echo":
-            trio.run(bench._echo_server, rest[0])
+            trio.run(bench.echo_server, rest[0])
         else:
             caller = _bare_caller if kind == "bare" else _otpmesh_caller
             trio.run(caller, rest[0], int(rest[1]))

@@ -37,7 +37,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack
 import trio
 
 import otpmesh
@@ -181,10 +180,9 @@ async def _broadcasts(mesh: Any) -> float:
 async def _bare_broadcasts(n: int) -> float:
     """The median ms of a broadcast to `n` bare trio echo servers: one frame written to each,
     then one reply read from each (the floor an actor broadcast is measured against)."""
-    from otpmesh.bench import _LEN
+    from otpmesh.bench import bare_frame, frame_complete
 
-    out = msgpack.packb([0, 1, "bench/0", "noop", [None], {}])
-    frame = _LEN.pack(len(out)) + out
+    frame = bare_frame(1, "noop")
     with _bare_servers(n) as socks:
 
         async def once() -> None:
@@ -192,7 +190,7 @@ async def _bare_broadcasts(n: int) -> float:
                 sock.send(frame)
             for sock in socks:
                 got = b""
-                while len(got) < 4 or len(got) < 4 + _LEN.unpack_from(got)[0]:
+                while not frame_complete(got):
                     try:
                         got += sock.recv(1 << 16)
                     except BlockingIOError:
@@ -235,7 +233,7 @@ def _bare_servers(n: int) -> Iterator[list[socket.socket]]:
 def _serve_bare(n: int, prefix: str) -> None:
     """``--bare-servers N PREFIX``: fork `n` bare echo servers from this interpreter (trio and
     msgpack imported once), each in a session of its own as a worker is; wait for them."""
-    from otpmesh.bench import _echo_server
+    from otpmesh.bench import echo_server
 
     children = []
     for i in range(n):
@@ -243,7 +241,7 @@ def _serve_bare(n: int, prefix: str) -> None:
         if pid == 0:
             os.setsid()
             try:
-                trio.run(_echo_server, f"{prefix}-{i}")
+                trio.run(echo_server, f"{prefix}-{i}")
             finally:
                 os._exit(0)
         children.append(pid)

@@ -47,6 +47,7 @@ class Probe(otpmesh.Actor):
         assert node is not None
         return {
             "warmed": "otpmesh._runtime._warmup" in sys.modules,
+            "answered": getattr(sys.modules.get("otpmesh._runtime._warmup"), "answered", 0),
             "actors": sorted(node.actors),
             "left": [WARMUP_PATH in node.exited, WARMUP_PATH in node.last_exit],
         }
@@ -131,7 +132,12 @@ def test_a_spare_warms_the_restart_path_up_before_its_process_and_keeps_nothing_
             os.kill(first, signal.SIGKILL)
             assert await _new_pid(ref, first) == spare
             state = await ref.warm_state()
-            assert state == {"warmed": True, "actors": ["s/w"], "left": [False, False]}
+            assert state == {
+                "warmed": True,
+                "answered": 2,  # it started, and both calls came back
+                "actors": ["s/w"],
+                "left": [False, False],
+            }
 
     run_trio(body)
 

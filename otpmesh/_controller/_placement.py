@@ -19,7 +19,7 @@ from .._core._errors import ActorDiedError, ActorError, EncodeError, SpawnError
 from .._core._exits import ActorCrash, ProcessExit
 from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
-from .._node._host import STARTED, ActorHost, StartFailed
+from .._node._host import STARTED, ActorHost, StartFailed, spawn_request
 from .._node._mesh import Slot
 from .._runtime._controller_runtime import ExitListener, Runtime
 from .._runtime._liveness import proc_state
@@ -74,19 +74,19 @@ class Placement(Protocol):
 def _payload(
     path: str, incarnation: int, actor: type | str, args: Any, kwargs: Any, info: SlotInfo
 ) -> dict[str, Any]:
-    return {
-        "id": path,
-        "incarnation": incarnation,
-        "cls": class_path(actor) if isinstance(actor, type) else actor,
-        "name": info.name,
-        "rank": info.rank,
-        "coords": info.coords,
-        "shape": info.shape,
-        "args": list(args),
-        "kwargs": dict(kwargs),
-        "progress_deadline": info.progress_deadline,
-        "heal": info.heal,
-    }
+    return spawn_request(
+        path,
+        incarnation,
+        class_path(actor) if isinstance(actor, type) else actor,
+        name=info.name,
+        rank=info.rank,
+        coords=info.coords,
+        shape=info.shape,
+        args=args,
+        kwargs=kwargs,
+        progress_deadline=info.progress_deadline,
+        heal=info.heal,
+    )
 
 
 async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:

@@ -32,6 +32,37 @@ ExitCallback = Callable[[str, int, object], None]
 ExitingCallback = Callable[[str, int], None]
 
 
+def spawn_request(
+    path: str,
+    incarnation: int,
+    cls: type | str,
+    *,
+    name: str,
+    rank: int = 0,
+    coords: dict[str, int] | None = None,
+    shape: dict[str, int] | None = None,
+    args: Any = (),
+    kwargs: Any = None,
+    progress_deadline: float | None = None,
+    heal: Any = None,
+) -> dict[str, Any]:
+    """What ``ActorHost.spawn`` reads (the ``spawn_actor`` operation's payload): `cls` an actor
+    class, or its ``module:qualname`` (imported where it starts)."""
+    return {
+        "id": path,
+        "incarnation": incarnation,
+        "cls": cls,
+        "name": name,
+        "rank": rank,
+        "coords": coords or {},
+        "shape": shape or {},
+        "args": list(args),
+        "kwargs": dict(kwargs or {}),
+        "progress_deadline": progress_deadline,
+        "heal": heal,
+    }
+
+
 class StartFailed(Exception):
     """Raised by ``ActorHost.spawn`` when the actor's constructor or ``on_start`` raised: `crash`
     is what it raised, with the user's frames only (the start's exit reason)."""

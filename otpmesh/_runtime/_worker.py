@@ -19,7 +19,7 @@ from .._core._exits import ActorCrash
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
 from .._node._calls import CallGroup
-from .._node._host import STARTED, ActorHost, StartFailed
+from .._node._host import STARTED, ActorHost, StartFailed, spawn_request
 from .._node._mainmodule import MainModule
 from .._node._node import Node, set_current_node
 from .._wire import _codec
@@ -271,19 +271,8 @@ class Worker:
         actor of otpmesh's own, so that the restart which takes this spare finds those pages
         its own already. Nothing of it stays; a failure is only logged."""
         path = WARMUP_PATH
-        payload = {
-            "id": path,
-            "incarnation": 1,
-            "cls": WARMUP_CLASS,  # imported here, by name, as an actor's module is
-            "name": "warmup",
-            "rank": 0,
-            "coords": {},
-            "shape": {},
-            "args": [],
-            "kwargs": {},
-            "progress_deadline": None,
-            "heal": None,
-        }
+        # imported here, by name, as an actor's module is
+        payload = spawn_request(path, 1, WARMUP_CLASS, name="warmup")
         try:
             started = await self._spawn_actor(None, _codec.unpack(_codec.pack(payload)))
             if started != STARTED:
