@@ -6,12 +6,14 @@ import gc
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 import otpmesh
-from tests.actors import Echo
+from otpmesh._node._endpoint import Endpoint
+from tests.actors import Echo, Member
 from tests.conftest import run_trio
 
 
@@ -45,6 +47,39 @@ def test_unicast_and_call_one_return_one_value() -> None:
                 await mesh.echo.call_one(1)
             with pytest.raises(IndexError, match="rank 3 is out of range for w of 3 actors"):
                 mesh[3]
+
+    run_trio(body)
+
+
+def test_a_call_that_reaches_a_member_between_its_crash_and_restart_is_resent_to_it_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The call goes out to every member at once (each up, its connection open), one of them
+    has just crashed (its crash was sent first, in the same scheduler pass): that member's
+    worker answers that no actor took the call, and only that member is called again, on its
+    next incarnation; the other runs the call once."""
+    tree = otpmesh.Supervisor(
+        "s",
+        children=[otpmesh.Mesh("m", Member, shape={"procs": 2}, strategy=otpmesh.ONE_FOR_ONE)],
+    )
+    general: list[int] = []  # the members each call sent the general way
+    outcomes = Endpoint._outcomes
+
+    async def spy(self: Endpoint, slots: Any, *rest: Any) -> Any:
+        general.append(len(slots))
+        return await outcomes(self, slots, *rest)
+
+    monkeypatch.setattr(Endpoint, "_outcomes", spy)
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("s/m")
+            assert (await mesh.count.call()).values() == [1, 1]
+            assert (await mesh.count.call()).values() == [2, 2]
+            assert general == []  # every member up and connected: sent at once
+            await mesh[0].crash.broadcast()
+            assert (await mesh.count.call()).values() == [1, 3]
+            assert general == [1]  # member 0 alone, again
 
     run_trio(body)
 

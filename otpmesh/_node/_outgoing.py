@@ -94,21 +94,39 @@ class Outgoing:
         return group
 
     def call_now(
-        self, target: Target, path: str, method: str, args: Any, kwargs: Any
+        self, targets: Sequence[Target], paths: list[str], method: str, args: Any, kwargs: Any
     ) -> CallGroup | None:
-        """``call`` to one actor in another process, sent here and now: no coroutine and
-        nothing awaited (the hot path of ``ref.ep(...)``). None, with nothing sent, when
-        ``call`` must do it: the actor is dead or in this process, its connection is not open
-        yet or has too much queued (``call`` waits), or chaos is on this node's links."""
-        conn = self._ready(target)
-        if conn is None:
+        """``call`` to actors in other processes, sent here and now: the call packed once, a
+        frame written to each, no coroutine and nothing awaited (the hot path of ``ref.ep(...)``
+        and ``mesh.ep.call(...)``). None, with nothing sent, when ``call`` must do it: one of
+        them is dead or in this process, its connection is not open yet or has too much queued
+        (``call`` waits), host agents would relay the fan-out, or chaos is on this node's
+        links."""
+        if self.relays and len(targets) >= _fanout.MIN_FANOUT:
             return None
-        group = CallGroup([path])
+        conns = []
+        for target in targets:
+            conn = self._ready(target)
+            if conn is None:
+                return None
+            conns.append(conn)
+        chain = _chain.CHAIN.get()
+        array, tail = _call_array(chain)
+        group = CallGroup(paths)
         group.offered = []
         try:
-            self._call_into(conn, group, 0, target, method, args, kwargs)
-        except BaseException:
+            body = _call_body(method, args, kwargs, self.offer(group.offered))
+        except BaseException:  # an argument that cannot be encoded: nothing sent
             self.ended((), group)
+            raise
+        inflight = self.inflight
+        for target in targets:
+            inflight[target.actor_id] = inflight.get(target.actor_id, 0) + 1
+        try:
+            for index, conn in enumerate(conns):
+                self._call_remote(conn, group, index, targets[index].actor_id, body, array, tail)
+        except BaseException:
+            self.ended(targets, group)
             raise
         return group
 
