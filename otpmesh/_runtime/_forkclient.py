@@ -368,6 +368,7 @@ async def watch_heartbeat(
     stream = trio.lowlevel.FdStream(fd)  # makes `fd` non-blocking; closes it at the end
     try:
         last = trio.current_time()
+        answered = started()
         while alive():
             wait = last + timeout - trio.current_time()
             # One cancel scope per silence, its deadline moved on by each beat, not one per
@@ -388,6 +389,12 @@ async def watch_heartbeat(
             if not alive():
                 continue
             if _liveness.pending_beats(fd, reader.feed):  # this watcher was the late one
+                last = trio.current_time()
+                continue
+            if not answered and started():
+                # Its start was answered: it lives, as a beat would say. Its silence is judged
+                # from here (a start that held the GIL for seconds had sent no beat since).
+                answered = True
                 last = trio.current_time()
                 continue
             reason = _liveness.verdict(
