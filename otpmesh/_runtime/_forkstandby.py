@@ -270,7 +270,7 @@ class Standby:
             conn.close()
             return None
         for dialer in self.pending.values():
-            if dialer.pid == pid:
+            if pid and dialer.pid == pid:  # 0: a process of a pid namespace it cannot see
                 dialer.replaced = True
         self.pending[conn] = _Dialer(nonce, time.monotonic(), pid)
         return conn
