@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from typing import Any
@@ -250,6 +251,85 @@ def test_a_burst_of_small_frames_queued_past_the_coalescing_limit_goes_out_in_fe
     writes, received = run_trio(body, timeout=30)
     assert received == [f + p for f, p in zip(frames, padding, strict=True)]
     assert writes < 50, f"{writes} writes for {len(frames)} frames"
+
+
+class _CountingReads(socket.socket):
+    """A real socket that counts the reads made on it."""
+
+    reads = 0
+
+    def recvmsg(self, *args: Any) -> Any:
+        self.reads += 1
+        return super().recvmsg(*args)
+
+
+def _counting_pair() -> tuple[_CountingReads, socket.socket]:
+    a, right = socket.socketpair()
+    left = _CountingReads(fileno=a.detach())
+    left.setblocking(False)
+    right.setblocking(False)
+    return left, right
+
+
+def test_a_reader_that_emptied_the_socket_waits_for_it_rather_than_reading_again() -> None:
+    """100 frames, each sent once the one before was handled (a unicast caller's replies, a
+    worker's calls): one read each. Before, every read that emptied the socket was followed by
+    another that failed (EAGAIN): two system calls per frame."""
+
+    async def body() -> tuple[int, list[bytes]]:
+        left, right = _counting_pair()
+        got: list[bytes] = []
+        handled = trio.Event()
+
+        def on_message(conn: Connection, message: Any, pending: Any) -> None:
+            got.append(message)
+            handled.set()
+
+        conn = Connection(left, peer="test", decode=lambda f: (f, ()), on_message=on_message)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            for i in range(100):
+                handled = trio.Event()
+                right.send(_frame(b"frame %03d" % i))
+                await handled.wait()
+            nursery.cancel_scope.cancel()
+        right.close()
+        return left.reads, got
+
+    reads, got = run_trio(body, timeout=30)
+    assert got == [b"frame %03d" % i for i in range(100)]
+    assert reads <= 101, f"{reads} reads for 100 frames"
+
+
+def test_a_read_cut_short_by_a_passed_descriptor_leaves_nothing_unread() -> None:
+    """A Unix socket's read stops after the bytes that carry descriptors, so a read can take
+    less than is there: the reader, which then waits for the socket instead of reading again,
+    must still get the rest (the socket is readable at once)."""
+
+    async def body() -> list[bytes]:
+        left, right = _counting_pair()
+        got: list[bytes] = []
+        conn = Connection(
+            left, peer="test", decode=lambda f: (f, ()), on_message=lambda c, m, p: got.append(m)
+        )
+        r, w = os.pipe()
+        try:
+            right.send(_frame(b"before"))
+            socket.send_fds(right, [_frame(b"with a descriptor")], [r])
+            right.send(_frame(b"after"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.run)
+                with trio.fail_after(10):
+                    while len(got) < 3:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        finally:
+            os.close(r)
+            os.close(w)
+            right.close()
+        return got
+
+    assert run_trio(body, timeout=30) == [b"before", b"with a descriptor", b"after"]
 
 
 def test_a_thousand_workers_dialing_at_once_wait_in_the_backlog_not_refused() -> None:

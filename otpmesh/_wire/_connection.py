@@ -257,13 +257,19 @@ class Connection:
         sock = self.sock
         mac = self._mac
         streak = 0
+        drained = False
         while True:
+            if drained:
+                # The last read took less than it asked for: the socket was empty then, so wait
+                # for it rather than ask again (a recv that would fail: a system call per read).
+                streak = 0
+                await trio.lowlevel.wait_readable(sock)
             try:
                 data = self._recv()
             except BlockingIOError:
-                streak = 0
-                await trio.lowlevel.wait_readable(sock)
+                drained = True
                 continue
+            drained = len(data) < _RECV_CHUNK
             self._batching = False  # new data read: the next frame may go directly again
             if not data:
                 if decoder.buffered:
