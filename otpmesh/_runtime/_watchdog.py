@@ -11,9 +11,11 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
   of concurrent endpoints in flight, each with its own deadline): one that made no progress
   for its deadline is hung. For an async endpoint the loop is asked to crash the actor with a
   ``Hung`` reason (the endpoint is cancelled, ``on_stop`` runs, the exit is reported as usual).
-  A plain-def endpoint blocks the loop itself, as does an async one the loop does not get back
-  from within ``GRACE``: the watchdog reports the hang on the beat pipe and kills its own
-  process with SIGKILL. The parent reads the report before it reports the exit, so the actor's
+  A plain-def endpoint blocks the loop itself (or, ``blocking=True``, a thread the loop cannot
+  stop), as does an async one the loop does not get back from within ``GRACE``: the watchdog
+  reports the hang on the beat pipe and kills its own process with SIGKILL, without asking the
+  loop to crash the actor first (an exit the loop reported would be restarted in this process,
+  just before the kill). The parent reads the report before it reports the exit, so the actor's
   exit reason is the ``Hung``, with the stacks.
 
 Reports on the beat pipe are ``b"!"``, a 4-byte big-endian length and a msgpack map; the
@@ -233,23 +235,27 @@ class Watchdog:
         path = cell.ctx.path
         reason = Hung(serving.method, serving.deadline, "ran past its progress deadline", text)
         log.error("%s: %s", path, reason)
-        crashed = threading.Event()
+        # A plain-def endpoint (on the loop's thread, or a blocking one in a thread of its own)
+        # ends with its process, killed below: the loop is not asked to crash the actor first.
+        # A blocking endpoint leaves the loop free, and a crash the loop ran before the kill
+        # landed reported the actor's exit, so its supervisor restarted it in this process,
+        # and the kill took the new incarnation too (a second exit for one hang).
+        if serving.is_async or not self._may_kill:
+            crashed = threading.Event()
 
-        def crash() -> None:
-            if cell.serves(serving):
-                cell.crash(reason)
-            crashed.set()
+            def crash() -> None:
+                if cell.serves(serving):
+                    cell.crash(reason)
+                crashed.set()
 
-        try:
-            self._token.run_sync_soon(crash)
-        except trio.RunFinishedError:
-            return
-        # A plain-def endpoint runs on the loop's own thread: the loop cannot answer until it
-        # returns, so there is nothing to wait for. An async one is cancelled by the loop, unless
-        # the cancellation cannot reach it (it awaits a thread stuck in C): then it still serves
-        # after the grace, and is treated as a blocked one.
-        if (serving.is_async or not self._may_kill) and crashed.wait(GRACE):
-            if not self._may_kill or self._ended(cell, serving, GRACE):
+            try:
+                self._token.run_sync_soon(crash)
+            except trio.RunFinishedError:
+                return
+            # An async endpoint is cancelled by the loop, unless the cancellation cannot reach
+            # it (it awaits a thread stuck in C): then it still serves after the grace, and is
+            # treated as a blocked one.
+            if crashed.wait(GRACE) and (not self._may_kill or self._ended(cell, serving, GRACE)):
                 return  # the actor exits with the reason like any crash
         if not self._may_kill:
             # The controller's own loop is blocked in the endpoint: the crash waits its turn
