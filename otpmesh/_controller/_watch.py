@@ -39,6 +39,7 @@ from .._core._outline import outline
 from .._core._reasons import is_normal_exit
 from .._core._supevents import LogEntry
 from .._runtime._controller_runtime import runtime
+from .._wire._owntasks import spawn as spawn_own
 from .._wire._secret import (
     NONCE_SIZE,
     PROOF_SIZE,
@@ -120,7 +121,7 @@ async def watchable(ctx: TreeContext) -> AsyncIterator[None]:
     watched = watched_apps()
     if not watched.serving:
         watched.serving = True
-        trio.lowlevel.spawn_system_task(_serve, watched, name="otpmesh-watch")
+        spawn_own(_serve, watched, name="otpmesh-watch")
     watched.add(ctx)
     try:
         yield

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
+from .._wire._owntasks import spawn as spawn_own
+
 T = TypeVar("T")
 
 log = logging.getLogger("otpmesh.actor")
@@ -51,7 +53,7 @@ def asyncio_thread() -> AsyncioThread:
         thread = AsyncioThread(trio.lowlevel.current_trio_token())
         _THREAD.set(thread)
         # Ends the loop when the trio run ends (system tasks are cancelled then).
-        trio.lowlevel.spawn_system_task(thread.serve, name="otpmesh-asyncio-guard")
+        spawn_own(thread.serve, name="otpmesh-asyncio-guard")
         return thread
 
 
@@ -181,9 +183,7 @@ class AsyncioThread:
                 loop.call_soon_threadsafe(settle, result)
 
         def spawn() -> None:
-            trio.lowlevel.spawn_system_task(
-                in_trio, name=f"otpmesh-from-asyncio:{fn!r}", context=context
-            )
+            spawn_own(in_trio, name=f"otpmesh-from-asyncio:{fn!r}", context=context)
 
         def cancel() -> None:
             if scopes:

@@ -19,6 +19,7 @@ from .._core._errors import ActorDiedError, CallTimeoutError, MeshError
 from .._core._shape import Coords, Shape, all_coords
 from .._core._signature import Params, bind_error
 from .._core._valuemesh import ValueMesh
+from .._wire._owntasks import spawn as spawn_own
 from ._aioloop import bridge
 from ._calls import CallGroup
 from ._future import Future
@@ -267,7 +268,7 @@ class Endpoint:
                 async with trio.open_nursery() as nursery:
                     self._fan_out(nursery, slots, args, kwargs, send)
 
-        trio.lowlevel.spawn_system_task(fan_out, name=f"otpmesh: {self._name}.stream()")
+        spawn_own(fan_out, name=f"otpmesh: {self._name}.stream()")
         try:
             for _ in range(len(slots)):
                 index, outcome = await arrivals.receive()

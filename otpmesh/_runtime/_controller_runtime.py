@@ -25,6 +25,7 @@ from .._node._failure import MeshFailure
 from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
 from .._wire._connection import Connection
+from .._wire._owntasks import spawn as spawn_own
 from ..rdma._channel import Channel
 from . import _spare
 from ._deaths import Deaths
@@ -582,7 +583,7 @@ async def runtime(secret: bytes | None = None) -> Runtime:
         starting = trio.Event()
         _STARTING.set(starting)
         rt = Runtime(secret)
-        trio.lowlevel.spawn_system_task(rt._main, starting, name="otpmesh-runtime")
+        spawn_own(rt._main, starting, name="otpmesh-runtime")
         await starting.wait()
         if rt.nursery is None:
             raise SpawnError("the otpmesh runtime failed to start (see the log above)") from None

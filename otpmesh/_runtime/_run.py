@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from .._wire._owntasks import in_own_task
+from .._wire._owntasks import spawn as spawn_own
 from ._gcpace import pace
 
 T = TypeVar("T")
@@ -109,7 +111,10 @@ def run(main: Callable[..., Awaitable[T]], *args: Any, standby: bool = False) ->
     """Run `main(*args)` under trio. Workers never outlive it; Ctrl-C stops everything with one
     short message and exit status 130 (and, when the stop takes more than a second, a word on
     stderr meanwhile); SIGTERM (``kill``, Kubernetes, Slurm) stops it the same way, each
-    actor's ``on_stop`` running within its shutdown, and exits with status 143; a supervision
+    actor's ``on_stop`` running within its shutdown, and exits with status 143. Either signal
+    reaches your code (main and the tasks it started) as trio's ``KeyboardInterrupt``; one
+    that lands in otpmesh's own tasks is handed to main at its next checkpoint instead, so the
+    runtime is never cut off mid-frame and the stop stays orderly. A supervision
     tree that gives up exits with status 1 and a message naming the supervisor and the last
     exit reasons. With `standby`, every ``otpmesh.start(tree, takeover=...)`` in it waits for
     the active controller's lease, as ``Takeover(..., standby=True)`` does
@@ -178,7 +183,9 @@ async def _noting_slow_stops(
         if signals.received is None:
             signals.received = signum
         token.run_sync_soon(interrupted.set)  # signal-safe; then trio's own handling
-        trio_handler(signal.SIGINT, frame)
+        # In otpmesh's own tasks the frame is withheld: trio then interrupts main at its next
+        # checkpoint, not the runtime mid-frame (_owntasks).
+        trio_handler(signal.SIGINT, None if in_own_task() else frame)
 
     # SIGTERM is the stop a scheduler or `kill` asks for: the same orderly stop as Ctrl-C.
     on_stop_signal.otpmesh_orderly_stop = True  # type: ignore[attr-defined]
@@ -187,7 +194,7 @@ async def _noting_slow_stops(
     try:
         # A system task: cancelled once main is done, and never a nursery around main (which
         # would wrap what main raises in an ExceptionGroup).
-        trio.lowlevel.spawn_system_task(_notice_slow_stop, interrupted, name="otpmesh-stopping")
+        spawn_own(_notice_slow_stop, interrupted, name="otpmesh-stopping")
         return await main(*args)
     finally:
         if signal.getsignal(signal.SIGTERM) is on_stop_signal:

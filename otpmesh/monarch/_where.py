@@ -28,6 +28,7 @@ import trio
 from .._core._errors import AppStoppedError
 from .._node._aioloop import bridge
 from .._node._daemon import daemon
+from .._wire._owntasks import spawn as spawn_own
 from ._future import Future
 
 T = TypeVar("T")
@@ -137,4 +138,4 @@ def _spawn(
             started.set()
         future._settle(value, None)
 
-    trio.lowlevel.spawn_system_task(task, name=f"otpmesh.monarch:{fn!r}", context=context)
+    spawn_own(task, name=f"otpmesh.monarch:{fn!r}", context=context)

@@ -38,6 +38,7 @@ import msgpack
 import trio
 
 from .._wire._accepting import Acceptor
+from .._wire._owntasks import spawn as spawn_own
 from .._wire._refusals import RefusalLog
 from .._wire._unproven import Unproven
 from ._backend import Caller, Peer, Region
@@ -204,7 +205,7 @@ class _Idle:
     def keep_for_this_run(self) -> None:
         if not self.held:
             self.held = True
-            trio.lowlevel.spawn_system_task(self._hold, name="otpmesh-rdma-tcp-idle")
+            spawn_own(self._hold, name="otpmesh-rdma-tcp-idle")
 
     async def _hold(self) -> None:
         try:
@@ -286,7 +287,7 @@ class TcpBackend:
             listener = socket.create_server((host, 0))
             self._listener = listener
             self._address = (host, listener.getsockname()[1])
-            trio.lowlevel.spawn_system_task(self._accept_loop, listener, name="otpmesh-rdma-tcp")
+            spawn_own(self._accept_loop, listener, name="otpmesh-rdma-tcp")
         return self._address
 
     async def _accept_loop(self, listener: socket.socket) -> None:
