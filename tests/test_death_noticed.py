@@ -32,6 +32,8 @@ import otpmesh
 from otpmesh import LogKind, Mesh, Supervisor, Worker
 from otpmesh._runtime import _deathlock
 from otpmesh._runtime._controller_runtime import Runtime, runtime
+from otpmesh._runtime._deaths import Deaths
+from otpmesh._runtime._liveness import NOT_EXITING, dying_status, proc_state
 from otpmesh._runtime._proc import Proc
 from tests.actors import Member
 from tests.conftest import alive, run_trio
@@ -154,6 +156,77 @@ def test_a_sigkilled_worker_is_heard_from_its_lock_and_reported_once() -> None:
 
 def test_a_worker_that_exits_by_itself_is_reported_once_with_its_exit_code() -> None:
     _died_alone("exit", "exited with code 3")
+
+
+@pytest.mark.parametrize("code", [5, 0])
+def test_a_lock_heard_after_the_process_was_reaped_reports_its_own_exit_code(
+    monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """The lock's wake reaches the loop after the fork server reaped the process and before its
+    report is read (a loaded machine: the wake is queued behind other work): /proc no longer
+    knows the process, and its status must come from the report, not be taken for a SIGKILL
+    (CI saw an ``os._exit(5)`` reported as "killed by signal 9"). Here that order is made: the
+    lock's wake is held back and delivered just before the fork server's report is handled,
+    and a keeper holds the worker's sockets (no end of stream)."""
+    heard: list[Proc] = []
+    reaped = Deaths.reaped
+
+    def report_after_the_lock(self: Deaths, proc: Proc, reason: str) -> None:
+        assert not alive(proc.pid)  # reaped already
+        if proc in heard:
+            self.dying(proc)
+        reaped(self, proc, reason)
+
+    monkeypatch.setattr(Deaths, "_heard", lambda self, proc: heard.append(proc))
+    monkeypatch.setattr(Deaths, "reaped", report_after_the_lock)
+    tree = Supervisor("s", intensity=5, children=[Worker("w", Mortal)])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            ref, rt = app.actor("s/w"), await runtime()
+            pid = await ref.pid()
+            await app.settled()
+            keeper = await ref.keep_sockets_open()
+            try:
+                with pytest.raises(otpmesh.ActorDiedError):
+                    await ref.exit_with(code)
+                exit = await _reported(app, "s/w", 1)
+            finally:
+                os.kill(keeper, signal.SIGKILL)
+            assert [p.pid for p in heard] == [pid]
+            assert _proc(rt, pid).noticed_by == "deathlock"
+            assert f"exited with code {code}" in str(exit.reason), exit.reason
+            assert await _new_pid(ref, pid) != pid
+            await app.settled()
+            assert len(_exits(app, "s/w")) == 1
+
+    run_trio(body)
+
+
+def test_the_kernel_tells_an_exiting_process_from_a_forger_and_a_reaped_one() -> None:
+    """``dying_status`` on real children of this process: alive and not exiting (what a forged
+    lock word looks like), exited (a zombie: exiting, its status readable), and reaped."""
+    me = os.getpid()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        assert dying_status(sleeper.pid, me) == NOT_EXITING
+        assert dying_status(sleeper.pid, me + 1) is None  # not that parent's child
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    for code, status in [(5, 5 << 8), (0, None)]:
+        child = subprocess.Popen([sys.executable, "-c", f"import os; os._exit({code})"])
+        while proc_state(child.pid) != "Z":
+            time.sleep(0.005)
+        assert dying_status(child.pid, me) == status  # 0 reads as "not known here"
+        child.wait()
+        assert dying_status(child.pid, me) is None  # reaped: its report says it
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    while proc_state(killed.pid) != "Z":
+        time.sleep(0.005)
+    assert dying_status(killed.pid, me) == signal.SIGKILL
+    killed.wait()
 
 
 def test_a_peer_calls_the_new_incarnation_while_the_dead_ones_sockets_are_open() -> None:

@@ -23,7 +23,7 @@ import trio
 from .._node._node import Node
 from ._deathlock import DeathWatch
 from ._forkclient import ForkServer
-from ._liveness import describe_status, dying_status, zombie_status
+from ._liveness import NOT_EXITING, describe_status, dying_status, zombie_status
 from ._proc import Proc
 
 log = logging.getLogger("otpmesh.runtime")
@@ -79,15 +79,22 @@ class Deaths:
 
     def dying(self, proc: Proc) -> None:
         """`proc` is exiting (its lock says so; its memory is still being torn down). Unless it
-        was asked to: kill it (a worker that forged its word dies for real: self-harm only),
-        take its exit status from the kernel now, tell its peers, and read what its connection
-        holds before its pending calls fail and its actors' exits are reported (the usual path
-        from its end of stream on, once). Its reaping later only confirms it."""
+        was asked to: take its exit status from the kernel now, tell its peers, and read what
+        its connection holds before its pending calls fail and its actors' exits are reported
+        (the usual path from its end of stream on, once). It is killed, to be sure: one that
+        forged its word (alive, not exiting) dies for real (self-harm only). A status the
+        kernel cannot give now (reaped already, or one that reads 0) comes with its fork
+        server's report, as it would have without the lock; otherwise that report only
+        confirms it."""
         if proc.noticed_by is not None or not proc.alive or proc.stop_asked or proc.conn is None:
             log.debug("%s (pid %d) released its death lock", proc.label(), proc.pid)
             return
         status = dying_status(proc.pid, self.forkserver.pid)
+        # Killed to be sure: the lock also goes when the main thread alone ends (the fork
+        # server signals only a child it has not reaped).
         self.forkserver.kill(proc.pid)
+        if status == NOT_EXITING:
+            status = signal.SIGKILL  # the wait status of its death, just now
         proc.noticed_by = "deathlock"
         log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
         # Its peers first, in the order the controller sends: whatever it sends them after
@@ -97,8 +104,8 @@ class Deaths:
         peers = [c for c in conns if c is not None and c is not proc.conn]
         self.node.sys_cast_all(peers, "peer_dying", proc.addr)
         self.node.peer_dying(proc.addr)
-        # 0 read: killed just now (a forged word, or a status not ours to read).
-        self.mark_exited(proc, describe_status(status or signal.SIGKILL))
+        if status is not None:
+            self.mark_exited(proc, describe_status(status))
         proc.conn.finish()
 
     def reaped(self, proc: Proc, reason: str) -> None:

@@ -62,16 +62,27 @@ def zombie_status(pid: int, parent: int | None) -> int | None:
     return int(fields[49])
 
 
+#: `dying_status` of a process that is alive and not exiting (its lock word was forged).
+NOT_EXITING = -1
+#: The task flag the kernel sets as a process starts to exit (``exit_signals`` in ``do_exit``),
+#: before it records its exit code and long before its robust locks are released.
+_PF_EXITING = 0x4
+
+
 def dying_status(pid: int, parent: int | None) -> int | None:
     """The wait status process `pid` (a child of `parent`, not reaped) is exiting with, from
-    ``/proc/PID/stat``'s exit_code (field 52): the kernel sets it in ``do_exit`` before it
-    tears the memory down, so it is there when the process's death lock is released
-    (_deathlock.py), long before the process is a zombie. None when it reads 0: not exiting
-    (a forged lock word), not ours to read (a non-dumpable process shows 0), or exiting with
-    code 0."""
+    ``/proc/PID/stat``: the kernel sets its flags' PF_EXITING (field 9) and then its exit_code
+    (field 52) in ``do_exit``, before it tears the memory down, so both are there when the
+    process's death lock is released (_deathlock.py), long before it is a zombie.
+    NOT_EXITING when it is alive and not exiting (a forged lock word, or an ``exec``). None when
+    it is dead or exiting but its status cannot be read here: reaped already (its fork server's
+    report carries the status), or exiting with a status that reads 0 (an exit with code 0, or
+    a status not ours to read: a non-dumpable process shows 0)."""
     fields = stat_fields(pid) if parent is not None else None
     if fields is None or len(fields) < 50 or int(fields[1]) != parent:
-        return None
+        return None  # gone, or its pid is another's now: it was reaped
+    if not int(fields[6]) & _PF_EXITING:
+        return NOT_EXITING
     return int(fields[49]) or None
 
 
