@@ -31,7 +31,7 @@ class Target(Protocol):
 class CallGroup:
     """The outstanding replies of one call to `n` actors, delivered by index."""
 
-    __slots__ = ("_task", "cancels", "offered", "paths", "remaining", "results")
+    __slots__ = ("_task", "cancels", "conn", "offered", "paths", "remaining", "results")
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
@@ -42,6 +42,9 @@ class CallGroup:
         self._task: trio.lowlevel.Task | None = None
         #: Temporary tensor-channel buffers holding this call's large arguments.
         self.offered: list[int] = []
+        #: The one connection all its replies come on, when its caller may wait for them on
+        #: the socket itself (``Connection.read_for``); None: the readers deliver them.
+        self.conn: Connection | None = None
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         """Record the reply (value, or exception when not ok) of actor `index`; first one wins."""
@@ -66,8 +69,13 @@ class CallGroup:
         await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def wait_all(self) -> None:
+        if self.remaining and self.conn is not None:
+            await self.conn.read_for(self.answered)
         while self.remaining:
             await self._park()
+
+    def answered(self) -> bool:
+        return not self.remaining
 
     def missing(self) -> list[int]:
         return [i for i, r in enumerate(self.results) if r is _MISSING]

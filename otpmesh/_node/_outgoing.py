@@ -128,6 +128,8 @@ class Outgoing:
         except BaseException:
             self.ended(targets, group)
             raise
+        if len(conns) == 1:
+            group.conn = conns[0]  # its caller waits on the socket (``Connection.read_for``)
         return group
 
     def call_into(

@@ -11,6 +11,7 @@ A broken frame closes that one connection; nothing else is affected.
 from __future__ import annotations
 
 import array
+import contextvars
 import logging
 import os
 import socket
@@ -40,6 +41,12 @@ _HIGH_WATER = 16 << 20
 MAX_PASSED_FDS = 16
 _FD_SPACE = socket.CMSG_SPACE(MAX_PASSED_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
+
+class _HandedOver:
+    """A frame handed the connection over (``release``): reading ends."""
+
+
+_HANDED_OVER = _HandedOver()
 
 #: Called with the connection, the message and the channel tensors its frame named.
 MessageHandler = Callable[["Connection", Any, Any], "Awaitable[None] | None"]
@@ -93,6 +100,19 @@ class Connection:
         self._unix = sock.family == socket.AF_UNIX and _FD_SPACE > 0
         self._fds_out: list[int] = []  # our duplicates, sent with the next bytes written
         self._fds_in: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> descriptor
+        # The read side: bytes to frames, frames handled in order, by the reader task or by a
+        # caller in its place (``read_for``).
+        self._decoder = FrameDecoder()
+        self._frames: list[bytes] = []
+        self._next = 0  # frames[_next:] are still to be handled
+        self._drained = True  # the last read emptied the socket: wait for it before reading
+        self._idle = False  # the reader waits (for the socket, or for a caller to hand it back)
+        self._reader_waits = False  # the reader is in wait_readable
+        self._kicked = False  # a caller woke it from there to take its place
+        self._aside: trio.lowlevel.Task | None = None  # the reader, waiting while lent
+        self._lent = False  # a caller reads in the reader's place
+        self._handed: Any = None  # what a caller left the reader: an error or an awaitable
+        self._context = contextvars.Context()  # the reader task's, once it runs
         #: Outstanding calls sent on this connection, by call id (owned by the node).
         self.pending: dict[int, Any] = {}
         self.next_call_id = 0
@@ -253,44 +273,165 @@ class Connection:
         scope.cancel()
 
     async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
         sock = self.sock
-        mac = self._mac
         streak = 0
-        drained = False
+        self._context = trio.lowlevel.current_task().context
         while True:
-            if drained:
+            if self._handed is not None or self._next < len(self._frames):
+                # What a caller reading in its place left (read_for), or frames still to handle
+                # after one whose handler had to wait.
+                self._idle = False
+                handed, self._handed = self._handed, None
+                if isinstance(handed, BaseException):
+                    raise handed
+                if handed is not None:
+                    waiting = handed
+                else:
+                    waiting = self._take_frames()
+                    if waiting is None:
+                        continue
+                if isinstance(waiting, _HandedOver):
+                    return
+                await waiting
+                continue
+            if self._drained or self._lent:
                 # The last read took less than it asked for: the socket was empty then, so wait
                 # for it rather than ask again (a recv that would fail: a system call per read).
+                # Meanwhile a caller may take its place (read_for), until it hands it back.
                 streak = 0
-                await trio.lowlevel.wait_readable(sock)
-            try:
-                data = self._recv()
-            except BlockingIOError:
-                drained = True
-                continue
-            drained = len(data) < _RECV_CHUNK
-            self._batching = False  # new data read: the next frame may go directly again
-            if not data:
-                if decoder.buffered:
-                    raise ProtocolError(
-                        f"truncated frame: stream ended with {decoder.buffered} bytes pending"
-                    )
+                self._idle = True
+                if self._lent:
+                    await self._step_aside()
+                    continue
+                self._reader_waits = True
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    if not self._kicked or self.closed:
+                        raise
+                    continue  # a caller took the socket
+                finally:
+                    self._reader_waits = self._kicked = False
+                if self._lent_out():  # readable, but a caller took the socket meanwhile
+                    continue
+            self._idle = False
+            if not self._read():
                 return
-            for frame in decoder.feed(data):
-                message, pending = self._decode(frame if mac is None else mac.open(frame))
-                waiting = self._on_message(self, message, pending)
-                if self._released:
-                    if decoder.buffered:
-                        sock.shutdown(socket.SHUT_RDWR)  # its new owner sees it end
-                        raise ProtocolError("bytes followed the frame that handed it over")
+            waiting = self._take_frames()
+            if waiting is not None:
+                if isinstance(waiting, _HandedOver):
                     return
-                if waiting is not None:
-                    await waiting
+                await waiting
+                continue
             streak += 1
             if streak >= 8:  # a busy peer must not starve this process's other tasks
                 streak = 0
                 await trio.lowlevel.checkpoint()
+
+    def _lent_out(self) -> bool:
+        """Whether a caller reads in the reader's place now (``read_for``)."""
+        return self._lent
+
+    async def _step_aside(self) -> None:
+        """The reader waits while a caller reads in its place, until it hands the socket back
+        (or takes it again before the reader ran: then it waits again, at once)."""
+        while self._lent:
+            self._aside = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort_aside)
+
+    def _abort_aside(self, _: Any) -> trio.lowlevel.Abort:
+        self._aside = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _hand_back(self) -> None:
+        self._lent = False
+        task, self._aside = self._aside, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    @trio.lowlevel.enable_ki_protection  # in a caller's task too: a stop signal waits for main
+    def _read(self) -> bool:
+        """One read from the socket into frames to handle; False at its end."""
+        try:
+            data = self._recv()
+        except BlockingIOError:
+            self._drained = True
+            return True
+        self._drained = len(data) < _RECV_CHUNK
+        self._batching = False  # new data read: the next frame may go directly again
+        if not data:
+            if self._decoder.buffered:
+                raise ProtocolError(
+                    f"truncated frame: stream ended with {self._decoder.buffered} bytes pending"
+                )
+            return False
+        self._frames = self._decoder.feed(data)
+        self._next = 0
+        return True
+
+    @trio.lowlevel.enable_ki_protection  # no frame half-handled by a stop signal in a caller
+    def _take_frames(self) -> Awaitable[None] | _HandedOver | None:
+        """Handle the frames read and not yet handled, in order: None once all are; the
+        awaitable of one whose handler must wait (a full mailbox: handle the rest after it);
+        _HANDED_OVER when one handed the connection over (reading ends)."""
+        frames, mac = self._frames, self._mac
+        while self._next < len(frames):
+            frame = frames[self._next]
+            self._next += 1
+            message, pending = self._decode(frame if mac is None else mac.open(frame))
+            waiting = self._on_message(self, message, pending)
+            if self._released:
+                if self._decoder.buffered or self._next < len(frames):
+                    self.sock.shutdown(socket.SHUT_RDWR)  # its new owner sees it end
+                    raise ProtocolError("bytes followed the frame that handed it over")
+                return _HANDED_OVER
+            if waiting is not None:
+                return waiting
+        return None
+
+    async def read_for(self, done: Callable[[], bool]) -> None:
+        """Until `done()`: read and handle what comes on this connection in its reader's place
+        (a reply, and whatever else arrives, exactly as the reader would), then hand the socket
+        back. The one caller waiting on a connection is then woken by the socket itself, not
+        by the reader rescheduling it a scheduler pass later: a unicast round trip takes one
+        pass, as a bare echo does (the reader's own pass, to step aside and to take the socket
+        back, comes while the peer works). Returns at once, leaving the reader to deliver,
+        when the reader is busy, another caller reads, other calls are out on this connection
+        (pipelined: their replies come together, and the reader delivers them in one pass),
+        or what it read waits to be handled."""
+        if (
+            not self._idle
+            or self._lent
+            or self.closed
+            or self._handed is not None
+            or len(self.pending) > 1
+        ):
+            return
+        sock, context = self.sock, self._context
+        self._lent = True
+        if self._reader_waits:
+            if self._writing:  # it may wait for the socket too: a kick would wake it as well
+                self._lent = False
+                return
+            self._kicked = True
+            trio.lowlevel.notify_closing(sock)  # the reader leaves its wait at once
+        try:
+            while not done():
+                if self._drained:
+                    await trio.lowlevel.wait_readable(sock)
+                # In the reader's context: what a handler sets there is not the caller's.
+                if not context.run(self._read):
+                    return  # its end: the reader reads it too, and ends the connection
+                waiting = context.run(self._take_frames)
+                if waiting is not None:
+                    self._handed = waiting  # the reader goes on from there
+                    return
+        except trio.ClosedResourceError:
+            pass  # the connection is closing: its calls fail as it closes
+        except Exception as exc:  # a broken frame, a lost connection: the reader's to end
+            self._handed = exc
+        finally:
+            self._hand_back()
 
     async def _write_loop(self) -> None:
         while not self.closed:
