@@ -66,6 +66,15 @@ class Program:
             if line.startswith(prefix):
                 return line
 
+    def said(self, prefix: str, timeout: float = 90.0) -> str:
+        """The first line starting with `prefix`, read already or still to come (for lines in
+        no set order: an actor's output is forwarded from its process's pipe, and the reply
+        to the call that printed it can come first)."""
+        for line in self.lines:
+            if line.startswith(prefix):
+                return line
+        return self.wait_for(prefix, timeout)
+
     def finish(self, timeout: float = 120.0, status: int = 0) -> list[str]:
         assert self.proc.wait(timeout) == status, "\n".join(self.lines)
         while (line := self._queue.get(timeout=10)) is not None:
@@ -445,7 +454,7 @@ def test_an_adopted_workers_output_and_heartbeats_reach_the_standby(tmp_path: Pa
     job, state = _killed_after(tmp_path, ECHO_JOB, "ready")
     standby = Program(state, "--standby", program=job)
     standby.wait_for("[job/echo] said by an adopted worker")  # its output, prefixed, here
-    pid = int(standby.wait_for("pid ").split()[1])
+    pid = int(standby.said("pid ").split()[1])  # printed once that call returned
     os.kill(pid, signal.SIGSTOP)  # its heartbeats stop: the standby's watch must notice
     try:
         standby.wait_for("restarted after its hang", timeout=60)
