@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import otpmesh
-from otpmesh import Supervisor, Worker
+from otpmesh import Mesh, Supervisor, Worker
 from otpmesh._node import _calls
 from otpmesh._wire._connection import Connection
 from tests.actors import Echo
@@ -266,3 +266,84 @@ def test_with_other_calls_out_on_the_connection_the_reader_delivers() -> None:
         return link
 
     assert run_trio(body, timeout=30).by == ["reader"]
+
+
+# A wide call's caller, its frames out, sweeps its connections once (``read_waiting``): what is
+# already there is handled in its pass, without waking the readers; the rest is theirs.
+
+
+def test_a_sweep_handles_what_is_already_there_in_order_and_leaves_the_rest() -> None:
+    async def body() -> _Link:
+        link = _Link()
+        async with trio.open_nursery() as nursery:
+            await _run(link, nursery)
+            assert link.conn._reader_waits
+            link.send(b"one", b"two")
+            link.conn.read_waiting()  # no checkpoint since the send: the reader was not woken
+            assert link.got == [b"one", b"two"]
+            link.conn.read_waiting()  # nothing there: nothing happens
+            link.send(b"three")
+            await link.handled(3)
+            nursery.cancel_scope.cancel()
+        return link
+
+    link = run_trio(body, timeout=30)
+    assert link.by[:2] == [link.by[0]] * 2 and link.by[0] != "reader"
+    assert link.by[2] == "reader"
+
+
+def test_a_sweep_leaves_a_wait_and_a_broken_frame_to_the_reader() -> None:
+    async def body() -> tuple[_Link, _Link]:
+        waits, broken = _Link(), _Link()
+        go = waits.stall[b"slow"] = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await _run(waits, nursery)
+            await _run(broken, nursery)
+            waits.send(b"slow", b"behind it")
+            broken.peer.sendall(struct.pack(">I", 1 << 31))
+            waits.conn.read_waiting()
+            broken.conn.read_waiting()
+            assert waits.got == [b"slow"] and not broken.conn.closed
+            for _ in range(20):
+                await trio.sleep(0)
+            assert waits.got == [b"slow"]  # nothing behind it until the wait is over
+            go.set()
+            await waits.handled(2)
+            while not broken.conn.closed:
+                await trio.sleep(0)
+            nursery.cancel_scope.cancel()
+        return waits, broken
+
+    waits, broken = run_trio(body, timeout=30)
+    assert waits.got == [b"slow", b"behind it"] and waits.by[1] == "reader"
+    assert (broken.conn.close_reason or "").startswith("protocol error: frame of")
+
+
+def test_a_broadcast_to_many_processes_is_answered_once_each_some_replies_swept() -> None:
+    tasks: list[trio.lowlevel.Task] = []
+    deliver = _calls.CallGroup.deliver
+
+    def recording(self: _calls.CallGroup, index: int, ok: bool, value: Any) -> None:
+        tasks.append(trio.lowlevel.current_task())
+        deliver(self, index, ok, value)
+
+    tree = Supervisor("s", children=[Mesh("m", Echo, shape={"procs": 16})])
+
+    async def body() -> None:
+        async with otpmesh.start(tree) as app:
+            mesh = app.mesh("s/m")
+            await mesh.echo.call(0)
+            await app.settled()
+            me = trio.lowlevel.current_task()
+            _calls.CallGroup.deliver = recording  # type: ignore[method-assign]
+            try:
+                for i in range(20):
+                    values = await mesh.echo.call(i)
+                    assert list(values.values()) == [i] * 16
+            finally:
+                _calls.CallGroup.deliver = deliver  # type: ignore[method-assign]
+            assert len(tasks) == 20 * 16
+            assert any(t is me for t in tasks)  # swept by the caller
+            assert any(t is not me for t in tasks)  # delivered by the readers
+
+    run_trio(body, timeout=120)

@@ -31,7 +31,7 @@ class Target(Protocol):
 class CallGroup:
     """The outstanding replies of one call to `n` actors, delivered by index."""
 
-    __slots__ = ("_task", "cancels", "conn", "offered", "paths", "remaining", "results")
+    __slots__ = ("_task", "cancels", "conn", "conns", "offered", "paths", "remaining", "results")
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = paths
@@ -45,6 +45,8 @@ class CallGroup:
         #: The one connection all its replies come on, when its caller may wait for them on
         #: the socket itself (``Connection.read_for``); None: the readers deliver them.
         self.conn: Connection | None = None
+        #: A wide call's connections, swept once for replies already there (``read_waiting``).
+        self.conns: list[Connection] | None = None
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         """Record the reply (value, or exception when not ok) of actor `index`; first one wins."""
@@ -71,6 +73,9 @@ class CallGroup:
     async def wait_all(self) -> None:
         if self.remaining and self.conn is not None:
             await self.conn.read_for(self.answered)
+        elif self.conns is not None:
+            for conn in self.conns:
+                conn.read_waiting()
         while self.remaining:
             await self._park()
 

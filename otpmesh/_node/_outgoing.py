@@ -37,6 +37,11 @@ from ._faults import LinkFaults
 
 log = logging.getLogger("otpmesh.node")
 
+#: A call to this many processes or more has its connections swept for replies once its frames
+#: are out (``Connection.read_waiting``): writing them took long enough for the first actors
+#: to answer. Fewer: the sweep would mostly find nothing (a reply takes tens of microseconds).
+_SWEPT = 16
+
 
 class Outgoing:
     """Calls, casts and node operations from this node (the first half of ``Node``)."""
@@ -130,6 +135,8 @@ class Outgoing:
             raise
         if len(conns) == 1:
             group.conn = conns[0]  # its caller waits on the socket (``Connection.read_for``)
+        elif len(conns) >= _SWEPT:
+            group.conns = conns
         return group
 
     def call_into(

@@ -433,6 +433,33 @@ class Connection:
         finally:
             self._hand_back()
 
+    def read_waiting(self) -> None:
+        """Handle, in the reader's stead, what already waits on the socket while the reader
+        waits for it: a broadcast's caller sweeping its connections once its frames are out
+        takes the replies already there in its own pass, and no reader is woken for them (a
+        level-triggered epoll does not report a socket emptied before it was asked). What it
+        cannot finish (a full mailbox, a broken frame) is left to the reader, woken for it."""
+        if (
+            not self._reader_waits
+            or self._lent
+            or self._writing  # a kick would wake the writer too: leave it all to the reader
+            or self._handed is not None
+            or self.closed
+        ):
+            return
+        context = self._context
+        left: object
+        try:
+            if not context.run(self._read):
+                return  # its end: the reader, woken by it, reads it too
+            left = context.run(self._take_frames)
+        except Exception as exc:  # a broken frame, a lost connection: the reader's to end
+            left = exc
+        if left is not None:
+            self._handed = left
+            self._kicked = True
+            trio.lowlevel.notify_closing(self.sock)
+
     async def _write_loop(self) -> None:
         while not self.closed:
             if not self._out:
