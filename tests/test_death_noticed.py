@@ -125,14 +125,20 @@ async def _reaped(rt: Runtime, pid: int) -> None:
         await trio.sleep(0.01)
 
 
-def _died_alone(how: str, expected: str) -> None:
+@asynccontextmanager
+async def _lone_worker() -> AsyncIterator[tuple[otpmesh.App, Any, Runtime, int]]:
+    """An app of one Mortal worker ("s/w"), settled: the app, its ref, the runtime, its pid."""
     tree = Supervisor("s", intensity=5, children=[Worker("w", Mortal)])
+    async with otpmesh.start(tree) as app:
+        ref, rt = app.actor("s/w"), await runtime()
+        pid = await ref.pid()
+        await app.settled()
+        yield app, ref, rt, pid
 
+
+def _died_alone(how: str, expected: str) -> None:
     async def body() -> None:
-        async with otpmesh.start(tree) as app:
-            ref, rt = app.actor("s/w"), await runtime()
-            pid = await ref.pid()
-            await app.settled()
+        async with _lone_worker() as (app, ref, rt, pid):
             async with _only_its_lock_can_tell(rt, ref):
                 if how == "sigkill":
                     os.kill(pid, signal.SIGKILL)
@@ -179,13 +185,9 @@ def test_a_lock_heard_after_the_process_was_reaped_reports_its_own_exit_code(
 
     monkeypatch.setattr(Deaths, "_heard", lambda self, proc: heard.append(proc))
     monkeypatch.setattr(Deaths, "reaped", report_after_the_lock)
-    tree = Supervisor("s", intensity=5, children=[Worker("w", Mortal)])
 
     async def body() -> None:
-        async with otpmesh.start(tree) as app:
-            ref, rt = app.actor("s/w"), await runtime()
-            pid = await ref.pid()
-            await app.settled()
+        async with _lone_worker() as (app, ref, rt, pid):
             keeper = await ref.keep_sockets_open()
             try:
                 with pytest.raises(otpmesh.ActorDiedError):
