@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,21 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "takeover.py"
 STEPS = 60
 
 
+@pytest.fixture(autouse=True)
+def _no_program_left() -> Iterator[None]:
+    """A test that failed half-way leaves no controller running (a standby would wait for
+    ever; the workers it adopted with it)."""
+    yield
+    programs, Program.started = Program.started, []
+    for program in programs:
+        program.end()
+
+
 class Program:
     """One run of examples/takeover.py, its output read line by line as it comes."""
+
+    #: Every program started by the test running now (``_no_program_left`` ends them).
+    started: list[Program] = []
 
     def __init__(self, state: Path, *args: str, program: Path = EXAMPLE) -> None:
         self.proc = subprocess.Popen(
@@ -44,6 +58,17 @@ class Program:
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+        Program.started.append(self)
+
+    def end(self) -> None:
+        """Stop it if it still runs: SIGTERM (it stops its tree in order), then SIGKILL."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
