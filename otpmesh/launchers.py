@@ -37,7 +37,7 @@ import trio
 
 from ._hosts._launcher import Launcher as Launcher
 from ._runtime._run import stops_on_sigterm
-from ._wire._owntasks import in_own_task
+from ._wire._owntasks import interrupt
 
 log = logging.getLogger("otpmesh.launchers")
 
@@ -282,9 +282,7 @@ class _Sigterm:
         def as_interrupt(signum: int, frame: FrameType | None) -> None:
             handler = signal.getsignal(signal.SIGINT)
             if callable(handler):
-                # trio's: KeyboardInterrupt in the program's code, or, in otpmesh's own tasks
-                # (the frame withheld), in the main task at its next checkpoint (_owntasks).
-                handler(signal.SIGINT, None if in_own_task() else frame)
+                interrupt(handler, frame)  # trio's, as Ctrl-C (_owntasks)
             else:
                 raise KeyboardInterrupt
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from .._wire._owntasks import in_own_task
+from .._wire._owntasks import interrupt
 from .._wire._owntasks import spawn as spawn_own
 from ._gcpace import pace
 
@@ -183,9 +183,7 @@ async def _noting_slow_stops(
         if signals.received is None:
             signals.received = signum
         token.run_sync_soon(interrupted.set)  # signal-safe; then trio's own handling
-        # In otpmesh's own tasks the frame is withheld: trio then interrupts main at its next
-        # checkpoint, not the runtime mid-frame (_owntasks).
-        trio_handler(signal.SIGINT, None if in_own_task() else frame)
+        interrupt(trio_handler, frame)  # not the runtime mid-frame (_owntasks)
 
     # SIGTERM is the stop a scheduler or `kill` asks for: the same orderly stop as Ctrl-C.
     on_stop_signal.otpmesh_orderly_stop = True  # type: ignore[attr-defined]

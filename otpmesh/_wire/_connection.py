@@ -47,6 +47,7 @@ class _HandedOver:
 
 
 _HANDED_OVER = _HandedOver()
+_ENDED = object()  # a caller reading in the reader's place met the end of stream
 
 #: Called with the connection, the message and the channel tensors its frame named.
 MessageHandler = Callable[["Connection", Any, Any], "Awaitable[None] | None"]
@@ -407,28 +408,25 @@ class Connection:
             or len(self.pending) > 1
         ):
             return
-        sock, context = self.sock, self._context
+        sock = self.sock
         self._lent = True
         if self._reader_waits:
             if self._writing:  # it may wait for the socket too: a kick would wake it as well
                 self._lent = False
                 return
-            self._kicked = True
-            trio.lowlevel.notify_closing(sock)  # the reader leaves its wait at once
+            self._kick_reader()  # it leaves its wait at once, and steps aside
         try:
             while not done():
                 if self._drained:
                     await trio.lowlevel.wait_readable(sock)
-                # In the reader's context: what a handler sets there is not the caller's.
-                if not context.run(self._read):
-                    return  # its end: the reader reads it too, and ends the connection
-                waiting = context.run(self._take_frames)
-                if waiting is not None:
-                    self._handed = waiting  # the reader goes on from there
-                    return
+                left = self._in_readers_place()
+                if left is not None:
+                    if left is not _ENDED:
+                        self._handed = left  # the reader goes on from there
+                    return  # at the end of stream, the reader reads it too and ends
         except trio.ClosedResourceError:
             pass  # the connection is closing: its calls fail as it closes
-        except Exception as exc:  # a broken frame, a lost connection: the reader's to end
+        except Exception as exc:  # waiting for the socket failed: the reader's to end
             self._handed = exc
         finally:
             self._hand_back()
@@ -447,18 +445,30 @@ class Connection:
             or self.closed
         ):
             return
+        left = self._in_readers_place()
+        if left is not None and left is not _ENDED:  # the end: the reader, woken by it, reads it
+            self._handed = left
+            self._kick_reader()
+
+    def _in_readers_place(self) -> object:
+        """One read, and the frames it brought handled, by a caller in the reader's stead and
+        in the reader's context (what a handler sets there is not the caller's): None when
+        all were handled (or nothing was there); _ENDED at the end of stream; otherwise what
+        the reader must go on from: the awaitable of a handler that must wait, _HANDED_OVER,
+        or the error (a broken frame, a lost connection) it ends the connection with."""
         context = self._context
-        left: object
         try:
             if not context.run(self._read):
-                return  # its end: the reader, woken by it, reads it too
-            left = context.run(self._take_frames)
-        except Exception as exc:  # a broken frame, a lost connection: the reader's to end
-            left = exc
-        if left is not None:
-            self._handed = left
-            self._kicked = True
-            trio.lowlevel.notify_closing(self.sock)
+                return _ENDED
+            return context.run(self._take_frames)
+        except Exception as exc:
+            return exc
+
+    def _kick_reader(self) -> None:
+        """Wake the reader from its wait for the socket, at once (it looks for what a caller
+        left it, or steps aside while one reads)."""
+        self._kicked = True
+        trio.lowlevel.notify_closing(self.sock)
 
     async def _write_loop(self) -> None:
         while not self.closed:

@@ -4,16 +4,19 @@ trio turns Ctrl-C into a ``KeyboardInterrupt`` raised in whatever unprotected co
 when the signal arrives. A system task is protected at its top only: the tasks it starts in its
 nurseries (the runtime's connections, supervisors, host links) are not, so an interrupt could
 land in the middle of a frame being read and tear the runtime down before it stopped the tree
-in order. Every system task otpmesh starts goes through `spawn`, and the stop-signal handlers ask
-`in_own_task` to withhold the frame from trio there: trio then delivers the interrupt to the
-program's main task at its next checkpoint, whose cancellation stops the tree in order.
+in order. Every system task otpmesh starts goes through `spawn`, and the stop-signal handlers hand
+the signal to trio through `interrupt`, which withholds the frame from trio there: trio then
+delivers the interrupt to the program's main task at its next checkpoint, whose cancellation
+stops the tree in order.
 """
 
 from __future__ import annotations
 
 import contextvars
+import signal
 import weakref
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any
 
 import trio
@@ -46,3 +49,12 @@ def in_own_task() -> bool:
         nursery = task.parent_nursery
         task = None if nursery is None else nursery.parent_task
     return False
+
+
+def interrupt(
+    trio_handler: Callable[[int, FrameType | None], object], frame: FrameType | None
+) -> None:
+    """Hand a stop signal to trio's SIGINT handler as Ctrl-C: a ``KeyboardInterrupt`` where it
+    landed (`frame`) in the program's own code; in otpmesh's own tasks the frame is withheld,
+    and trio interrupts main at its next checkpoint instead."""
+    trio_handler(signal.SIGINT, None if in_own_task() else frame)
