@@ -16,6 +16,7 @@ import trio
 import otpmesh
 from otpmesh import Mesh, Supervisor, Worker
 from otpmesh._node import _calls
+from otpmesh._wire import _connection
 from otpmesh._wire._connection import Connection
 from tests.actors import Echo
 from tests.conftest import run_trio
@@ -348,3 +349,36 @@ def test_a_broadcast_to_many_processes_sweeps_each_connection_once_and_is_answer
                 Connection.read_waiting = sweep  # type: ignore[method-assign]
 
     run_trio(body, timeout=120)
+
+
+def test_a_peer_that_keeps_the_socket_full_does_not_starve_the_callers_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read that fills its buffer means more is waiting: a caller reading in the reader's
+    place lets other tasks run every few such reads, as the reader does, or a peer that never
+    lets the socket empty (and never sends the reply) holds the whole process. Reads of 64
+    bytes here, so that a socket pair's buffer holds many full reads."""
+    monkeypatch.setattr(_connection, "_RECV_CHUNK", 64)
+
+    async def body() -> tuple[int, int]:
+        link = _Link()
+        ran_at: list[int] = []
+        async with trio.open_nursery() as nursery:
+            await _run(link, nursery)
+            frames = [b"frame %03d" % i for i in range(200)]
+            link.send(*frames)
+
+            async def other() -> None:  # runs at every checkpoint until the reading began
+                while not link.got:
+                    await trio.sleep(0)
+                ran_at.append(len(link.got))
+
+            nursery.start_soon(other)
+            await link.conn.read_for(lambda: bool(ran_at))
+            await link.handled(len(frames))
+            nursery.cancel_scope.cancel()
+        return ran_at[0], len(link.got)
+
+    ran_at, handled = run_trio(body, timeout=30)
+    assert handled == 200
+    assert 0 < ran_at < 200, f"the other task ran after {ran_at} of 200 frames"

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("otpmesh.wire")
 
 _RECV_CHUNK = 1 << 18
+# Reads in a row, the socket never found empty, before the reading task lets others run.
+_STREAK = 8
 # Frames smaller than this are coalesced into one write; bigger ones are written as they are.
 _COALESCE_LIMIT = 1 << 18
 # A caller waits for the writer once this much is queued on one connection (backpressure).
@@ -325,7 +327,7 @@ class Connection:
                 await waiting
                 continue
             streak += 1
-            if streak >= 8:  # a busy peer must not starve this process's other tasks
+            if streak >= _STREAK:  # a busy peer must not starve this process's other tasks
                 streak = 0
                 await trio.lowlevel.checkpoint()
 
@@ -415,10 +417,16 @@ class Connection:
                 self._lent = False
                 return
             self._kick_reader()  # it leaves its wait at once, and steps aside
+        streak = 0
         try:
             while not done():
                 if self._drained:
+                    streak = 0
                     await trio.lowlevel.wait_readable(sock)
+                elif streak >= _STREAK:  # a peer that keeps the socket full: as the reader does
+                    streak = 0
+                    await trio.lowlevel.checkpoint()
+                streak += 1
                 left = self._in_readers_place()
                 if left is not None:
                     if left is not _ENDED:
