@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 import trio
 
+from otpmesh import FencedError
 from otpmesh._runtime._forkclient import ForkServer
-from otpmesh._runtime._forkstandby import FAIR_CHANCE, MAX_PENDING, attach_proof
+from otpmesh._runtime._forkstandby import FAIR_CHANCE, MAX_PENDING, attach_proof, dial_standby
+from otpmesh._runtime._lease import Lease
 
 SECRET = b"s" * 32
 
@@ -37,6 +40,19 @@ def _hung_up(sock: socket.socket) -> bool:
     return bool(readable) and sock.recv(1 << 16, socket.MSG_DONTWAIT) == b""
 
 
+def _lease_held(tmp_path: Path, epoch: int) -> Lease:
+    """The takeover's lease in `tmp_path`, held by this process, and its epoch file at `epoch`
+    (what a standby that took the lease wrote)."""
+    lease = Lease(tmp_path)
+    assert lease.try_acquire()
+    _write_epoch(tmp_path, epoch)
+    return lease
+
+
+def _write_epoch(tmp_path: Path, epoch: int) -> None:
+    (tmp_path / "epoch").write_text(f"{epoch}\n")
+
+
 async def _with_fork_server(tmp_path: Path, body: Any) -> None:
     path = tmp_path / "forkserver.sock"
     reports: list[dict[str, Any]] = []
@@ -48,7 +64,14 @@ async def _with_fork_server(tmp_path: Path, body: Any) -> None:
             spawned.set()
 
     server = ForkServer(on_report, lambda: None)
-    standby = {"socket": str(path), "grace": 30.0, "secret": SECRET, "epoch": 1}
+    standby = {
+        "socket": str(path),
+        "lease": str(tmp_path / "lease"),
+        "epoch_file": str(tmp_path / "epoch"),
+        "grace": 30.0,
+        "secret": SECRET,
+        "epoch": 1,
+    }
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run, standby)
         await server.ready.wait()
@@ -120,15 +143,14 @@ def test_silent_dialers_hold_a_bounded_number_of_places_and_a_standby_still_atta
             await trio.to_thread.run_sync(dialers[0].wait, 30.0)
             assert dialers[0].stdout is not None and dialers[0].stdout.read() == "hung up\n"
             assert not any(_hung_up_process(d) for d in dialers[1:])
+            lease = _lease_held(tmp_path, 2)
+            server.detach()  # its controller died: a standby may attach now
             standby = ForkServer(lambda msg: None, lambda: None)
             async with trio.open_nursery() as nursery:
                 children = await nursery.start(standby.attach, str(path), SECRET, 2)
                 assert children == []
-                with trio.fail_after(30):
-                    while not server.gone:  # the old controller's link: fenced
-                        await trio.sleep(0.01)
-                assert server.fenced == 2
                 standby.quit()
+            lease.release()
         finally:
             for d in dialers:
                 d.kill()
@@ -203,15 +225,20 @@ def test_a_flood_of_dialers_without_the_secret_does_not_keep_a_standby_out(
 
     async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
         floods = _floods(path, 2, "blocking") + _floods(path, 2, "spinning")
+        lease = _lease_held(tmp_path, 1)
         try:
             await trio.sleep(0.5)  # the flood is on
+            controller = server
             async with trio.open_nursery() as nursery:
-                for epoch in range(2, 7):  # each fences the one before (a quit would end it)
-                    standby = ForkServer(lambda msg: None, lambda: None)
-                    children = await nursery.start(standby.attach, str(path), SECRET, epoch)
+                for epoch in range(2, 7):  # each dies before the next takes over
+                    controller.detach()
+                    _write_epoch(tmp_path, epoch)
+                    controller = ForkServer(lambda msg: None, lambda: None)
+                    children = await nursery.start(controller.attach, str(path), SECRET, epoch)
                     assert children == []
-                standby.quit()  # the last one attached ends the fork server
+                controller.quit()  # the last one attached ends the fork server
         finally:
+            lease.release()
             for flood in floods:
                 flood.kill()
                 flood.wait()
@@ -234,13 +261,84 @@ def test_a_slow_prover_keeps_its_place_through_a_flood_from_more_processes_than_
 
     async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
         floods = _floods(path, MAX_PENDING + 2, "blocking")
+        lease = _lease_held(tmp_path, 2)
+        server.detach()
         try:
             await trio.sleep(0.5)  # the flood is on
             got = await trio.to_thread.run_sync(_slow_prover, path, 2, 0.2)
             assert got == "ready"
         finally:
+            lease.release()
             for flood in floods:
                 flood.kill()
                 flood.wait()
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+def test_a_dialer_with_the_secret_cannot_attach_while_the_controller_is_attached(
+    tmp_path: Path,
+) -> None:
+    """Every actor of the app knows its secret: one that dials the standby socket at a higher
+    epoch while its controller lives is refused, and the controller keeps its fork server
+    (it still forks). Before, the server attached it and fenced the live controller: it
+    marked every worker dead and could no longer fork, and the app ended."""
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        lease = _lease_held(tmp_path, 2**40)  # even the lease and a matching epoch file
+        try:
+            with pytest.raises(FencedError, match="its controller is attached"):
+                await dial_standby(str(path), SECRET, 2**40)
+        finally:
+            lease.release()
+        fds = await server.spawn("p1", {}, {})
+        with trio.fail_after(30):
+            await spawned.wait()  # still its fork server
+        for fd in fds:
+            os.close(fd)
+
+    trio.run(_with_fork_server, tmp_path, body)
+
+
+_DIAL = """
+import sys, trio
+from otpmesh._runtime._forkstandby import dial_standby
+from otpmesh import FencedError
+try:
+    trio.run(dial_standby, sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]))
+except FencedError as exc:
+    print(exc)
+else:
+    print("attached")
+"""
+
+
+@pytest.mark.parametrize("epoch_written", [2, 3])
+def test_once_the_controller_is_gone_only_the_lease_holder_attaches(
+    tmp_path: Path, epoch_written: int
+) -> None:
+    """With the controller gone, a process with the secret that does not hold the lease (an
+    actor racing the standby) is refused; the holder then attaches at the epoch it wrote, and
+    not at another."""
+
+    async def body(server: ForkServer, path: Path, spawned: trio.Event) -> None:
+        lease = _lease_held(tmp_path, epoch_written)
+        server.detach()
+        try:
+            out = await trio.run_process(
+                [sys.executable, "-c", _DIAL, str(path), SECRET.decode(), "2"],
+                capture_stdout=True,
+            )
+            assert "does not hold the takeover's lease" in out.stdout.decode()
+            if epoch_written != 2:
+                with pytest.raises(FencedError, match="not the one its lease holder wrote"):
+                    await dial_standby(str(path), SECRET, 2)
+            _write_epoch(tmp_path, 2)
+            standby = ForkServer(lambda msg: None, lambda: None)
+            async with trio.open_nursery() as nursery:
+                assert await nursery.start(standby.attach, str(path), SECRET, 2) == []
+                standby.quit()
+        finally:
+            lease.release()
 
     trio.run(_with_fork_server, tmp_path, body)

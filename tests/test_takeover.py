@@ -25,8 +25,11 @@ from otpmesh._core._errors import ActorError
 from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
 from otpmesh._node._node import Node
+from otpmesh._runtime._appkey import unwrap
 from otpmesh._runtime._forkclient import ForkServer
-from otpmesh._runtime._statedir import Lease, open_state_dir
+from otpmesh._runtime._lease import Lease
+from otpmesh._runtime._statedir import open_state_dir
+from otpmesh._wire._secret import load_secret
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "takeover.py"
 STEPS = 60
@@ -236,7 +239,7 @@ def _stale_epoch_refused(state: Path, pid: int) -> bool:
     addr = next(r["addr"] for r in records if r.get("pid") == pid)
 
     async def body() -> bool:
-        node = Node("ctl", secret=bytes.fromhex(app["secret"]))
+        node = Node("ctl", secret=unwrap(load_secret(), app))
         async with trio.open_nursery() as nursery:
             await nursery.start(node.serve)
             conn = await node.connect(addr)

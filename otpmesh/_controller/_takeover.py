@@ -24,20 +24,24 @@ import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
 from .._runtime._adoption import adopt
+from .._runtime._appkey import takeover_key, unwrap
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
 from .._runtime._journal import COMPACT_BYTES, Journal, read_journal
 from .._runtime._journalstate import Stamp, fold
+from .._runtime._lease import Lease, describe, holders
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
-from .._runtime._statedir import Lease, TakeoverState, boot_id, bump_epoch, open_state_dir
+from .._runtime._statedir import TakeoverState, boot_id, bump_epoch, open_state_dir
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
 
 log = logging.getLogger("otpmesh.takeover")
 
-#: How often a standby tries the lease (a held flock cannot be waited for cancellably).
-LEASE_POLL = 0.02
+#: How often a waiting standby looks at who holds the lease (it waits for the lease itself
+#: in the kernel's queue), and how often it says so again while a stranger holds it.
+HOLDER_POLL = 0.5
+SQUATTER_REPEAT = 5.0
 #: How often a standby on hosts reads the journal again for the run's hosts.
 JOURNAL_POLL = 0.5
 
@@ -59,10 +63,13 @@ class Hosts(Protocol):
 class Takeover:
     """Run a tree so that a standby controller can take it over when this one dies.
 
-    `dir` is the state directory (made 0700; it holds the app's secret, so it must be this
-    user's alone). `grace` is how long, in seconds, workers and the fork server keep running
-    (and keep their actors' state) without a controller before they exit. With `standby`, a
-    start whose lease another controller holds waits for it instead of failing.
+    `dir` is the state directory (made 0700, this user's alone). `grace` is how long, in
+    seconds, workers and the fork server keep running (and keep their actors' state) without a
+    controller before they exit. With `standby`, a start whose lease another controller holds
+    waits for it instead of failing. `key` is what the app's secret is kept under in the
+    journal (never in the clear): by default the user's otpmesh secret (``OTPMESH_SECRET``,
+    ``OTPMESH_SECRET_FILE`` or ``~/.otpmesh/secret``, made if missing); the active controller
+    and its standby need the same one.
     """
 
     dir: str | os.PathLike[str]
@@ -74,6 +81,7 @@ class Takeover:
     #: The journal is compacted to what is still true once it has grown this many bytes
     #: (docs/guides/takeover.md); the default suits any tree, a test may make it small.
     journal_bytes: int = COMPACT_BYTES
+    key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
@@ -93,6 +101,14 @@ class Takeover:
             )
         if not isinstance(self.standby, bool):
             raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
+        key = self.key
+        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
+            raise ValueError(
+                "Takeover(key=...) is the bytes the app's secret is kept under (16 or more, the "
+                f"same for the active controller and its standby), not {_brief(key)}; e.g. "
+                "key=open('/run/secrets/job-key', 'rb').read(), or leave it out to use "
+                "~/.otpmesh/secret"
+            )
         size = self.journal_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(
@@ -161,25 +177,27 @@ async def resume(takeover: Takeover) -> Resumed:
     """Take the lease (waiting for it as a standby), bump the epoch, and take over the run the
     journal shows, if one is still running; else start a fresh journal."""
     root = open_state_dir(takeover.dir)
+    key = takeover_key(takeover.key)
     lease = Lease(root)
     standby = takeover.standby or run_is_standby()
-    if not lease.try_acquire():
-        if not standby:
-            lease.release()
-            raise TakeoverError(
-                f"takeover: another controller holds the lease in {str(root)!r}; start this one "
-                "as its standby (Takeover(..., standby=True), otpmesh.run(main, standby=True) or "
-                "otpmesh run --standby job.py:main), or give it another dir"
-            )
-        await _wait_for_lease(takeover, root, lease)
     try:
-        return await _take(takeover, root, lease, standby)
+        if not lease.try_acquire():
+            if not standby:
+                raise TakeoverError(
+                    f"takeover: another controller holds the lease in {str(root)!r}; start this "
+                    "one as its standby (Takeover(..., standby=True), otpmesh.run(main, "
+                    "standby=True) or otpmesh run --standby job.py:main), or give it another dir"
+                )
+            if not await _wait_for_lease(takeover, root, lease, key):
+                return await _take(takeover, root, lease, standby, key)  # on hosts: no lease
+        lease.check_held()
+        return await _take(takeover, root, lease, standby, key)
     except BaseException:
         lease.release()
         raise
 
 
-async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> Resumed:
+async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key: bytes) -> Resumed:
     records = read_journal(root)
     run = last_run(records)
     if standby and records and "stopped" in records[-1]:
@@ -187,25 +205,26 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
             f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
             "there is nothing to take over"
         )
+    # A standby with another key stops here, before it fences anything.
+    secret = None if run.app is None else unwrap(key, run.app)
     epoch = bump_epoch(root)
     hosts = takeover.hosts
-    if run.app is None:
+    if secret is None or run.app is None:
         rt = await runtime()
         journal = Journal(
             root, epoch=epoch, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
         )
         rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
-        rt.takeover.app_started(rt.node.secret)
+        rt.takeover.app_started(rt.node.secret, key)
         if hosts is not None:
             await hosts.start_fresh(rt, rt.takeover)
         return Resumed(rt, lease, hosts=hosts)
-    secret = bytes.fromhex(str(run.app["secret"]))
     rt = await runtime(secret)
     journal = Journal(
         root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
     )
     rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
-    rt.takeover.app_started(secret)  # a new run in the journal: what it adopts comes next
+    rt.takeover.app_started(secret, key)  # a new run in the journal: what it adopts comes next
     on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
     here = [r for r in run.procs.values() if "hosts" not in r.get("coords", {})]
     live: dict[str, Proc] = {}
@@ -237,29 +256,70 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool) -> 
     return resumed
 
 
-async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease) -> None:
-    """A standby's wait: for the lease, or, on hosts, for a majority of the run's hosts to come
-    to it having lost their controller (a partitioned controller keeps the lease)."""
-    hosts = takeover.hosts
+async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease, key: bytes) -> bool:
+    """A standby's wait: for the lease, in the kernel's queue (True once held), or, on hosts,
+    for a majority of the run's hosts to come to it having lost their controller (False: a
+    partitioned controller keeps the lease). Meanwhile a lease held by a process that is
+    neither the journal's active controller nor this one is named, loudly, until it goes."""
+    got = False
+    async with trio.open_nursery() as nursery:
+
+        async def take() -> None:
+            nonlocal got
+            await trio.to_thread.run_sync(lease.acquire, abandon_on_cancel=True)
+            got = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(take)
+        nursery.start_soon(_name_squatters, root, lease)
+        if takeover.hosts is not None:
+            await _wait_for_hosts(takeover.hosts, root, key)
+            nursery.cancel_scope.cancel()
+    return got
+
+
+async def _wait_for_hosts(hosts: Hosts, root: Path, key: bytes) -> None:
+    """Until a majority of the journal's hosts came to this standby having lost their
+    controller."""
     ranks: set[int] = set()
-    next_read = 0.0
-    while not lease.try_acquire():
-        if hosts is not None and trio.current_time() >= next_read:
-            # Read again and again: the active controller may still be starting its workers.
-            next_read = trio.current_time() + JOURNAL_POLL
-            run = last_run(read_journal(root))
-            ranks = {
-                int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]
-            }
-            if run.app is not None:  # its agents come to this address: listen from now on
-                hosts.expect_tokens(run.tokens)
-                await hosts.attach(await runtime(bytes.fromhex(str(run.app["secret"]))))
-        if hosts is not None and ranks:
-            came = hosts.witnesses() & ranks
-            if 2 * len(came) > len(ranks):
-                log.warning("takeover: %d of %d hosts lost their controller", len(came), len(ranks))
-                return
-        await trio.sleep(LEASE_POLL)
+    while True:
+        # Read again and again: the active controller may still be starting its workers.
+        run = last_run(read_journal(root))
+        ranks = {int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]}
+        if run.app is not None:  # its agents come to this address: listen from now on
+            hosts.expect_tokens(run.tokens)
+            await hosts.attach(await runtime(unwrap(key, run.app)))
+        came = hosts.witnesses() & ranks
+        if ranks and 2 * len(came) > len(ranks):
+            log.warning("takeover: %d of %d hosts lost their controller", len(came), len(ranks))
+            return
+        await trio.sleep(JOURNAL_POLL)
+
+
+async def _name_squatters(root: Path, lease: Lease) -> None:
+    """Say which process holds the lease when it is neither the active controller nor this
+    standby (a same-user process can take it and keep it: then this standby cannot take over,
+    and the user must know which process to stop), again every SQUATTER_REPEAT seconds."""
+    said: dict[int, float] = {}
+    active: int | None = None
+    while True:
+        for pid in holders(lease.path):
+            if pid in (active, os.getpid()) or trio.current_time() < said.get(pid, -math.inf):
+                continue
+            run = last_run(read_journal(root))  # only for a holder it does not know yet
+            active = int(run.app["app"]) if run.app is not None else None
+            if pid == active:
+                continue
+            said[pid] = trio.current_time() + SQUATTER_REPEAT
+            log.error(
+                "takeover: the lease %s is held by %s, which is neither the active controller "
+                "(%s) nor this standby: this standby cannot take the run over while it holds it; "
+                "stop that process",
+                lease.path,
+                describe(pid),
+                f"pid {active}" if active is not None else "none in the journal",
+            )
+        await trio.sleep(HOLDER_POLL)
 
 
 @dataclass
@@ -327,3 +387,9 @@ def journal_marks(state: TakeoverState, key: str) -> list[dict[str, Any]]:
     """The records holding `key` in this app's journal, oldest first (a fresh run truncates it,
     so they are all this app's, across its takeovers)."""
     return [record for record in read_journal(state.root) if key in record]
+
+
+def _brief(value: object) -> str:
+    if isinstance(value, bytes):
+        return f"{len(value)} bytes"
+    return f"a {type(value).__name__}"

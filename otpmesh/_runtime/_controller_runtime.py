@@ -165,19 +165,14 @@ class Runtime:
                 self.deaths.reaped(proc, msg["reason"])
 
     def _fork_server_gone(self) -> None:
-        if self.forkserver.fenced is not None:
-            log.error(
-                "this controller was fenced off: a standby took its processes over at epoch %d",
-                self.forkserver.fenced,
-            )
         for proc in self.procs.values():
             if proc.host is None:
                 self.mark_exited(proc, "was killed: the fork server stopped")
 
     def mark_exited(self, proc: Proc, reason: str, hung: dict[str, Any] | None = None) -> None:
         """`proc` is gone, for `reason` (its actors' exits follow from its lost connection)."""
-        if not proc.exited.is_set() and self.takeover is not None and not self.forkserver.fenced:
-            self.takeover.proc_exited(proc)  # a fenced controller's journal is another's now
+        if not proc.exited.is_set() and self.takeover is not None:
+            self.takeover.proc_exited(proc)
         if proc.pipes is not None:
             why = proc.exit_reason or proc.hang_reason or reason
             proc.pipes.close(f"its process {why}")  # reads a hang report first

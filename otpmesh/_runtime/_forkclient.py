@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -20,10 +21,13 @@ from typing import Any
 import msgpack
 import trio
 
+from .._core._sandbox import warning_once
 from .._wire._unproven import parent_pid
 from . import _liveness
 from ._forkstandby import dial_standby
 from ._watchdog import MAX_REPORT, REPORT, stacks_request
+
+log = logging.getLogger("otpmesh.forkserver")
 
 
 def preload_modules() -> list[str]:
@@ -54,8 +58,6 @@ class ForkServer:
         self.gone = False
         #: The fork server's pid once it runs (its children are the workers).
         self.pid: int | None = None
-        #: The epoch of the controller that took this server over from this one, if one did.
-        self.fenced: int | None = None
 
     def forked(self, pid: int) -> bool:
         """Whether `pid` is a child of this fork server (the kernel's word, read from /proc):
@@ -70,6 +72,9 @@ class ForkServer:
     ) -> None:
         """Start the fork server, hear its reports until it stops. With `standby` (_forkstandby.py)
         it outlives this controller for the grace period, for a standby to attach."""
+        unconfined = warning_once()  # the workers it forks, said once (_core/_sandbox.py)
+        if unconfined is not None:
+            log.warning("%s", unconfined)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env["OTPMESH_FORKSERVER_FD"] = str(theirs.fileno())
@@ -125,9 +130,6 @@ class ForkServer:
                 if not data:
                     break
                 msg = msgpack.unpackb(data)
-                if msg["op"] == "fenced":  # a standby took it over: this controller is done
-                    self.fenced = int(msg["epoch"])
-                    break
                 if msg["op"] == "ready":
                     self.ready.set()
                     continue
@@ -142,6 +144,13 @@ class ForkServer:
             self.gone = True
             self.ready.set()
             sock.close()
+
+    def detach(self) -> None:
+        """Let go of the fork server as a controller that dies does: with a takeover set up it
+        waits out its grace period for a standby, its children running on."""
+        if self._raw is not None and not self.gone:
+            with contextlib.suppress(OSError):
+                self._raw.shutdown(socket.SHUT_RDWR)
 
     def quit(self) -> None:
         """Ask the fork server to stop now (its controller is stopping in order: no takeover)."""

@@ -19,6 +19,7 @@ import ctypes
 import gc
 import importlib
 import os
+import select
 import selectors
 import signal
 import socket
@@ -28,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from .._core._sandbox import confine_worker
 from . import _deathlock
 from ._exitfuncs import disown_finalizers, run_exit_functions
 from ._forkstandby import ControllerLink, Standby
@@ -84,6 +86,10 @@ def _child(
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
+        try:  # a Landlock domain of its own: it signals only itself and what it forks
+            confine_worker()
+        except OSError as exc:  # the kernel has the scope yet refused: said, and it runs on
+            print(f"otpmesh worker: not sandboxed: {exc}", file=sys.stderr)
         if page is not None:  # held by this (main) thread until the process exits
             try:
                 _deathlock.hold(page)
@@ -184,10 +190,12 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                         sel.register(dialer, selectors.EVENT_READ)
                 elif standby is not None and key.fileobj in standby.pending:
                     sel.unregister(key.fileobj)
-                    new = standby.answer(key.fileobj)
+                    if link.sock is not None and _hung_up(link.sock):
+                        sel.unregister(link.sock)  # its EOF, not read yet: it is gone
+                        link.lost()
+                        standby.wait_from_now()
+                    new = standby.answer(key.fileobj, attached=link.sock is not None)
                     if new is not None:
-                        if link.sock is not None:  # a controller cut off, now fenced
-                            sel.unregister(link.sock)
                         link.attach(new, standby.epoch, sorted(children))
                         sel.register(new, selectors.EVENT_READ)
                 elif key.fileobj is link.sock:
@@ -251,6 +259,13 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer of `sock` is gone (its close seen, whatever is still queued)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)
+    return any(ev & (select.POLLHUP | select.POLLRDHUP) for _, ev in poller.poll(0))
 
 
 def _serve_listener(sel: selectors.BaseSelector, standby: Standby) -> None:

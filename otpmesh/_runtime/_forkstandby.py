@@ -1,5 +1,6 @@
 """The fork server's side of a takeover: it outlives its controller for a grace period, and
-hands its children to a standby controller that proves the app's secret and a higher epoch.
+hands its children to a standby controller that proves the app's secret and a higher epoch,
+once its own controller is gone, and only to the process the kernel says holds the lease.
 
 Runs inside the fork server (plain sockets, no trio). The standby dials ``forkserver.sock`` in
 the takeover's state directory (0700: only this user reaches it; the kernel's word on the
@@ -9,10 +10,16 @@ peer's uid is checked too), then:
     standby -> fork server    {"op": "attach", "epoch", "proof": attach_proof(...)}
     fork server -> standby    {"op": "ready", "pid", "children", "epoch"}, then the exits it
                               saw while no controller was attached
-or                            {"op": "refused", "why"} (a stale epoch), then it hangs up.
+or                            {"op": "refused", "why"}, then it hangs up: a stale epoch, a
+                              controller still attached, a dialer that does not hold the lease.
 
-A wrong proof gets no answer at all. An attached controller cut off by a newer one is sent
-``{"op": "fenced", "epoch"}`` and hung up on.
+A wrong proof gets no answer at all. The secret alone is not enough: every actor of the app
+knows it, and one that could attach while its controller lives would fence that controller
+(told it is cut off, it marks every worker dead and can no longer fork). So the server attaches
+a standby only while no controller is attached, and only a dialer whose pid (``SO_PEERCRED``,
+the kernel's word) the kernel names as the holder of the takeover's lease (``/proc/locks``),
+at the epoch in the state directory, which the lease holder wrote. An actor cannot hold the
+lease while its controller lives, which holds it until it stops.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import msgpack
 
 from .._core._errors import FencedError
 from .._wire._peercred import peer_credentials
+from ._lease import holds
 
 #: How long a dialer of the standby socket has to prove itself. The server goes on serving its
 #: children meanwhile: a dialer that says nothing holds one of MAX_PENDING places, not the server.
@@ -45,9 +53,14 @@ FAIR_CHANCE = 0.5
 _MAX = 1 << 16
 #: How long a standby tries again to attach when its dial fails on the way (see dial_standby).
 DIAL_RETRY = 10.0
+#: How long a standby asks again while the server still has its old controller attached (its
+#: exit, which released the lease, reaches the server within milliseconds).
+ATTACHED_WAIT = 2.0
 #: How long one connect waits for a place in the listener's backlog.
 _CONNECT_WAIT = 2.0
 _HUNG_UP = "it hung up"
+#: The refusal while a controller is attached (the dead one's exit not seen yet: asked again).
+ATTACHED = "its controller is attached"
 
 
 def attach_proof(secret: bytes, nonce: bytes, epoch: int) -> bytes:
@@ -74,15 +87,20 @@ async def dial_standby(
     state lost."""
     import trio
 
-    deadline = trio.current_time() + DIAL_RETRY
+    start = trio.current_time()
     pause = 0.01
     while True:
         try:
             return await _dial_once(path, secret, epoch)
         except (FencedError, OSError) as exc:
             gone = isinstance(exc, FileNotFoundError | ConnectionRefusedError)
-            refused = isinstance(exc, FencedError) and not str(exc).endswith(_HUNG_UP)
-            if gone or refused or trio.current_time() + pause > deadline:
+            # Its old controller's exit may not have reached it yet (the lease is released in
+            # the same exit): that refusal is asked again for a while, the others are final.
+            why = str(exc)
+            attached = ATTACHED in why
+            refused = isinstance(exc, FencedError) and not (why.endswith(_HUNG_UP) or attached)
+            waited = trio.current_time() + pause - start
+            if gone or refused or waited > (ATTACHED_WAIT if attached else DIAL_RETRY):
                 raise
         await trio.sleep(pause * (0.5 + secrets.randbelow(1000) / 1000))
         pause = min(2 * pause, 0.2)
@@ -118,6 +136,15 @@ async def _dial_once(path: str, secret: bytes, epoch: int) -> tuple[socket.socke
         sock.close()
         raise FencedError(f"the fork server refused the takeover: {reply.get('why')}")
     return raw, reply
+
+
+def _read_epoch(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _timeval(seconds: float) -> bytes:
@@ -157,12 +184,7 @@ class ControllerLink:
         self.sock = None
 
     def attach(self, sock: socket.socket, epoch: int, children: list[int]) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.send(msgpack.packb({"op": "fenced", "epoch": epoch}))
-            except OSError:
-                pass
-            self.sock.close()
+        """Serve `sock`, a standby at `epoch` (only while none is attached: Standby.answer)."""
         self.sock = sock
         held, self._held = self._held, []
         self.send({"op": "ready", "pid": os.getpid(), "children": children, "epoch": epoch})
@@ -194,6 +216,9 @@ class Standby:
         self.secret: bytes = req["secret"]
         self.epoch: int = int(req["epoch"])
         self.grace: float = float(req["grace"])
+        #: The lease file a dialer must hold, and the epoch file its holder writes.
+        self.lease = str(req["lease"])
+        self.epoch_file = str(req["epoch_file"])
         self.path = path = str(req["socket"])
         try:
             os.unlink(path)  # a socket file left by an earlier run of this app
@@ -207,6 +232,19 @@ class Standby:
         #: Dialers that were sent a challenge, in the order they were admitted.
         self.pending: dict[socket.socket, _Dialer] = {}
         self._deadline = 0.0
+
+    def _refusal(self, epoch: int, pid: int, attached: bool) -> str | None:
+        """Why a dialer that proved the secret at `epoch` is not attached, or None."""
+        if epoch <= self.epoch:
+            return f"epoch {epoch} is not above the epoch served, {self.epoch}: fenced"
+        if attached:
+            return f"{ATTACHED}: a standby attaches only once it is gone"
+        if not holds(self.lease, pid):
+            return f"pid {pid} does not hold the takeover's lease ({self.lease})"
+        written = _read_epoch(self.epoch_file)
+        if epoch != written:
+            return f"epoch {epoch} is not the one its lease holder wrote ({written})"
+        return None
 
     def close_fds(self) -> None:
         """Close the listener and the pending dialers' sockets (a forked worker's copies)."""
@@ -289,10 +327,12 @@ class Standby:
             conn.close()
         return dropped
 
-    def answer(self, conn: socket.socket) -> socket.socket | None:
+    def answer(self, conn: socket.socket, attached: bool) -> socket.socket | None:
         """Read a pending dialer's proof: its socket (blocking again) if it proved the secret at
-        a higher epoch, which it then serves; otherwise None, the dialer closed and forgotten."""
-        nonce = self.pending.pop(conn).nonce
+        a higher epoch while no controller is `attached`, holding the lease, which it then
+        serves; otherwise None, the dialer closed and forgotten."""
+        dialer = self.pending.pop(conn)
+        nonce = dialer.nonce
         try:
             msg = msgpack.unpackb(conn.recv(_MAX))
             epoch = msg.get("epoch") if isinstance(msg, dict) else None
@@ -303,8 +343,8 @@ class Standby:
             if not hmac.compare_digest(proof, attach_proof(self.secret, nonce, epoch)):
                 conn.close()  # no secret, no answer
                 return None
-            if epoch <= self.epoch:
-                why = f"epoch {epoch} is not above the epoch served, {self.epoch}: fenced"
+            why = self._refusal(epoch, dialer.pid, attached)
+            if why is not None:
                 conn.send(msgpack.packb({"op": "refused", "why": why}))
                 conn.close()
                 return None

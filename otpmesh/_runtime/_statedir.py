@@ -1,14 +1,15 @@
 """A takeover's state directory: the lease, the fencing epoch and the journal.
 
-The directory holds the app's secret (in the journal), so it must be this user's alone: 0700,
-owned by this uid, and every file in it 0600; anything else is refused, never repaired, since a
-directory another user could write to may already hold their files.
+The directory must be this user's alone: 0700, owned by this uid, and every file in it 0600;
+anything else is refused, never repaired, since a directory another user could write to may
+already hold their files. It holds no usable secret: the app's is in the journal only wrapped
+under the user's key (_appkey.py).
 
-- ``lease``: ``flock``ed by the active controller. The kernel releases it when the holder dies
-  (SIGKILL included), which is what wakes a standby.
+- ``lease``: ``flock``ed by the active controller (_lease.py). The kernel releases it when the
+  holder dies (SIGKILL included), which is what wakes a standby.
 - ``epoch``: the fencing epoch, bumped by each controller that takes the lease, written to a
   temporary file, fsync'd, then renamed over the old one (never half written).
-- ``journal``: one JSON record a line: the app record (its secret, its epoch), then each
+- ``journal``: one JSON record a line: the app record (its wrapped secret, its epoch), then each
   process, actor start and restart; compacted to what is still true as it grows
   (_journal.py). ``journal.new`` is a compaction's snapshot before its rename.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._core._errors import TakeoverError
+from ._appkey import wrap
 
 LEASE, EPOCH, JOURNAL, FORKSERVER_SOCKET = "lease", "epoch", "journal", "forkserver.sock"
 _PRIVATE_FILE = 0o600
@@ -67,25 +69,6 @@ def open_private(path: Path, flags: int) -> int:
             f"mode {stat.S_IMODE(st.st_mode):04o}; remove it and start again"
         )
     return fd
-
-
-class Lease:
-    """The active controller's lease: an exclusive ``flock`` on ``lease`` in the directory."""
-
-    def __init__(self, root: Path) -> None:
-        self._fd = open_private(root / LEASE, os.O_RDWR)
-
-    def try_acquire(self) -> bool:
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the last descriptor releases the lock
-            self._fd = -1
 
 
 def read_epoch(root: Path) -> int:
@@ -179,6 +162,8 @@ class TakeoverState:
     def for_fork_server(self, secret: bytes) -> dict[str, Any]:
         return {
             "socket": str(self.root / FORKSERVER_SOCKET),
+            "lease": str(self.root / LEASE),
+            "epoch_file": str(self.root / EPOCH),
             "grace": self.grace,
             "secret": secret,
             "epoch": self.epoch,
@@ -188,14 +173,10 @@ class TakeoverState:
         output = str(self.root / f"{proc_id}.out")
         return {"epoch": self.epoch, "takeover": {"grace": self.grace, "output": output}}
 
-    def app_started(self, secret: bytes) -> None:
-        """The record a standby starts from: fsync'd, it must survive whatever comes next."""
-        record = {
-            "app": os.getpid(),
-            "epoch": self.epoch,
-            "secret": secret.hex(),
-            "boot": boot_id(),
-        }
+    def app_started(self, secret: bytes, key: bytes) -> None:
+        """The record a standby starts from: fsync'd, it must survive whatever comes next. The
+        app's secret is in it only wrapped under `key` (_appkey.py)."""
+        record = {"app": os.getpid(), "epoch": self.epoch, **wrap(key, secret), "boot": boot_id()}
         self.journal.append(record, durable=True)
 
     def proc_started(self, proc: Placed) -> None:

@@ -70,9 +70,22 @@ def load_secret(*, create: bool = False) -> bytes:
                 f"no otpmesh secret: set OTPMESH_SECRET, or put one in {path} (mode 0600)"
             ) from None
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+    # Written whole under a name of its own, then linked in: processes that make it at once
+    # (a job's controller and its standby, test workers) all read the one that got there
+    # first, never a half-written one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
     return read_secret_file(path)
 
 

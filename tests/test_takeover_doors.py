@@ -1,0 +1,175 @@
+"""The doors a takeover opens, attacked: an actor that knows the app's secret cannot fence its
+fork server while its controller lives, nothing in the state directory lets a reader join the
+app, and a same-user process squatting the lease is named by the standby (real apps, real
+processes, real SIGKILLs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+import otpmesh
+from otpmesh import FencedError, Supervisor, Takeover, TakeoverError, Worker
+from otpmesh._controller._takeover import resume
+from otpmesh._node._node import current_node
+from otpmesh._runtime._appkey import unwrap, wrap
+from otpmesh._runtime._forkstandby import dial_standby
+from otpmesh._wire._secret import load_secret
+from tests.test_takeover import Program
+
+KEY = b"k" * 32
+
+
+@pytest.fixture(autouse=True)
+def _no_program_left() -> Iterator[None]:
+    yield
+    programs, Program.started = Program.started, []
+    for program in programs:
+        program.end()
+
+
+class Intruder(otpmesh.Actor):
+    """A compromised actor: it has its worker's copy of the app's secret."""
+
+    @otpmesh.endpoint
+    async def fence(self, sock: str) -> str:
+        node = current_node()
+        assert node is not None
+        try:
+            await dial_standby(sock, node.secret, 2**40)
+        except FencedError as exc:
+            return str(exc)
+        return "attached"
+
+    @otpmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+TREE = Supervisor("app", children=[Worker("intruder", Intruder), Worker("other", Intruder)])
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_with_the_secret_cannot_fence_its_fork_server_and_the_app_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Before, the fork server attached the actor at epoch 2**40 while its controller was
+    attached: the controller was told it was fenced, marked every worker dead, and every
+    restart failed with SpawnError until the root gave up."""
+
+    async def main() -> None:
+        takeover = Takeover(dir=tmp_path / "state", key=KEY)
+        async with otpmesh.start(TREE, takeover=takeover) as app:
+            said = await app.actor("app/intruder").fence(str(tmp_path / "state/forkserver.sock"))
+            assert "its controller is attached" in said
+            other = app.actor("app/other")
+            old = await other.pid()
+            os.kill(old, signal.SIGKILL)  # a restart needs a fork: the fork server is still ours
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        new = await other.pid()
+                    except (otpmesh.ActorError, otpmesh.ActorDiedError):
+                        await trio.sleep(0.05)
+                        continue
+                    if new != old:
+                        break
+            children = {child.id: child for child in app.which_children("app")}
+            assert children["other"].incarnation == 2
+
+    trio.run(main)
+
+
+@pytest.mark.timeout(120)
+def test_nothing_in_the_state_directory_holds_the_apps_secret(tmp_path: Path) -> None:
+    """Before, the journal's app record held the secret in hex: a same-user process told only
+    the directory read it and joined (or fenced) the app."""
+    state = tmp_path / "state"
+
+    async def main() -> bytes:
+        async with otpmesh.start(TREE, takeover=Takeover(dir=state, key=KEY)) as app:
+            await app.actor("app/intruder").pid()
+            node = current_node()
+            assert node is not None
+            return node.secret
+
+    secret = trio.run(main)
+    for path in state.iterdir():
+        data = path.read_bytes()
+        assert secret not in data and secret.hex().encode() not in data, path.name
+    app = next(json.loads(line) for line in (state / "journal").read_text().splitlines())
+    assert "secret" not in app
+    assert unwrap(KEY, app) == secret  # the key, kept elsewhere, is what a standby needs
+    with pytest.raises(TakeoverError, match="under another key"):
+        unwrap(b"x" * 32, app)
+
+
+def test_a_standby_with_another_key_is_refused_before_it_fences_anything(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    record = {"app": 1, "epoch": 1, **wrap(KEY, b"s" * 32), "boot": ""}
+    (state / "journal").write_text(json.dumps(record) + "\n")
+    os.chmod(state / "journal", 0o600)
+
+    async def main() -> None:
+        with pytest.raises(TakeoverError, match="kept its secret under another key"):
+            await resume(Takeover(dir=state, key=b"other key, 16+ bytes"))
+
+    trio.run(main)
+    assert not (state / "epoch").exists()  # no epoch bumped: nothing fenced
+
+
+def test_the_default_key_is_the_users_otpmesh_secret() -> None:
+    assert unwrap(load_secret(create=True), wrap(load_secret(), b"abc")) == b"abc"
+
+
+@pytest.mark.parametrize("key", [b"short", "a string", 16])
+def test_a_key_must_be_16_bytes_or_more(key: object) -> None:
+    with pytest.raises(ValueError, match=r"Takeover\(key=\.\.\.\)"):
+        Takeover(dir="/tmp/x", key=key)  # type: ignore[arg-type]
+
+
+_SQUAT = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_standby_names_a_process_squatting_the_lease_and_takes_over_once_it_goes(
+    tmp_path: Path,
+) -> None:
+    """A same-user process without the secret takes the lease the dead controller left: the
+    standby says which pid holds it, and takes the run over (every worker kept) once that
+    process is gone. Before, the standby polled in silence until the grace ended and every
+    worker was lost."""
+    state = tmp_path / "state"
+    active = Program(state, "--steps", "40", "--pause", "0.05", "--grace", "90")
+    active.wait_for("step 5")
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    squatter = subprocess.Popen(
+        [sys.executable, "-c", _SQUAT, str(state / "lease")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "held\n"
+        standby = Program(state, "--steps", "40", "--pause", "0.01", "--standby")
+        named = standby.wait_for("takeover: the lease")
+        assert f"is held by pid {squatter.pid} " in named, named
+    finally:
+        squatter.kill()
+        squatter.wait()
+    started = standby.wait_for("driver (pid")
+    assert "incarnations [1, 1, 1, 1]" in started  # taken over, not started afresh
+    standby.finish()
