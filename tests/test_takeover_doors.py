@@ -19,11 +19,12 @@ import trio
 import otpmesh
 from otpmesh import FencedError, Supervisor, Takeover, TakeoverError, Worker
 from otpmesh._controller._takeover import resume
-from otpmesh._node._node import current_node
+from otpmesh._core._errors import ActorError
+from otpmesh._node._node import Node, current_node
 from otpmesh._runtime._appkey import unwrap, wrap
 from otpmesh._runtime._forkstandby import dial_standby
 from otpmesh._wire._secret import load_secret
-from tests.test_takeover import Program
+from tests.test_takeover import Program, _journal
 
 KEY = b"k" * 32
 
@@ -172,4 +173,38 @@ def test_a_standby_names_a_process_squatting_the_lease_and_takes_over_once_it_go
         squatter.wait()
     started = standby.wait_for("driver (pid")
     assert "incarnations [1, 1, 1, 1]" in started  # taken over, not started afresh
+    standby.finish()
+
+
+@pytest.mark.timeout(240)
+def test_a_process_with_the_secret_but_not_the_lease_cannot_adopt_a_worker_in_the_gap(
+    tmp_path: Path,
+) -> None:
+    """After the controller's death, a process that knows the app's secret (as an actor does)
+    asks a worker to take it as its controller at a higher epoch: refused, as it does not hold
+    the lease; the standby then adopts every worker. Before, the worker took it, and the
+    standby found that worker fenced off."""
+    state = tmp_path / "state"
+    active = Program(state, "--steps", "40", "--pause", "0.05", "--grace", "90")
+    active.wait_for("step 5")
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    records = _journal(state)
+    app = next(r for r in records if "app" in r)
+    proc = next(r for r in records if "proc" in r and "actor" not in r)
+
+    async def intrude() -> str:
+        node = Node("intruder", secret=unwrap(load_secret(), app))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+            conn = await node.connect(proc["addr"])
+            payload = {"epoch": 99, "addr": node.addr, "pid": os.getpid()}
+            with pytest.raises(ActorError) as refused:
+                await node.sys_call(conn, "adopt", payload, proc["proc"])
+            nursery.cancel_scope.cancel()
+        return refused.value.message
+
+    assert "does not hold the takeover's lease" in trio.run(intrude)
+    standby = Program(state, "--steps", "40", "--pause", "0.01", "--standby")
+    assert "incarnations [1, 1, 1, 1]" in standby.wait_for("driver (pid")
     standby.finish()

@@ -171,7 +171,11 @@ class TakeoverState:
 
     def for_worker(self, proc_id: str) -> dict[str, Any]:
         output = str(self.root / f"{proc_id}.out")
-        return {"epoch": self.epoch, "takeover": {"grace": self.grace, "output": output}}
+        lease = str(self.root / LEASE)
+        return {
+            "epoch": self.epoch,
+            "takeover": {"grace": self.grace, "output": output, "lease": lease},
+        }
 
     def app_started(self, secret: bytes, key: bytes) -> None:
         """The record a standby starts from: fsync'd, it must survive whatever comes next. The

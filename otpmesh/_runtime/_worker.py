@@ -30,6 +30,7 @@ from .._wire._handshake import dial
 from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from . import _deathlock, _spare
+from ._lease import holds
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
@@ -213,8 +214,9 @@ class Worker:
     async def _adopt(self, conn: Connection | None, p: dict[str, Any]) -> dict[str, Any]:
         """A standby controller takes this worker over. It proved the app's secret when it
         dialed (a stranger cannot get here); it must present a higher epoch than the one served;
-        and only a worker whose controller is gone is taken: an actor of the app knows the
-        secret too, and must not take a sibling from its live controller (docs/security.md)."""
+        and only a worker whose controller is gone is taken, on this host only by the lease's
+        holder: an actor of the app knows the secret too, and must take no sibling, neither
+        from its live controller nor from its standby (docs/security.md)."""
         if self.takeover is None:
             raise ProtocolError("this worker's app runs without a takeover: it is not taken over")
         epoch = p.get("epoch") if isinstance(p, dict) else None
@@ -232,6 +234,13 @@ class Worker:
                 await trio.sleep(0.01)
         if self.controller is not None and not self.controller.closed:
             raise ProtocolError("this worker's controller is alive: it is not taken over")
+        lease = self.takeover.get("lease")
+        if isinstance(lease, str) and conn.peer_pid is not None and not holds(lease, conn.peer_pid):
+            # On this host (a Unix socket: the kernel's word on its pid) only the lease's
+            # holder adopts: an actor of the app knows the secret, but not the lease.
+            raise ProtocolError(
+                f"pid {conn.peer_pid} does not hold the takeover's lease: it is not taken over"
+            )
         self.epoch = epoch
         self.controller = conn
         self.node.parent = conn
