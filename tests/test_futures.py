@@ -3,6 +3,9 @@ thread that may block; one Future, one result."""
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import pytest
 import trio
 import trio.testing
@@ -124,3 +127,39 @@ def test_a_future_that_is_not_a_call_times_out_saying_what_it_was() -> None:
             await waiting
 
     run_trio(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_call_never_awaited_is_reported_with_its_actor_endpoint_and_line() -> None:
+    """``calc[0].add(100)`` and ``calc.add.broadcast(7)`` without ``await`` send nothing: each
+    says so when dropped, as Python does for a coroutine never awaited, naming the call and
+    the line that made it. Before, both vanished without a word."""
+
+    async def body() -> list[warnings.WarningMessage]:
+        async with await otpmesh.proc_mesh(procs=2) as procs:
+            mesh = await procs.spawn("calc", Echo)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                mesh[0].record(100)  # forgotten: the line named below
+                mesh.record.broadcast(7)  # forgotten too
+                gc.collect()
+                awaited = mesh[1].record(1)
+                await awaited
+                await otpmesh.gather(mesh[0].record(2), mesh[1].record(3))
+                refused = mesh[0].record(4)
+                with pytest.raises(otpmesh.MeshError, match="blocks its thread"):
+                    refused.get()  # refused, and told why: no warning on top
+                del awaited, refused
+                gc.collect()
+            assert await mesh[0].history() == [2]  # the forgotten calls were never sent
+            return caught
+
+    caught = run_trio(body)
+    said = [(str(w.message), w.filename, w.lineno) for w in caught]
+    assert [w.category for w in caught] == [RuntimeWarning, RuntimeWarning], said
+    line = test_a_call_never_awaited_is_reported_with_its_actor_endpoint_and_line.__code__
+    first = line.co_firstlineno
+    assert "calc/0.record(...) was never awaited, so it was never sent" in said[0][0]
+    assert "calc.record.broadcast(...) was never awaited" in said[1][0]
+    assert said[0][1] == __file__ and said[1][1] == __file__
+    assert said[0][2] == first + 11 and said[1][2] == first + 12

@@ -81,6 +81,9 @@ class Endpoint:
         self._params = params
         self._retry = retry
 
+    def __repr__(self) -> str:
+        return f"{self._owner.who}.{self._name}"
+
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         params = self._params
         if params is not None:

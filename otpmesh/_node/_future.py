@@ -18,12 +18,20 @@ One Future, one result (as Monarch's): once it has ended, awaiting it again or c
 returns the same value or raises the same error, and nothing is sent again. A Future that was
 cancelled before it ended may be awaited again (it is sent again).
 
+Nothing vanishes in silence: a Future dropped without ever being awaited, passed to ``gather``
+or ``.get()`` (``calc[0].add(1)`` without ``await``) sent nothing, and says so as Python does
+for a coroutine never awaited: a RuntimeWarning naming the call, at the line that dropped it
+(for a call written as a statement, the line that made it).
+
 It is a ``collections.abc.Coroutine`` too, so ``nursery.start_soon(mesh.ep.call, x)`` and
 ``asyncio.create_task(mesh.ep.call(x))`` take it as they take a coroutine.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from functools import partial
 from typing import Any, TypeVar
@@ -44,8 +52,15 @@ GET_IN_TRIO = (
 )
 
 
-# A Future's states: not sent yet, in flight, ended with a value, ended with an error.
+# A Future's states: not sent yet, in flight, ended with a value, ended with an error; and
+# cancelled before it ended, or refused with an error that said why (it may be awaited again,
+# like a new one, but its caller knows it did not end).
 _NEW, _BUSY, _OK, _ERROR = range(4)
+_AGAIN = -1
+#: otpmesh's own directory: a call's origin is the first frame outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: Where "never awaited" was said already (one warning per line and call, as warnings do).
+_SAID: dict[Any, Any] = {}
 
 
 class Future(Coroutine[Any, Any, T]):
@@ -63,6 +78,10 @@ class Future(Coroutine[Any, Any, T]):
         self._state = _NEW
         self._value: Any = None
         self._it: Generator[Any, Any, T] | None = None  # only when driven by send()
+
+    def __del__(self) -> None:
+        if self._state == _NEW:
+            _never_sent(self)
 
     # ------------------------------------------------------------ await
 
@@ -82,7 +101,7 @@ class Future(Coroutine[Any, Any, T]):
             except Exception as exc:
                 self._settle(_ERROR, exc)
             except BaseException:
-                self._state = _NEW  # cancelled or interrupted: no result; may be awaited again
+                self._state = _AGAIN  # cancelled or interrupted: no result; may be awaited again
                 raise
             else:
                 self._settle(_OK, value)
@@ -97,8 +116,10 @@ class Future(Coroutine[Any, Any, T]):
             if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
                 raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
             if trio.lowlevel.in_trio_run():
+                self._told()
                 raise MeshError(GET_IN_TRIO)
             if bridge() is not None:
+                self._told()
                 raise MeshError(
                     "Future.get() would block this asyncio actor's event loop: use 'await', "
                     "or mark the endpoint @endpoint(blocking=True)"
@@ -112,7 +133,7 @@ class Future(Coroutine[Any, Any, T]):
             except Exception as exc:
                 self._settle(_ERROR, exc)
             except BaseException:
-                self._state = _NEW
+                self._state = _AGAIN
                 raise
             else:
                 self._settle(_OK, value)
@@ -143,6 +164,11 @@ class Future(Coroutine[Any, Any, T]):
 
     # ------------------------------------------------------------ its one result
 
+    def _told(self) -> None:
+        """Its caller was told why it was not sent (no "never awaited" warning for it)."""
+        if self._state == _NEW:
+            self._state = _AGAIN
+
     def _claim(self) -> None:
         if self._state == _BUSY:
             raise MeshError(
@@ -161,9 +187,8 @@ class Future(Coroutine[Any, Any, T]):
         raise self._value
 
     def __repr__(self) -> str:
-        state = ("not sent", "running", "done", "failed")[self._state]
-        name = getattr(self._start, "__qualname__", self._start)
-        return f"<otpmesh.Future {state}: {name}>"
+        state = ("not sent", "running", "done", "failed", "not ended")[self._state]
+        return f"<otpmesh.Future {state}: {_what(self)}>"
 
 
 # ------------------------------------------------------------ for gather (_gather.py)
@@ -172,15 +197,16 @@ class Future(Coroutine[Any, Any, T]):
 def take(fut: Future[Any]) -> tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]] | None:
     """Claim a Future not sent yet, for ``gather`` to send its call itself: the start and
     arguments it was made with; None when it has ended or is being awaited elsewhere."""
-    if fut._state != _NEW:
+    if fut._state not in (_NEW, _AGAIN):
         return None
     fut._state = _BUSY
     return fut._start, fut._args
 
 
-def give_back(fut: Future[Any]) -> None:
-    """A Future `take` claimed was not sent after all (or was cancelled): it may be awaited."""
-    fut._state = _NEW
+def give_back(fut: Future[Any], *, sent: bool = True) -> None:
+    """A Future `take` claimed was cancelled (`sent`) or not sent after all: it may be
+    awaited."""
+    fut._state = _AGAIN if sent else _NEW
 
 
 def settle(fut: Future[Any], ok: bool, value: Any) -> None:
@@ -216,3 +242,38 @@ async def _within(
     with trio.move_on_after(timeout):
         return await fn(*args, **kwargs)
     raise CallTimeoutError([], label, timeout)
+
+
+def _dropped_at() -> tuple[str, int]:
+    """The file and line of the code outside otpmesh running now, where a Future is being
+    dropped: for ``calc[0].add(1)`` written as a statement, the line that made the call (as
+    for Python's own "never awaited": no cost until it is said)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+    return ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _what(fut: Future[Any]) -> str:
+    """The call a Future stands for, as the user wrote it: ``calc/0.add(...)``."""
+    first = fut._args[0] if fut._args else None
+    if isinstance(first, str):  # later(label, ...)
+        return first
+    if isinstance(first, list):
+        return f"otpmesh.gather({len(first)} calls)"
+    if first is not None and type(first).__name__ == "Endpoint":
+        kind = getattr(fut._args[1], "__name__", "").lstrip("_")
+        return f"{first!r}{'.' + kind if kind in ('broadcast', 'choose') else ''}(...)"
+    return str(getattr(fut._start, "__qualname__", fut._start))
+
+
+def _never_sent(fut: Future[Any]) -> None:
+    origin = _dropped_at()
+    warnings.warn_explicit(
+        f"otpmesh: the call {_what(fut)} was never awaited, so it was never sent: "
+        "'await' it (or call .get() from synchronous code); otpmesh.gather(...) sends many",
+        RuntimeWarning,
+        origin[0],
+        origin[1],
+        registry=_SAID,
+    )

@@ -138,7 +138,7 @@ class _Batch:
                 group.deliver(i, False, exc)
                 continue
             if slot is None:
-                give_back(fut)
+                give_back(fut, sent=False)
                 general.append(i)
             else:
                 self._took(i, slot, parts[1])
