@@ -41,6 +41,7 @@ from ._core._errors import OtpmeshError as OtpmeshError
 from ._core._errors import PortClosedError as PortClosedError
 from ._core._errors import PortOverflowError as PortOverflowError
 from ._core._errors import ProtocolError as ProtocolError
+from ._core._errors import SingletonError as SingletonError
 from ._core._errors import SpawnError as SpawnError
 from ._core._errors import StaleEpochError as StaleEpochError
 from ._core._errors import StandbyDoneError as StandbyDoneError

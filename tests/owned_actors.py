@@ -152,6 +152,16 @@ class Finder(Actor):
         ref = await otpmesh.singleton("registry", Replica, "single")
         return await ref.who()
 
+    @endpoint
+    async def singleton_of(self, name: str, actor: str, *args: Any) -> list[Any]:
+        """Singleton `name` asked for as class `actor` (an import path): what it answers to
+        who(), or the error this process got and its message."""
+        try:
+            ref = await otpmesh.singleton(name, actor, *args)
+        except otpmesh.OtpmeshError as exc:
+            return [type(exc).__name__, str(exc)]
+        return await ref.who()
+
 
 class Forker(Actor):
     """Starts proc meshes of its own on request (their processes count against its bound)."""

@@ -24,7 +24,7 @@ EXPECTED = {
     # ports and channels
     "Channel", "Port", "PortReceiver",
     # actors that own meshes
-    "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton",
+    "ProcMeshRef", "Subtree", "MeshFailure", "lookup", "singleton", "SingletonError",
     # hosts past this one
     "Cluster", "cluster",
     # meshes that are process groups

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from .._core._actor import set_start_hook
-from .._core._errors import MeshError
+from .._core._errors import ActorError, MeshError, SingletonError
 from .._core._shape import check_shape
 from .._core._spec import Mesh, Restart, Strategy, Supervisor, Worker, walk
 from .._node._ask import ask_controller, in_controller
@@ -95,12 +95,21 @@ async def lookup(path: str) -> ActorRef | ActorMesh:
 
 async def singleton(name: str, actor: type | str, *args: Any, **kwargs: Any) -> ActorRef:
     """The app's one actor called `name` (at ``singletons/NAME``): started on first use with
-    ``actor(*args, **kwargs)`` and supervised like any child (restarted if it crashes); later
-    calls, from any process, get a ref to the same actor and ignore their arguments."""
+    ``actor(*args, **kwargs)`` and supervised like any child (restarted if it crashes). The name
+    keeps that first request's class and arguments for as long as the controller runs, across
+    restarts, and after its supervisor gave up (the next request starts it again, the same).
+    Later calls, from any process, get a ref to the same actor and their arguments are
+    ignored; a call naming another class (compared by import path) raises ``SingletonError``
+    naming both."""
     spec = Worker(name, actor, args=args, kwargs=kwargs)
     if not _run.IN_WORKER:  # in the controller: its runtime may not be started yet
         await _controller_runtime.runtime()
-    found: ActorRef = await ask_controller("singleton", {"spec": spec_to_wire(spec)})
+    try:
+        found: ActorRef = await ask_controller("singleton", {"spec": spec_to_wire(spec)})
+    except ActorError as exc:  # asked from a worker: the controller's refusal came as data
+        if exc.type_name == SingletonError.__name__:
+            raise SingletonError(exc.message) from None
+        raise
     return found
 
 
@@ -113,6 +122,9 @@ class Service:
         self.subtrees: dict[str, OwnedTree] = {}
         self._starting: dict[str, int] = {}  # owner -> processes being forked for it now
         self._singletons: OwnedTree | None = None
+        #: Each singleton's spec as first started: its name stays bound to its class (and its
+        #: arguments) after restarts and after the singletons' supervisor gave up.
+        self._singleton_specs: dict[str, Worker] = {}
         self._singleton_lock = trio.Lock()
         rt.node.sys_handlers.update(
             {
@@ -277,18 +289,28 @@ class Service:
         raise KeyError(f"no actor or mesh at {path!r} in this app")
 
     async def singleton(self, conn: Connection | None, p: dict[str, Any]) -> ActorRef:
-        spec = spec_from_wire(p["spec"])
-        if not isinstance(spec, Worker):
+        asked = spec_from_wire(p["spec"])
+        if not isinstance(asked, Worker):
             raise MeshError("a singleton is one actor (a Worker spec)")
-        path = f"{SINGLETONS}/{spec.id}"
+        path = f"{SINGLETONS}/{asked.id}"
         async with self._singleton_lock:
+            bound = self._singleton_specs.get(asked.id)
+            # By import path, as both travel (the wire carries no class): a request for
+            # another class must not be handed the running actor, nor pass its arguments to it.
+            if bound is not None and bound.actor != asked.actor:
+                raise SingletonError(
+                    f"{path} is a {bound.actor}, not a {asked.actor}: a singleton keeps the "
+                    f"class of its first request while the controller runs; ask for "
+                    f"{bound.actor}, or give yours another name"
+                )
             if self._singletons is None or self._singletons.done.is_set():
                 root = Supervisor(SINGLETONS, intensity=10, period=10.0)
                 self._singletons = await start_owned(self.rt, root, None)
             app = self._singletons.app
             assert app is not None
             if path not in context(app).specs:
-                await app.start_child(SINGLETONS, spec)
+                await app.start_child(SINGLETONS, bound or asked)
+                self._singleton_specs[asked.id] = bound or asked
             return app.actor(path)
 
 

@@ -7,7 +7,8 @@ random watch token made for this listener. The app's secret is never in it, nor 
 
 A watcher proves itself as a node does, with the token instead of the secret: the kernel's word
 that it is this user (``SO_PEERCRED``; the directory already keeps others out), then the
-challenge-response of ``_secret.py`` (within ``PROOF_TIMEOUT``); then it sends one request line:
+challenge-response of ``_secret.py`` (within ``PROOF_TIMEOUT``, holding a bounded, evictable
+share of the listener while it does: ``_watchers.py``); then it sends one request line:
 
     {"op": "watch", "app": ROOT or null}   the tree's outline, every log entry so far, "live",
                                           each new entry, the app's clock every TICK seconds,
@@ -16,8 +17,9 @@ challenge-response of ``_secret.py`` (within ``PROOF_TIMEOUT``); then it sends o
 
 and reads JSON lines. Nothing it can send starts, stops or calls anything: the listener is not
 the app's node, and a watcher never holds the app's secret. At most ``MAX_WATCHERS`` are served
-at once (more are closed at once); a request line is at most ``MAX_REQUEST`` bytes. One trio
-run per process serves watchers (the first to start an app; a notebook's is its app thread).
+at once, ``WATCHERS_PER_PROCESS`` for one process (one more is told why and closed); a request
+line is at most ``MAX_REQUEST`` bytes. One trio run per process serves watchers (the first to
+start an app; a notebook's is its app thread).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import logging
 import os
 import secrets
 import socket
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,7 +40,9 @@ from .._core._outline import outline
 from .._core._reasons import is_normal_exit
 from .._core._supevents import LogEntry
 from .._runtime._controller_runtime import runtime
+from .._wire._addresses import UNIX_BACKLOG
 from .._wire._owntasks import spawn as spawn_own
+from .._wire._peercred import peer_credentials
 from .._wire._secret import (
     NONCE_SIZE,
     PROOF_SIZE,
@@ -51,13 +54,13 @@ from .._wire._secret import (
 from ._events import entry_to_json
 from ._inspect import collect, started_at
 from ._stacksdir import is_private, make_private_dir
+from ._watchers import Watchers
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
 
 log = logging.getLogger("otpmesh")
 
-MAX_WATCHERS = 8
 MAX_REQUEST = 4096
 PROOF_TIMEOUT = 2.0
 #: How often a watcher is told the app's clock (its view's durations and intensity windows).
@@ -81,6 +84,8 @@ class Watched:
         self.apps: list[TreeContext] = []
         self.changed = trio.Event()
         self.serving = False
+        #: The listener's bounds and accept loop, while it listens.
+        self.watchers: Watchers | None = None
 
     def add(self, ctx: TreeContext) -> None:
         self.apps.append(ctx)
@@ -140,27 +145,27 @@ async def _serve(watched: Watched) -> None:
         sock_file.unlink(missing_ok=True)  # a listener of ours that died with its process
         listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         await listener.bind(str(sock_file))
-        listener.listen(MAX_WATCHERS)
+        # A node's backlog: past a full one a Unix connect fails at once (EAGAIN) instead of
+        # waiting its turn. What waits there (a flood, anything while accepting waits out
+        # EMFILE) costs no descriptor; what is accepted is bounded (_watchers.py).
+        listener.listen(UNIX_BACKLOG)
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"started": started_at(pid), "token": token.hex()}, f)
     except OSError as exc:
         log.warning("otpmesh watch will not reach this app: %s", exc)
         return
+    watched.watchers = watchers = Watchers(listener, log)
     try:
         async with trio.open_nursery() as nursery:
-            watchers = [0]  # how many are served now
             while True:
-                conn, _ = await listener.accept()
-                if watchers[0] >= MAX_WATCHERS:
-                    conn.close()  # enough watchers: this one is turned away
-                    continue
-                watchers[0] += 1
-                nursery.start_soon(_watcher, watched, conn, token, watchers)
+                conn, _ = await watchers.acceptor.accept()
+                nursery.start_soon(_watcher, watched, watchers, conn, token)
     except Exception:
         # A system task: what escapes it would end the whole program. Only watching ends.
         log.exception("otpmesh watch stopped answering this app")
     finally:
+        watched.watchers = None
         listener.close()
         if is_private(directory):
             token_file.unlink(missing_ok=True)
@@ -178,27 +183,32 @@ def _answering(path: Path) -> bool:
 
 
 async def _watcher(
-    watched: Watched, conn: trio.socket.SocketType, token: bytes, watchers: list[int]
+    watched: Watched, watchers: Watchers, conn: trio.socket.SocketType, token: bytes
 ) -> None:
-    stream = trio.SocketStream(conn)
+    raw = socket.socket(fileno=conn.detach())  # the stdlib's, for the kernel's word on its peer
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
     try:
         async with stream:
-            with trio.move_on_after(PROOF_TIMEOUT) as proving:
-                proven = _same_user(conn) and await _prove(stream, token)
-            if proving.cancelled_caught or not proven:
+            pid, uid, _ = peer_credentials(raw)
+            if uid != os.getuid():
+                return  # the directory keeps other users out; the kernel's word, to be sure
+            proven = False
+            with watchers.unproven.hold(f"pid {pid}"), trio.move_on_after(PROOF_TIMEOUT):
+                proven = await _prove(stream, token)
+            if not proven:
+                return  # a wrong proof, none in time, or evicted by newer connections
+            refusal = watchers.admit(pid)
+            if refusal is not None:
+                with trio.move_on_after(PROOF_TIMEOUT):
+                    await stream.send_all(_line({"t": "error", "error": refusal}))
                 return
-            await _answer(watched, stream)
+            try:
+                await _answer(watched, stream)
+            finally:
+                watchers.leave(pid)
     except Exception as exc:
         # It went away or broke the protocol (or a bug here): only its connection ends.
         log.debug("a watcher's connection ended: %r", exc)
-    finally:
-        watchers[0] -= 1
-
-
-def _same_user(conn: trio.socket.SocketType) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    return bool(uid == os.getuid())
 
 
 async def _prove(stream: trio.SocketStream, token: bytes) -> bool:
@@ -246,7 +256,7 @@ async def _answer(watched: Watched, stream: trio.SocketStream) -> None:
 
     async def send(message: dict[str, Any]) -> None:
         async with send_lock:
-            await stream.send_all(json.dumps(message).encode() + b"\n")
+            await stream.send_all(_line(message))
 
     request = await lines.next()
     ctx = watched.find(request.get("app"))
@@ -263,6 +273,10 @@ async def _answer(watched: Watched, stream: trio.SocketStream) -> None:
             request = await lines.next()
             if request.get("op") == "stacks":
                 await _send_stacks(ctx, send, request)
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
 
 
 async def _send_stacks(ctx: TreeContext, send: Send, request: dict[str, Any]) -> None:

@@ -81,6 +81,11 @@ class MeshError(OtpmeshError, ValueError):
     """Raised on misuse of a mesh: bad shape, bad slice, call_one on many actors."""
 
 
+class SingletonError(OtpmeshError, TypeError):
+    """Raised by otpmesh.singleton when its name is bound to another actor class than the one
+    asked for: a singleton's class is its first request's, for as long as the controller runs."""
+
+
 class SupervisorError(OtpmeshError):
     """Raised by otpmesh.start when the root supervisor fails to start or gives up."""
 
