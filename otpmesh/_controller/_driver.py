@@ -180,6 +180,7 @@ class SupervisorDriver:
         info = replace(
             self._slot_info(command.id),
             progress_deadline=spec.progress_deadline,
+            start_timeout=spec.start_timeout,
             heal=self._heal_plan(command),
         )
         try:

@@ -190,7 +190,7 @@ class Service:
         mesh._spawners[p["name"]] = proc_of(self.rt, conn)
         if supervision is None:
             return await mesh.spawn(p["name"], p["cls"], *args, **kwargs)
-        strategy, restart, intensity, period = supervision
+        strategy, restart, intensity, period, start_timeout = supervision
         return await mesh.spawn_supervised(
             p["name"],
             p["cls"],
@@ -200,6 +200,7 @@ class Service:
             restart=Restart(restart),
             intensity=intensity,
             period=period,
+            start_timeout=start_timeout,
         )
 
     async def procs_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:

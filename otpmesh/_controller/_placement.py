@@ -16,7 +16,7 @@ import trio
 
 from .._core._actor import Actor, class_path
 from .._core._errors import ActorDiedError, ActorError, EncodeError, SpawnError
-from .._core._exits import ActorCrash, ProcessExit
+from .._core._exits import ActorCrash, Hung, ProcessExit
 from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost, StartFailed, spawn_request
@@ -50,6 +50,7 @@ class SlotInfo:
     coords: dict[str, int]
     shape: dict[str, int]
     progress_deadline: float | None = None  # the child spec's (seconds; None: none)
+    start_timeout: float | None = None  # the child spec's (seconds; None: none)
     heal: dict[str, Any] | None = None  # a restart in a healing mesh: peers, fallback (_heal.py)
 
 
@@ -85,6 +86,7 @@ def _payload(
         args=args,
         kwargs=kwargs,
         progress_deadline=info.progress_deadline,
+        start_timeout=info.start_timeout,
         heal=info.heal,
     )
 
@@ -99,7 +101,7 @@ async def spawn_on(rt: Runtime, proc: Proc, payload: dict[str, Any]) -> str:
     except EncodeError as exc:
         raise StartError(_unsendable(payload, exc)) from None
     proc.started = True  # it answered: its start is over, its heartbeat is what judges it
-    if isinstance(result, ActorCrash):
+    if isinstance(result, ActorCrash | Hung):
         raise StartError(result)
     return str(result)
 
@@ -192,7 +194,11 @@ class ProcsPlacement:
             self._rt.exited_hooks(path, incarnation, reason)  # what it made in on_start goes
             raise StartError(reason) from exc
         except ActorDiedError as exc:
-            reason = ProcessExit(proc.pid, proc.exit_reason or exc.reason)
+            # Its process died in the start: a start its watchdog found hung says so (with
+            # its stack), as an actor's exit does.
+            reason = self._rt.exit_reason_of(proc, path)
+            if not isinstance(reason, Hung):
+                reason = ProcessExit(proc.pid, proc.exit_reason or exc.reason)
             self._rt.exited_hooks(path, incarnation, reason)
             raise StartError(reason) from exc
         if result == STARTED:

@@ -13,7 +13,7 @@ from .._core._actor import Actor, class_path, current_path
 from .._core._errors import ActorError, MeshError, SpawnError
 from .._core._exits import ActorCrash, describe
 from .._core._shape import Shape, all_coords, check_shape, select
-from .._core._spec import ONE_FOR_ONE, PERMANENT, Mesh, Restart, Strategy
+from .._core._spec import ONE_FOR_ONE, PERMANENT, START_TIMEOUT, Mesh, Restart, Strategy
 from .._node._ask import ask_controller
 from .._node._daemon import current as current_daemon
 from .._node._future import Future, later
@@ -142,7 +142,9 @@ class ProcMesh:
         """Start one `actor` per process (its constructor runs there, with `args` and `kwargs`);
         the actor mesh (a Future: await it, or ``.get()`` from sync code). A failed actor stays
         dead: its calls fail, ``events`` records the exit, and an owner hears of it
-        (``__supervise__``). For actors that restart, use ``spawn_supervised``."""
+        (``__supervise__``). For actors that restart, use ``spawn_supervised``. A start that
+        takes more than ``START_TIMEOUT`` (600 s) fails as hung, with its stack (for another
+        limit, ``spawn_supervised(..., start_timeout=...)``)."""
         self._check_new(name, actor)
         return later(f"spawning {name!r}", self._spawn, name, actor, args, kwargs)
 
@@ -158,6 +160,7 @@ class ProcMesh:
             "shape": self._shape,
             "args": list(args),
             "kwargs": kwargs,
+            "start_timeout": START_TIMEOUT,
         }
         slots = [Slot(f"{path}/{rank}", p.addr, p) for rank, p in enumerate(self._procs)]
         errors: dict[int, BaseException] = {}
@@ -209,11 +212,13 @@ class ProcMesh:
         restart: Restart = PERMANENT,
         intensity: int = 1,
         period: float = 5.0,
+        start_timeout: float | None = START_TIMEOUT,
     ) -> Future[ActorMesh]:
         """Start one `actor` per process as a supervisor group: an OTP supervisor over the
-        mesh's actors (``strategy``, ``intensity`` restarts per ``period`` s), the same as a
-        ``Mesh`` spec in a tree. The constructor's `args` and `kwargs` are given as such, so no
-        actor keyword can be mistaken for a supervision setting. ``supervision(name)`` is the
+        mesh's actors (``strategy``, ``intensity`` restarts per ``period`` s; each start within
+        ``start_timeout`` s), the same as a ``Mesh`` spec in a tree. The constructor's `args`
+        and `kwargs` are given as such, so no actor keyword can be mistaken for a supervision
+        setting. ``supervision(name)`` is the
         group: its events, ``settled()``, dynamic children. A group that gives up crashes its
         owner (an actor that made this proc mesh), whose own supervisor then decides. A Future:
         await it, or ``.get()`` from sync code."""
@@ -228,6 +233,7 @@ class ProcMesh:
             restart=restart,
             intensity=intensity,
             period=period,
+            start_timeout=start_timeout,
         )
         return later(f"spawning {name!r}", self._spawn_supervised, name, spec)
 

@@ -14,7 +14,7 @@ from .._core._actor import Actor, class_path, current_path
 from .._core._errors import ProtocolError
 from .._core._shape import Shape, select
 from .._core._signature import Endpoints
-from .._core._spec import ONE_FOR_ONE, PERMANENT, Restart, Strategy
+from .._core._spec import ONE_FOR_ONE, PERMANENT, START_TIMEOUT, Restart, Strategy
 from .._node._ask import ask_controller
 from .._node._future import Future, later
 from .._node._mesh import ActorMesh
@@ -96,6 +96,7 @@ class ProcMeshRef:
         restart: Restart = PERMANENT,
         intensity: int = 1,
         period: float = 5.0,
+        start_timeout: float | None = START_TIMEOUT,
     ) -> Future[ActorMesh]:
         """As ``ProcMesh.spawn_supervised``: a supervisor group, run by the controller."""
         request = dict(
@@ -104,7 +105,7 @@ class ProcMeshRef:
             cls=_path(actor),
             args=list(args),
             kwargs=dict(kwargs or {}),
-            supervision=[str(strategy), str(restart), intensity, period],
+            supervision=[str(strategy), str(restart), intensity, period, start_timeout],
         )
         return later(f"spawning {name!r}", _spawned, request, actor)
 

@@ -128,6 +128,11 @@ def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
     _set(spec, "period", float(period))
 
 
+#: How long an actor's start (constructor, ``on_start``) may take by default: loading a large
+#: model from disk takes minutes; a start that takes longer says so (``start_timeout=``).
+START_TIMEOUT = 600.0
+
+
 def check_deadline(path: str, value: object, field: str = "progress_deadline") -> float | None:
     """None, or a positive, finite number of seconds."""
     if value is None:
@@ -175,8 +180,11 @@ class Worker:
     ``"pkg.module:Class"``. ``args`` and ``kwargs`` travel to the actor's process, so they must be
     data: a function, a class or an open file among them is refused here, naming it. The defaults
     are OTP's for a worker: ``restart=PERMANENT``, ``shutdown=5.0`` seconds, ``significant=False``.
-    ``progress_deadline`` (seconds, default none): how long one endpoint may run without
-    progress (``otpmesh.progress()``) before the actor exits as hung (docs/supervision.md).
+    ``progress_deadline`` (seconds, default none): how long one endpoint, or its start (the
+    constructor, ``on_start``), may run without progress (``otpmesh.progress()``) before the
+    actor exits as hung (docs/supervision.md). ``start_timeout`` (seconds, default 600: time to
+    load a large model; None: none): how long its start may take in all, progress or not;
+    past it the start fails as hung, with its stack.
     """
 
     id: str
@@ -188,12 +196,14 @@ class Worker:
     shutdown: ShutdownSpec = 5.0
     significant: bool = False
     progress_deadline: float | None = None
+    start_timeout: float | None = START_TIMEOUT
 
     def __post_init__(self) -> None:
         path = f"Worker {_check_id('Worker', self.id)!r}"
         _check_args(path, self)
         _check_child_flags(path, self)
         _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
+        _set(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +275,8 @@ class Mesh:
 
     It behaves exactly as ``as_supervisor()``: a supervisor with ``strategy``, ``intensity`` and
     ``period`` whose children are ``PERMANENT`` workers ``"0"``, ``"1"``, ... in flat (row-major)
-    rank order. ``shutdown`` and ``progress_deadline`` are each actor's; ``restart`` and
+    rank order. ``shutdown``, ``progress_deadline`` and ``start_timeout`` are each actor's (as
+    a ``Worker``'s: its start is under both); ``restart`` and
     ``significant`` are the group's, as a child of its parent (the group itself stops with
     ``INFINITY``, like any supervisor).
     ``process_group`` (``"gloo"`` or ``"nccl"``; default none) makes the actors one
@@ -292,6 +303,7 @@ class Mesh:
     shutdown: ShutdownSpec = 5.0
     significant: bool = False
     progress_deadline: float | None = None
+    start_timeout: float | None = START_TIMEOUT
     process_group: str | None = None
     heal: Heal | str | None = None
 
@@ -301,6 +313,7 @@ class Mesh:
         _check_args(path, self)
         _check_child_flags(path, self)
         _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
+        _set(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
         _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
         _check_process_group(path, self)
         _set(self, "heal", check_heal(path, self.heal, self.actor))
@@ -321,6 +334,7 @@ class Mesh:
                 restart=Restart.PERMANENT,
                 shutdown=self.shutdown,
                 progress_deadline=self.progress_deadline,
+                start_timeout=self.start_timeout,
             )
             for rank in range(self.size)
         ]

@@ -77,6 +77,11 @@ class AsyncioThread:
         """The trio run this loop sits beside (where calls from its code are made)."""
         return self._token
 
+    @property
+    def ident(self) -> int | None:
+        """The thread's identifier (where a stack of its code is read)."""
+        return self._thread.ident
+
     def _run(self) -> None:
         _local.thread = self
         asyncio.set_event_loop(self.loop)

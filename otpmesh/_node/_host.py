@@ -13,7 +13,7 @@ import trio
 
 from .._core._actor import ASYNCIO, Actor, ActorContext, runs_on, served, set_context
 from .._core._errors import SpawnError
-from .._core._exits import ActorCrash, Ignore
+from .._core._exits import ActorCrash, Hung, Ignore
 from .._core._healspec import heal_problem
 from .._core._reasons import NOPROC
 from . import _raised
@@ -22,6 +22,7 @@ from ._cell import ActorCell
 from ._heal import heal
 from ._mainmodule import MainModule, import_class
 from ._node import Node
+from ._serving import Starting
 
 log = logging.getLogger("otpmesh.actor")
 
@@ -44,6 +45,7 @@ def spawn_request(
     args: Any = (),
     kwargs: Any = None,
     progress_deadline: float | None = None,
+    start_timeout: float | None = None,
     heal: Any = None,
 ) -> dict[str, Any]:
     """What ``ActorHost.spawn`` reads (the ``spawn_actor`` operation's payload): `cls` an actor
@@ -59,15 +61,17 @@ def spawn_request(
         "args": list(args),
         "kwargs": dict(kwargs or {}),
         "progress_deadline": progress_deadline,
+        "start_timeout": start_timeout,
         "heal": heal,
     }
 
 
 class StartFailed(Exception):
-    """Raised by ``ActorHost.spawn`` when the actor's constructor or ``on_start`` raised: `crash`
-    is what it raised, with the user's frames only (the start's exit reason)."""
+    """Raised by ``ActorHost.spawn`` when the actor's constructor or ``on_start`` raised or
+    hung: `crash` is what it raised, with the user's frames only, or the ``Hung`` the watchdog
+    found (the start's exit reason)."""
 
-    def __init__(self, crash: ActorCrash) -> None:
+    def __init__(self, crash: ActorCrash | Hung) -> None:
         self.crash = crash
         super().__init__(str(crash))
 
@@ -92,6 +96,8 @@ class ActorHost:
         self._on_exiting = on_exiting
         self._nursery = nursery  # where actor tasks run (default: the node's)
         self._passing = passing  # what goes on through the actors' code (_raised.py)
+        #: The actors being started now, by path: their deadlines, for the watchdog.
+        self.starting: dict[str, Starting] = {}
 
     async def spawn(self, p: dict[str, Any]) -> str:
         """Construct and start an actor; return 'started' or 'ignored'. StartFailed if its
@@ -122,19 +128,27 @@ class ActorHost:
             else:
                 await hook
 
-        set_context(ctx)  # this task only: the constructor and on_start see the actor's context
+        start = Starting(
+            ctx.path, p.get("incarnation", 1), p.get("progress_deadline"), p.get("start_timeout")
+        )
+        # This task only: the constructor and on_start see the actor's context, and
+        # otpmesh.progress() in them starts the start's progress deadline again.
+        set_context(ctx, progress=start.serving.mark)
+        self.starting[ctx.path] = start
         try:
-            if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
-                instance = await asyncio_thread().run(
-                    _constructed(cls, p["args"], p["kwargs"]), contextvars.copy_context()
-                )
-            else:
-                instance = cls(*p["args"], **p["kwargs"])
-                await instance.on_start()
-            if plan:  # before its cell exists: nothing is served until it is loaded
-                await heal(ctx.path, instance, plan, run)
+            with trio.CancelScope() as start.scope:
+                start.task = trio.lowlevel.current_task()
+                instance = await self._construct(cls, p, start)
+                if plan:  # before its cell exists: nothing is served until it is loaded
+                    start.serving.is_async = True
+                    await heal(ctx.path, instance, plan, run)
+            if start.reason is not None:  # the watchdog cancelled it
+                log.error("%s failed to start: %s", ctx.path, start.reason)
+                raise StartFailed(start.reason)
         except Ignore:
             return IGNORED
+        except StartFailed:
+            raise
         except BaseException as exc:
             passing, raised = _raised.split(exc, self._passing)
             if passing is not None:
@@ -144,6 +158,9 @@ class ActorHost:
             crash = ActorCrash.of(raised or exc, skip_frames=skip)
             log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
             raise StartFailed(crash) from None
+        finally:
+            start.done = True
+            del self.starting[ctx.path]
         cell = ActorCell(
             self.node,
             ctx,
@@ -162,6 +179,20 @@ class ActorHost:
         self.node.exited.pop(ctx.path, None)
         nursery.start_soon(cell.run)
         return STARTED
+
+    @staticmethod
+    async def _construct(cls: type[Actor], p: dict[str, Any], start: Starting) -> Actor:
+        """The instance, constructed and started (``on_start``) where its code will run."""
+        if runs_on(cls) == ASYNCIO:  # on the loop (the thread) its endpoints will run on
+            loop = asyncio_thread()
+            start.serving.thread = loop.ident  # where its stack is read if it hangs
+            return await loop.run(
+                _constructed(cls, p["args"], p["kwargs"]), contextvars.copy_context()
+            )
+        instance = cls(*p["args"], **p["kwargs"])
+        start.serving.is_async = True  # on_start awaits on the loop: it can be cancelled
+        await instance.on_start()
+        return instance
 
     async def stop(
         self, actor_id: str, incarnation: int, reason: object, timeout: float | None, brutal: bool

@@ -106,6 +106,7 @@ class Watchdog:
         self,
         cells: Any,
         *,
+        starts: Any = None,
         beat_fd: int | None,
         control_fd: int | None,
         interval: float,
@@ -114,6 +115,8 @@ class Watchdog:
         on_fence: Any = None,
     ) -> None:
         self._cells = cells
+        # The actors being started (path -> _node/_serving.py's Starting), when called.
+        self._starts = starts or dict
         # A host agent that took a newer controller tells its worker to drop the old one's
         # connection (_agentgrace.py): called with that epoch, on the trio thread.
         self._on_fence = on_fence
@@ -199,6 +202,9 @@ class Watchdog:
 
     def _next_expiry(self) -> float:
         expiry = math.inf
+        for start in list(self._starts().values()):
+            if not start.hung:
+                expiry = min(expiry, start.expiry())
         for cell in list(self._cells().values()):
             for serving in cell.servings():
                 if serving.deadline is not None and not serving.hung:
@@ -206,6 +212,10 @@ class Watchdog:
         return expiry
 
     def _check(self, now: float) -> None:
+        for start in list(self._starts().values()):
+            if not start.hung and not start.done and now >= start.expiry():
+                start.hung = True
+                self._start_hung(start, now)
         for cell in list(self._cells().values()):
             for serving in cell.servings():  # each call in flight has its own deadline
                 if (
@@ -223,6 +233,45 @@ class Watchdog:
         """Whether `cell` stopped serving `serving` within `within` seconds."""
         deadline = time.monotonic() + within
         while cell.serves(serving) and not cell.exited:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _start_hung(self, start: Any, now: float) -> None:
+        """A constructor, ``on_start`` or heal past its deadline: an async one is cancelled by
+        the loop, and the start fails with the ``Hung``; one that holds the loop ends with its
+        process, as a plain-def endpoint does."""
+        serving = start.serving
+        seconds, how = start.why(now)
+        stacks = _stacks.actor_stack(start, serving)
+        others = _stacks.thread_stacks(skip=[threading.get_ident()])
+        text = _cut(f"{stacks}\n{others}" if others else stacks)
+        reason = Hung("__init__", round(seconds, 3), how, text)
+        log.error("%s: %s", start.path, reason)
+        if serving.is_async or not self._may_kill:
+            cancelled = threading.Event()
+
+            def cancel() -> None:
+                start.cancel(reason)
+                cancelled.set()
+
+            try:
+                self._token.run_sync_soon(cancel)
+            except trio.RunFinishedError:
+                return
+            if not self._may_kill or (cancelled.wait(GRACE) and self._start_ended(start)):
+                return  # the start fails with the reason, its process serves on
+        report = {"op": "hung", "actor": start.path, "incarnation": start.incarnation}
+        report.update(endpoint="__init__", seconds=reason.seconds, stacks=text)
+        report["how"] = f"{how}; its process was killed"
+        self._write(frame_report(report))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def _start_ended(start: Any) -> bool:
+        deadline = time.monotonic() + GRACE
+        while not start.done:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)

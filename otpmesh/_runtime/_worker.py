@@ -15,12 +15,12 @@ import trio
 
 from .._core._dumpable import isolate_worker
 from .._core._errors import EncodeError, FencedError, ProtocolError
-from .._core._exits import ActorCrash
+from .._core._exits import ActorCrash, Hung
 from .._core._reasons import SHUTDOWN
 from .._node import _raised
 from .._node._calls import CallGroup
 from .._node._host import STARTED, ActorHost, StartFailed, spawn_request
-from .._node._mainmodule import MainModule
+from .._node._mainmodule import MainModule, take_argv
 from .._node._node import Node, set_current_node
 from .._wire import _codec
 from .._wire._connection import Connection
@@ -155,6 +155,7 @@ class Worker:
             if self.cfg.get("heartbeat_fd") is not None:
                 self.watchdog = Watchdog(
                     lambda: self.node.actors,
+                    starts=lambda: self.host.starting,
                     beat_fd=self.cfg["heartbeat_fd"],
                     control_fd=self.cfg.get("control_fd"),
                     interval=self.cfg["heartbeat_interval"],
@@ -298,7 +299,9 @@ class Worker:
             self.node.exited.pop(path, None)
             self.node.last_exit.pop(path, None)
 
-    async def _spawn_actor(self, conn: Connection | None, p: dict[str, Any]) -> str | ActorCrash:
+    async def _spawn_actor(
+        self, conn: Connection | None, p: dict[str, Any]
+    ) -> str | ActorCrash | Hung:
         # A constructor or on_start that raised answers with its crash (the user's frames only),
         # not as an error of this operation (whose traceback would be otpmesh's).
         try:
@@ -365,6 +368,7 @@ def main(cfg: dict[str, Any]) -> int:
     pace()  # calls in flight here too: collect less often (_gcpace.py)
     sys.path[:] = cfg["sys_path"]
     os.chdir(cfg["cwd"])
+    take_argv(MainModule.from_cfg(cfg))  # before the main file, or any module, reads it
     logging.basicConfig(
         level=cfg.get("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
     )
