@@ -161,6 +161,7 @@ class ProcMesh:
             "args": list(args),
             "kwargs": kwargs,
             "start_timeout": START_TIMEOUT,
+            "supervised": False,  # nothing restarts it: the default error policy says so
         }
         slots = [Slot(f"{path}/{rank}", p.addr, p) for rank, p in enumerate(self._procs)]
         errors: dict[int, BaseException] = {}

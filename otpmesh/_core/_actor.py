@@ -114,7 +114,8 @@ class Actor:
 
     @classmethod
     def endpoints(cls) -> dict[str, EndpointInfo]:
-        """The endpoints of this class, by name, each with its error policy settled."""
+        """The endpoints of this class, by name, each with its error policy settled: its own,
+        else its class's; None where neither said one (the default, _node/_policy.py)."""
         found: dict[str, EndpointInfo] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():
@@ -123,9 +124,9 @@ class Actor:
                     found[name] = info
                 elif name in found and callable(value):  # overridden without @endpoint:
                     found[name] = replace(found[name], params=Params.of(value))  # called so
-        default: bool = getattr(cls, _POLICY_ATTR, True)
+        default: Policy | None = getattr(cls, _POLICY_ATTR, None)
         for name, info in found.items():
-            if info.let_it_crash is None:
+            if info.let_it_crash is None and default is not None:
                 found[name] = replace(info, let_it_crash=default)
         return found
 

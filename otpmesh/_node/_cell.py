@@ -49,8 +49,10 @@ class ActorCell:
         capacity: int = MAILBOX_CAPACITY,
         progress_deadline: float | None = None,
         passing: tuple[type[BaseException], ...] = _raised.IN_CONTROLLER,
+        supervised: bool = True,
     ) -> None:
         self.node = node
+        self.supervised = supervised  # a supervisor restarts it (the default error policy)
         self.ctx = ctx
         self.incarnation = incarnation
         self.instance = instance

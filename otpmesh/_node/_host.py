@@ -171,6 +171,7 @@ class ActorHost:
             self._exiting,
             progress_deadline=p.get("progress_deadline"),
             passing=self._passing,
+            supervised=p.get("supervised", True) is not False,
         )
         nursery = self._nursery or self.node.nursery
         if nursery is None:

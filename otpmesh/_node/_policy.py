@@ -1,11 +1,22 @@
 """What an endpoint's outcome does to its actor and its caller: the error policy.
 
-An ``Exception`` escaping an endpoint crashes the actor (the default: OTP's let it crash) or,
-under ``let_it_crash=False`` (the endpoint's, or its class's default), goes back to the caller
-while the actor keeps its state, and a broadcast's (no caller) is logged; under
-``let_it_crash=UNANSWERED`` (Monarch's rule) it goes back to a caller and a broadcast's crashes
-the actor. A
-BaseException the actor's code raised ends the actor whatever the policy (_raised.py).
+Said by the endpoint or its class: an ``Exception`` escaping an endpoint crashes the actor
+(``let_it_crash=True``: OTP's let it crash, and its linked calls); under ``let_it_crash=False``
+it goes back to the caller while the actor keeps its state, and a broadcast's (no caller) is
+logged; under ``let_it_crash=UNANSWERED`` (Monarch's rule) it goes back to a caller and a
+broadcast's crashes the actor.
+
+Said by nobody (the default), let it crash where a restart gives a clean state, and only there:
+- a failure of a *callee* that escapes the endpoint (``ActorDiedError``, ``CallTimeoutError``,
+  ``DeadlockError``, or the ``ActorError`` of an actor it called) is news for the endpoint's
+  caller, not a fault of this actor: it goes back to the caller (a broadcast's is logged) and
+  the actor lives on. OTP's ``gen_server:call`` would exit the caller (a link); this is its
+  ``catch`` form. ``let_it_crash=True`` asks for the linked form;
+- an actor nothing will restart (``ProcMesh.spawn``: unsupervised) is not killed by an
+  exception its caller hears of: ``UNANSWERED``;
+- a supervised actor's own exception crashes it.
+
+A BaseException the actor's code raised ends the actor whatever the policy (_raised.py).
 Arguments that do not bind are the caller's error and never reach the endpoint.
 docs/guides/endpoints.md ("What an endpoint's exception does").
 """
@@ -17,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from .._core._actor import UNANSWERED, ActorContext, EndpointInfo
+from .._core._actor import UNANSWERED, ActorContext, EndpointInfo, Policy
+from .._core._errors import ActorDiedError, ActorError, CallTimeoutError, DeadlockError
 from .._core._exits import ActorCrash, describe, ended_by
 from .._core._signature import bind_error
 from . import _raised
@@ -37,6 +49,8 @@ class Cell(Protocol):
     passing: tuple[type[BaseException], ...]
     aio: Any
     exit_reason: object
+    #: Whether a supervisor restarts it (False: spawned on a proc mesh without one).
+    supervised: bool
 
     def set_exit(self, reason: object) -> None: ...
     def describe_exit(self) -> str: ...
@@ -104,7 +118,7 @@ def failed(
     # the supervisor can know of the crash.
     if info.reply_port and reply is not None:
         cell.forget_port(reply)  # answered with the error below
-    policy = info.let_it_crash  # None: no policy said, the default (crash)
+    policy = default_policy(cell, exc) if info.let_it_crash is None else info.let_it_crash
     crashes = policy is not False and (policy != UNANSWERED or reply is None)
     if crashes:
         log.error("%s crashed in %s:\n%s", cell.ctx.path, method, crash.traceback)
@@ -114,3 +128,14 @@ def failed(
         log.error("%s: %s raised (actor lives on):\n%s", cell.ctx.path, method, crash.traceback)
     cell.node.reply_error(reply, crash.type_name, crash.message, crash.traceback)
     return not crashes
+
+
+#: What a call raises when its callee failed (not the caller's own fault).
+CALLEE_FAILURES = (ActorDiedError, CallTimeoutError, DeadlockError, ActorError)
+
+
+def default_policy(cell: Cell, exc: Exception) -> Policy:
+    """The policy of an endpoint that said none, for `exc` (module docstring)."""
+    if isinstance(exc, CALLEE_FAILURES):
+        return False
+    return True if cell.supervised else UNANSWERED
