@@ -21,7 +21,7 @@ from .._core._signature import Endpoints
 from .._core._spec import Mesh, Supervisor, Worker
 from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
-from .._node._mesh import ActorMesh, ActorRef
+from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime._controller_runtime import runtime
 from .._runtime._proc import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from .._runtime._run import stop_watched
@@ -191,9 +191,11 @@ async def run_tree(
     prefix: str | None = None,
     events: EventLog | None = None,
     takeover: Takeover | None = None,
+    slots: dict[str, Slot] | None = None,
 ) -> AsyncIterator[App]:
     """``start``, and for a tree an actor owns (_subtree.py): its paths under `prefix` (the
-    owner's path), its entries in `events` (the owner's tree's log)."""
+    owner's path), its entries in `events` (the owner's tree's log), its slots in `slots`
+    (its app's registry of owned trees' slots: refs outlive the owner's restarts)."""
     if not isinstance(tree, Supervisor | Mesh):
         raise TypeError(f"otpmesh.start needs a Supervisor or Mesh spec, not {tree!r}")
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
@@ -210,7 +212,7 @@ async def run_tree(
             ("already_started", root_path),
         )
     log = events if events is not None else EventLog(events_file)
-    ctx = TreeContext(tree, log, rt.exit_listeners, prefix or "")
+    ctx = TreeContext(tree, log, rt.exit_listeners, prefix or "", slots)
     ctx.owns_events = events is None
     ctx.owners_quiet = owners(rt).quiet
     ctx.runtime_node = rt.node

@@ -71,6 +71,7 @@ async def start_owned(
                 placement=placement,
                 prefix=owner,
                 events=parent.events if parent is not None else None,
+                slots=parent.owned_slots if parent is not None else None,
             ) as app:
                 tree.app = app
                 if parent is not None:

@@ -54,6 +54,7 @@ class TreeContext:
         events: EventLog,
         exit_listeners: dict[str, Any],
         prefix: str = "",
+        slots: dict[str, Slot] | None = None,
     ) -> None:
         self.tree = tree
         self.events = events
@@ -70,7 +71,12 @@ class TreeContext:
         #: learns (at start, or from start_child) is ours.
         self.exit_listeners = exit_listeners
         self._learn(tree, prefix)
-        self._slots: dict[str, Slot] = {}
+        # An owned tree's slots live in its app's registry of them, not in the tree: the next
+        # tree its owner starts at the same paths (the owner restarted) takes them up again,
+        # so a ref taken before reaches the new incarnations.
+        self._slots: dict[str, Slot] = {} if slots is None else slots
+        #: The registry the trees this one's actors own keep their slots in (one per app).
+        self.owned_slots: dict[str, Slot] = {} if slots is None else slots
         self._watchers: dict[str, SupervisorDriver] = {}
         self._drivers: dict[str, SupervisorDriver] = {}
         self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
