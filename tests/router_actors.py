@@ -47,3 +47,19 @@ class Calc(Actor):
     async def add(self, x: int) -> int:
         self.total += x
         return self.total
+
+
+class Streamer(Actor):
+    """Streams ``0..n-1`` to a port; the first time, SIGKILLs its own process after
+    `die_after` items (once they are on their way), as a replica dies mid-stream."""
+
+    @endpoint
+    async def stream(self, n: int, port: otpmesh.Port[int], die_after: int, marker: str) -> int:
+        for i in range(n):
+            if i == die_after and not os.path.exists(marker):
+                Path(marker).touch()
+                await trio.sleep(0.2)  # what it sent is out
+                os.kill(os.getpid(), 9)
+            port.send(i)
+        port.close()
+        return n

@@ -96,6 +96,14 @@ class Port(Generic[T]):
             return
         _table(name).send(self._addr, self._id, self._token, what, value)
 
+    def received_here(self) -> int | None:
+        """How many values this port's receiver got so far, when it lives in this process
+        (None elsewhere): what ``otpmesh.retry`` reads to never send a stream twice."""
+        table = current_table()
+        if table is None or not table.is_local(self._addr):
+            return None
+        return table.received(self._id)
+
     def _to_wire(self) -> list[Any]:
         return [self._addr, self._id, self._token]
 

@@ -142,6 +142,12 @@ class PortTable:
     def statistics(self) -> PortTableStatistics:
         return PortTableStatistics(open=len(self._sinks), **self._counts)
 
+    def received(self, port_id: int) -> int | None:
+        """How many values the receiver of this node's port `port_id` got so far (None: no
+        such receiver here)."""
+        count = getattr(self._sinks.get(port_id), "received", None)
+        return count if isinstance(count, int) else None
+
     # ---------------------------------------------------------------- arrivals
 
     def arrived(self, conn: Connection, msg: list[Any]) -> None:
