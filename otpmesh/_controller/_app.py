@@ -12,6 +12,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import IO, Literal
 
 import trio
+from rich.tree import Tree
 
 from .._core._actor import Actor
 from .._core._errors import SupervisorError
@@ -33,6 +34,7 @@ from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
 from ._takeover import Takeover, resume
 from ._tree import TreeContext
+from ._view import view
 from ._watch import watchable
 
 PlacementName = Literal["procs", "local"]
@@ -82,6 +84,12 @@ class App:
     async def settled(self) -> None:
         """Wait until no supervisor has work pending (exits handled, restarts done)."""
         await self._tree.settled()
+
+    def view(self) -> Tree:
+        """The running tree as a rich tree: every supervisor (strategy, intensity), every
+        child (status, incarnation), the trees actors own under their owners. A notebook
+        shows it as a cell's value; ``rich.print(app.view())`` prints it."""
+        return view(self._tree)
 
     def which_children(self, path: str) -> list[ChildInfo]:
         """OTP's ``which_children``: the children of the running supervisor (or mesh) at `path`,
