@@ -16,6 +16,10 @@ the very first one, which copies into new memory files rather than the pool's wa
   which travels in the message itself (its row's ``bytes`` say so; with ``--sizes 1`` compare
   its ``seconds`` with the 1 MiB ``argument`` row's: the channel against inline at the threshold).
 
+Each row says whether its workers were ``sandboxed`` (``otpmesh/_core/_sandbox.py``). The
+``shm`` backend's rows are measured with ``OTPMESH_SANDBOX=0``: it copies between two workers
+only outside their sandboxes. ``--backends shm,tcp`` measures what a sandboxed app gets.
+
 ``measure_controller`` (``--controller``) measures an argument, a result, ``read_into`` and
 ``write_from`` between the controller and one worker: the controller is not dumpable, so these
 are the paths that pass descriptors or have the controller copy (docs/rdma.md).
@@ -43,6 +47,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import otpmesh
+from otpmesh._core._sandbox import ENV as SANDBOX_ENV
+from otpmesh._core._sandbox import unavailable as sandbox_unavailable
+from otpmesh._core._sandbox import wanted as sandbox_wanted
 
 MIB = 1 << 20
 BROADCAST = 4
@@ -248,8 +255,18 @@ async def measure(
             progress(what, done, steps)
 
     rows = []
+    sandbox = os.environ.get(SANDBOX_ENV)
     for backend in backends:
         os.environ["OTPMESH_RDMA_BACKENDS"] = backend  # passed on to the workers forked next
+        # shm alone copies between workers only outside their sandboxes (docs/security.md);
+        # other backends run as the app would.
+        if backend == "shm":
+            os.environ[SANDBOX_ENV] = "0"
+        elif sandbox is None:
+            os.environ.pop(SANDBOX_ENV, None)
+        else:
+            os.environ[SANDBOX_ENV] = sandbox
+        sandboxed = sandbox_wanted() and sandbox_unavailable() is None
         procs = await otpmesh.proc_mesh(procs=1 + (BROADCAST if WHAT[-1] in chosen else 1))
         holder = (await procs.spawn("holder", Holder))[0]
         takers = await procs.spawn("taker", Taker)
@@ -263,14 +280,19 @@ async def measure(
                 else:
                     peers = group if kind.startswith("broadcast") else one
                     got = await holder.send(peers, nbytes, repeats, kind)
-                rows.append(_row(mib, kind, backend, got))
+                rows.append({**_row(mib, kind, backend, got), "sandboxed": sandboxed})
         if inline:
             step(f"argument inline, {min(sizes)} MiB over {backend}")
             nbytes = CHANNEL_THRESHOLD - 4
             got = await holder.send(one, nbytes, repeats, "argument")
-            rows.append(_row(min(sizes), "argument inline", backend, got, nbytes))
+            row = _row(min(sizes), "argument inline", backend, got, nbytes)
+            rows.append({**row, "sandboxed": sandboxed})
         await procs.stop()
     os.environ.pop("OTPMESH_RDMA_BACKENDS", None)
+    if sandbox is None:
+        os.environ.pop(SANDBOX_ENV, None)
+    else:
+        os.environ[SANDBOX_ENV] = sandbox
     speeds = {}
     for mib in sizes:
         step(f"copy_ and clone baselines, {mib} MiB")
@@ -471,6 +493,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[256], help="MiB (default 256)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--backends", nargs="+", default=["shm"], help="each an OTPMESH_RDMA_BACKENDS value"
+    )
     args = parser.parse_args(argv)
 
     async def run() -> list[dict[str, Any]]:
@@ -478,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             return [r for mib in args.sizes for r in await measure_hosts(mib, args.repeats)]
         if args.controller:
             return [r for mib in args.sizes for r in await measure_controller(mib, args.repeats)]
-        return await measure(args.sizes, ["shm"], args.repeats, gloo=False)
+        return await measure(args.sizes, args.backends, args.repeats, gloo=False)
 
     for row in otpmesh.run(run):
         print(json.dumps(row))

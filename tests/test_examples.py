@@ -68,7 +68,8 @@ def test_rdma_transfer_syncs_weights_and_prints_the_table() -> None:
         "rdma_transfer.py", "--sizes", "1", "4", "--backends", "shm", "tcp",
         "--what", "read_into", "argument",
     )  # fmt: skip
-    assert "read and wrote 4096 bytes over shm" in out
+    # Two sandboxed workers (docs/security.md): shm copies only to and from the controller.
+    assert "read and wrote 4096 bytes over tcp" in out
     assert "learner's weights now sum to 1047552 (was 523776)" in out
     rows = [line.split() for line in out.splitlines() if "MiB" in line]
     assert [(r[0], r[2], r[3]) for r in rows] == [

@@ -86,16 +86,16 @@ def _child(
         set_parent_death_signal()
         if os.getppid() != server_pid:
             os._exit(1)
-        try:  # a Landlock domain of its own: it signals only itself and what it forks
-            confine_worker()
-        except OSError as exc:  # the kernel has the scope yet refused: said, and it runs on
-            print(f"otpmesh worker: not sandboxed: {exc}", file=sys.stderr)
         if page is not None:  # held by this (main) thread until the process exits
             try:
                 _deathlock.hold(page)
             except OSError as exc:  # its HELLO says so: it is watched by its EOF alone
                 print(f"otpmesh worker: no death lock: {exc}", file=sys.stderr)
         os.environ.update(req["env"])
+        try:  # a Landlock domain of its own (its slot's OTPMESH_SANDBOX): it signals only itself
+            confine_worker()  # and what it forks. Now, while this is its only thread.
+        except OSError as exc:  # the kernel has the scope yet refused: said, and it runs on
+            print(f"otpmesh worker: not sandboxed: {exc}", file=sys.stderr)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         from ._worker import main

@@ -34,6 +34,7 @@ import msgpack
 import trio
 
 from .._core._dumpable import isolate_worker
+from .._core._sandbox import wanted as sandbox_wanted
 
 #: The worker config's fields that belong to one process, not to the app (_controller_runtime).
 PER_PROCESS = ("proc", "token", "heartbeat_interval")  # the last: its timeout's (beat_interval)
@@ -98,7 +99,10 @@ class SparePool:
         spare, self._spare = self._spare, None
         if spare is None:
             return None
-        if spare.cfg != template(req["cfg"]):
+        # A spare entered its sandbox, or not, as the server's environment said (_sandbox.py):
+        # a slot whose OTPMESH_SANDBOX says otherwise gets a fresh fork.
+        same_sandbox = sandbox_wanted({**os.environ, **req["env"]}) == sandbox_wanted()
+        if spare.cfg != template(req["cfg"]) or not same_sandbox:
             self._spare = spare
             self.retire()
             return None

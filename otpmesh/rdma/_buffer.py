@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 import trio
 
 from .._core._errors import ActorDiedError, OtpmeshError
+from .._core._sandbox import confined
+from .._node._hostid import boot_id, pid_namespace
 from .._node._node import Node, current_node
 from .._wire import _codec
 from .._wire._connection import Connection
@@ -388,19 +390,34 @@ class RDMABuffer:
             backend = usable.get(name)
             entry = grant.entries.get(name)
             if backend is not None and entry is not None and backend.reaches(entry, peer):
-                self._note_fallback([n for n in allowed if n in usable], name)
+                self._note_fallback([n for n in allowed if n in usable], name, peer)
                 return name, backend
+        why = ""
+        if "shm" in grant.entries and confined():
+            why = (
+                "; this worker is sandboxed (docs/security.md), so shm reaches no other "
+                "worker: allow tcp too (OTPMESH_RDMA_BACKENDS=shm,tcp) or set OTPMESH_SANDBOX=0"
+            )
         raise RDMAError(
             f"no backend reaches the owner of buffer {self._handle.buffer}: it offers "
             f"{sorted(grant.entries)}, this process can use {sorted(usable)} "
-            f"(allowed: {allowed})"
+            f"(allowed: {allowed}){why}"
         )
 
     @staticmethod
-    def _note_fallback(allowed: Iterable[str], used: str) -> None:
+    def _note_fallback(allowed: Iterable[str], used: str, peer: Peer) -> None:
         best = next(iter(allowed))
         if used != best and (best, used) not in _warned:
             _warned.add((best, used))
+            here = (boot_id(), pid_namespace())
+            if best == "shm" and confined() and (peer.boot_id, peer.pid_namespace) == here:
+                # The sandbox's doing, as it is by default: said, not warned about.
+                log.info(
+                    "tensor channel: using %s, not shm: this worker is sandboxed, so shm "
+                    "reaches no other worker (docs/security.md); said once",
+                    used,
+                )
+                return
             log.warning(
                 "tensor channel: using %s, not %s (not usable or not reaching the "
                 "owner); said once",

@@ -15,6 +15,12 @@ owner copies into it (or out of it, for a write) with ``process_vm_writev`` / ``
 on the reader, a dumpable process of the same user: the same kernel copy, one round trip more.
 The owner copies only to or from the pid the kernel names for that connection (``SO_PEERCRED``),
 only inside the pinned buffer, and only what the pin allows.
+
+A confined worker (its own Landlock domain: ``_core/_sandbox.py``) may not read or write another
+process's memory at all, and no other worker may read or write its: only processes outside every
+domain may (the controller, a host agent). So a confined reader asks the owner to copy (as for a
+non-dumpable owner), a confined owner's entry says ``confined`` (it copies for nobody), and
+between two confined workers this backend does not reach: the channel takes the next one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import trio
 
 from .._core._dumpable import dumpable
 from .._core._errors import OtpmeshError
+from .._core._sandbox import confined
 from .._node._hostid import boot_id, pid_namespace
 from ._backend import Caller, Peer, Region
 
@@ -93,6 +100,8 @@ class ShmBackend:
         entry: dict[str, Any] = {"address": region.address, "nbytes": region.nbytes}
         if not dumpable():  # readers cannot reach this process: it copies for them
             entry = {"nbytes": region.nbytes, "push": True}
+        if confined():  # nor can it reach theirs: only an unconfined reader copies
+            entry["confined"] = True
         return entry
 
     def unregister(self, buffer_id: int) -> None:
@@ -101,18 +110,35 @@ class ShmBackend:
     def reaches(self, entry: dict[str, Any], peer: Peer) -> bool:
         if (peer.boot_id, peer.pid_namespace) != self._host:
             return False
-        # One side must be readable by the other: an owner that pushes needs a dumpable reader
-        # (or itself: two nodes of one process).
-        return entry.get("push") is not True or dumpable() or peer.pid == os.getpid()
+        # One side must reach the other's memory (or it is itself: two nodes of one process).
+        return peer.pid == os.getpid() or self._reads(entry) or self._pushes_to_me(entry)
+
+    @staticmethod
+    def _reads(entry: dict[str, Any]) -> bool:
+        """Whether this process can copy the owner's memory itself: the owner is dumpable (its
+        entry names an address) and this process is in no sandbox."""
+        return entry.get("push") is not True and not confined()
+
+    @staticmethod
+    def _pushes_to_me(entry: dict[str, Any]) -> bool:
+        """Whether the owner can copy into this process for it: the owner is in no sandbox, and
+        this process is dumpable."""
+        return entry.get("confined") is not True and dumpable()
+
+    @staticmethod
+    def _asks(entry: dict[str, Any], peer: Peer) -> bool:
+        """Whether the owner copies (its entry names no address, or this confined process may
+        not read another's memory) rather than this process."""
+        return entry.get("push") is True or (peer.pid != os.getpid() and confined())
 
     async def read(self, entry: dict[str, Any], peer: Peer, dst: Region, offset: int) -> None:
-        if entry.get("push") is True:
+        if self._asks(entry, peer):
             await self._ask(peer, dst, offset, write=False)
             return
         await self._run(peer.pid, dst, _remote(entry, offset, dst.nbytes), write=False)
 
     async def write(self, entry: dict[str, Any], peer: Peer, src: Region, offset: int) -> None:
-        if entry.get("push") is True:
+        if self._asks(entry, peer):
             await self._ask(peer, src, offset, write=True)
             return
         await self._run(peer.pid, src, _remote(entry, offset, src.nbytes), write=True)

@@ -35,6 +35,8 @@ def _cases() -> list[object]:
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     os.environ.pop("OTPMESH_PRELOAD", None)  # these workers do touch tensors
     monkeypatch.setenv("OTPMESH_RDMA_BACKENDS", request.param)
+    if request.param == "shm":  # it reaches between workers only outside their sandboxes
+        monkeypatch.setenv("OTPMESH_SANDBOX", "0")  # (tests/rdma/test_shm_confined.py)
     return str(request.param)
 
 

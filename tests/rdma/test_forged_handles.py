@@ -113,6 +113,9 @@ def victim() -> Iterator[Victim]:
 def _shm_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     os.environ.pop("OTPMESH_PRELOAD", None)  # these workers do touch tensors
     monkeypatch.setenv("OTPMESH_RDMA_BACKENDS", "shm,tcp")
+    # The shm backend's own checks, between workers that may read each other (sandboxed,
+    # two workers use tcp: tests/rdma/test_shm_confined.py).
+    monkeypatch.setenv("OTPMESH_SANDBOX", "0")
 
 
 def _forged(**fields: Any) -> Handle:

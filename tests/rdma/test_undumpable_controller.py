@@ -1,5 +1,6 @@
 """A compromised actor cannot read its controller's memory (docs/security.md): the controller is
 not dumpable, so ``/proc/PID/mem``, ``process_vm_readv`` and ``pidfd_getfd`` on it are refused;
+nor a sibling worker's, each worker being a sandbox of its own (``OTPMESH_SANDBOX=0``: it can);
 and the tensor channel still moves tensors both ways through shared memory (snapshot files
 passed over the connection, the controller copying for its readers: docs/rdma.md).
 
@@ -112,6 +113,8 @@ APP = textwrap.dedent(
         }
         sibling_pid, sibling_at = await probers[1].where()
         result["sibling"] = await probers[0].probe(sibling_pid, sibling_at, 17)
+        own_pid, own_at = await probers[0].where()
+        result["self"] = await probers[0].probe(own_pid, own_at, 17)
         big = torch.arange(64 << 20, dtype=torch.int32).mul_(-1640531535)  # 256 MiB
         result["big"] = bool(torch.equal(await probers[0].echo(big), big))
         small = torch.arange(1 << 20, dtype=torch.int32).mul_(7)  # 4 MiB: copied, not mapped
@@ -198,15 +201,31 @@ def test_an_actor_cannot_read_its_controller_and_the_channel_still_moves_tensors
     assert controller["mem"] in ("EACCES", "EPERM"), controller
     assert controller["vm_readv"] == "EPERM", controller
     assert controller["getfd"] == "EPERM", controller
-    # The same probes do read a sibling worker (they stay dumpable: docs/security.md), so the
-    # refusals above are the controller's, not a broken probe.
-    assert result["sibling"] == {"mem": "read", "vm_readv": "read", "getfd": "read"}
+    # A sibling worker is refused too: each worker is a sandbox of its own (docs/security.md).
+    # The same probes read the actor's own process, so the refusals are not a broken probe.
+    sibling = result["sibling"]
+    assert isinstance(sibling, dict)
+    assert sibling["mem"] in ("EACCES", "EPERM"), sibling
+    assert sibling["vm_readv"] == "EPERM" and sibling["getfd"] == "EPERM", sibling
+    assert result["self"] == {"mem": "read", "vm_readv": "read", "getfd": "read"}
     # The channel: 256 MiB controller -> worker and back (mapped), 4 MiB (copied), and a
     # controller-registered RDMABuffer read and written by the worker over shm.
     assert result["big"] is True
     assert result["small"] is True
     assert result["bump_backend"] == "shm"
     assert result["bumped"] is True
+
+
+@pytest.mark.timeout(300)
+def test_unsandboxed_workers_read_each_other_but_not_the_controller() -> None:
+    # OTPMESH_SANDBOX=0: workers stay dumpable and outside any sandbox (docs/security.md).
+    result = _run_as_nobody({"OTPMESH_SANDBOX": "0"})
+    controller = result["controller"]
+    assert isinstance(controller, dict)
+    assert controller["vm_readv"] == "EPERM" and controller["getfd"] == "EPERM", controller
+    assert result["sibling"] == {"mem": "read", "vm_readv": "read", "getfd": "read"}
+    assert result["big"] is True and result["small"] is True
+    assert result["bump_backend"] == "shm" and result["bumped"] is True
 
 
 @pytest.mark.timeout(300)
