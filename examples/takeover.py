@@ -3,8 +3,9 @@ resumes from the step counter its actors keep.
 
 Start the same program twice with one state directory; the second waits as the standby:
 
-    python examples/takeover.py --dir /tmp/job-state &
-    python examples/takeover.py --dir /tmp/job-state --standby &
+    STATE=$(mktemp -d)  # a directory only this user can have made
+    python examples/takeover.py --dir "$STATE" &
+    python examples/takeover.py --dir "$STATE" --standby &
     kill -9 %1        # the active controller dies mid-run
 
 The standby takes the lease, adopts the four shard processes (their state intact, nothing

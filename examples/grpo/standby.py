@@ -5,7 +5,7 @@ one state directory, both as standbys; whichever takes the free lease first runs
 other waits for its lease, which the kernel frees when the first one dies. ``run_both`` is that
 wrapper (a shell would do as well: ``prog --standby & prog --standby; wait``):
 
-    python -m examples.grpo --takeover /tmp/grpo-state --chaos
+    python -m examples.grpo --takeover "$(mktemp -d)" --chaos
 
 The driver keeps nothing it cannot get back: where the run got to and the curve so far are the
 learner's (``resume``), and each iteration's randomness is a function of (seed, iteration), so

@@ -17,8 +17,11 @@ under the user's key (_appkey.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import grp
 import os
+import pwd
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +36,10 @@ _PRIVATE_FILE = 0o600
 
 
 def open_state_dir(path: str | os.PathLike[str]) -> Path:
-    """The state directory at `path`, made (0700) if missing, checked to be this user's alone."""
+    """The state directory at `path`, made (0700) if missing, checked to be this user's alone,
+    on a route no other user can redirect (``check_route``)."""
     root = Path(path).absolute()
+    check_route(root)
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
@@ -47,7 +52,8 @@ def open_state_dir(path: str | os.PathLike[str]) -> Path:
     if st.st_uid != os.getuid():
         raise TakeoverError(
             f"takeover: the state directory {str(root)!r} belongs to uid {st.st_uid}, not to "
-            f"this user (uid {os.getuid()}); it holds the app's secret: give each user their own"
+            f"this user (uid {os.getuid()}); it holds the app's secret, and another user who "
+            f"made it first keeps this job from starting: {_OWN_PATH}"
         )
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise TakeoverError(
@@ -58,9 +64,89 @@ def open_state_dir(path: str | os.PathLike[str]) -> Path:
     return root
 
 
+_OWN_PATH = (
+    "give it a path only you can make, e.g. under your home directory, or one made by "
+    "tempfile.mkdtemp() or mktemp -d and passed to the standby too"
+)
+#: How many links a route may go through (the kernel's own limit, MAXSYMLINKS).
+_MAX_LINKS = 40
+
+
+def check_route(root: Path) -> None:
+    """Refuse a state directory whose route another user could redirect or swap: a link they
+    own on the way (they choose where it leads), or a directory on the way that they own or
+    may write to without the sticky bit (they can move what is in it and put theirs in its
+    place). Root's directories and /tmp (sticky) are safe; what does not exist yet is made by
+    this user."""
+    me, here, todo, links = os.getuid(), Path(root.anchor), list(root.parts[1:-1]), 0
+    _check_dir(root, here, os.lstat(here))
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        step = here.parent if part == ".." else here / part
+        try:
+            st = os.lstat(step)
+            target = Path(os.readlink(step)) if stat.S_ISLNK(st.st_mode) else None
+        except OSError:
+            return  # missing (made by this user), or mkdir says what is wrong
+        if target is not None:
+            links += 1
+            if links > _MAX_LINKS:
+                return  # mkdir says so (ELOOP)
+            if st.st_uid not in (0, me):
+                raise TakeoverError(
+                    f"takeover: the state directory {str(root)!r} is reached through the link "
+                    f"{str(step)!r}, which uid {st.st_uid} owns and can point anywhere: "
+                    f"{_OWN_PATH}"
+                )
+            todo[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
+            here = Path(target.anchor) if target.is_absolute() else here
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return  # mkdir says what is wrong
+        here = step
+        _check_dir(root, here, st)
+
+
+def _check_dir(root: Path, directory: Path, st: os.stat_result) -> None:
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, os.getuid()):
+        why = f"belongs to uid {st.st_uid}, who can move or replace what is in it"
+    elif mode & 0o002 and not mode & stat.S_ISVTX:
+        why = f"has mode {mode:04o}: any user can move or replace what is in it"
+    elif mode & 0o020 and not mode & stat.S_ISVTX and not _private_group(st.st_gid):
+        why = f"has mode {mode:04o}: group {st.st_gid}'s users can move or replace what is in it"
+    else:
+        return
+    raise TakeoverError(
+        f"takeover: the state directory {str(root)!r} is in {str(directory)!r}, which {why}: "
+        f"{_OWN_PATH}"
+    )
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group `gid` is this user's private group (a umask of 002 makes directories
+    group-writable, which is safe there): named after the user, with no other member."""
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return gid == os.getgid() and group.gr_name == name and set(group.gr_mem) <= {name}
+
+
 def open_private(path: Path, flags: int) -> int:
     """Open `path` (made 0600 if missing); refuse a link, another owner or a wider mode."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _PRIVATE_FILE)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _PRIVATE_FILE)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise TakeoverError(
+            f"takeover: {str(path)!r} is a link; the state directory's files are never followed "
+            "anywhere: remove it and start again"
+        ) from None
     st = os.fstat(fd)
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         os.close(fd)
