@@ -275,3 +275,14 @@ def test_a_gap_folds_to_no_run_and_survives_a_compaction() -> None:
     assert last_run(records).app is None and fold(records).records() == [gap]
     assert last_run([*records, {**APP, "app": 200}]).app == {**APP, "app": 200}
     assert json.loads(json.dumps(gap)) == gap
+
+
+def test_an_epoch_that_cannot_be_written_is_a_takeover_error_that_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    """Before, a start on a full file system failed with a raw OSError from epoch.new."""
+    with small_fs(tmp_path / "fs", "256k") as fs:
+        root = open_state_dir(fs / "state")
+        fill(fs)
+        with pytest.raises(TakeoverError, match="cannot write the fencing epoch.*make room"):
+            bump_epoch(root)

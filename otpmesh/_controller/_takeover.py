@@ -87,7 +87,7 @@ class Takeover:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
             raise TypeError(
                 f"Takeover(dir=...) needs a directory path, not {self.dir!r}; e.g. "
-                "Takeover(dir='/var/tmp/myjob-takeover')"
+                "Takeover(dir=os.path.expanduser('~/otpmesh-state/myjob')), a directory of your own"
             )
         grace = self.grace
         if (

@@ -199,9 +199,16 @@ def epoch_lock(root: Path) -> Iterator[None]:
 
 
 def bump_epoch(root: Path) -> int:
-    """Read the fencing epoch, write it plus one durably, and return the new one."""
+    """Read the fencing epoch, write it plus one durably, and return the new one; TakeoverError
+    if it cannot be written (a full disk: nothing was fenced, nothing taken over)."""
     with epoch_lock(root):
-        return _bump_epoch(root)
+        try:
+            return _bump_epoch(root)
+        except OSError as exc:
+            raise TakeoverError(
+                f"takeover: cannot write the fencing epoch in {str(root)!r}: {exc}; make room "
+                "on its file system (or give Takeover(dir=...) another one) and start again"
+            ) from None
 
 
 def _bump_epoch(root: Path) -> int:
