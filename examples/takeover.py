@@ -56,6 +56,8 @@ async def main(state_dir: str, steps: int, standby: bool, pause: float, grace: f
         step = min(s["step"] for s in (await shards.state()).values())
         children = app.which_children("job/shards")  # newest first, as OTP's
         incarnations = [c.incarnation for c in sorted(children, key=lambda c: int(c.id))]
+        if app.resumed is not None:  # it took a running tree over: say from whom, and how
+            print(f"resumed: {app.resumed}")
         print(f"driver (pid {os.getpid()}) starts at step {step}, incarnations {incarnations}")
         while step < steps:
             await shards.apply(step)

@@ -30,7 +30,7 @@ EXPECTED = {
     # meshes that are process groups
     "GroupInfo", "group", "GroupError", "StaleEpochError",
     # a standby controller takes the tree over
-    "Takeover", "TakeoverError", "FencedError", "StandbyDoneError", "TakeoverHosts",
+    "Takeover", "Resumption", "TakeoverError", "FencedError", "StandbyDoneError", "TakeoverHosts",
 }  # fmt: skip
 
 # Submodules users import by name; they appear as attributes once imported.

@@ -23,7 +23,7 @@ from otpmesh import Actor, FencedError, Supervisor, Takeover, TakeoverError, Wor
 from otpmesh._controller._takeover import resume
 from otpmesh._core._errors import ActorError
 from otpmesh._core._supervisor import SupervisorCore
-from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
+from otpmesh._core._supevents import ChildExited, ChildStarted, LogKind, StartChild
 from otpmesh._node._node import Node
 from otpmesh._runtime._appkey import unwrap
 from otpmesh._runtime._forkclient import ForkServer
@@ -384,6 +384,18 @@ def test_a_core_given_a_restart_history_counts_it_toward_its_intensity() -> None
         commands = core.handle(ChildExited("a", 1, "boom"), 30.0)
         assert any(isinstance(c, StartChild) for c in commands) is restarts_again
         assert core.restarts == (30.0, *carried)
+
+
+def test_a_child_a_takeover_found_running_is_logged_as_adopted_not_started() -> None:
+    """Restarts counted from the event log stay right across a takeover (before, an adopted
+    actor was logged as child_started)."""
+    spec = Supervisor("s", children=[Worker("a", Plain), Worker("b", Plain)])
+    core = SupervisorCore(spec)
+    core.start(1.0)
+    core.handle(ChildStarted("a", adopted=True), 1.0)
+    core.handle(ChildStarted("b"), 1.0)
+    kinds = [(entry.child, entry.kind) for entry in core.take_log() if entry.child]
+    assert kinds == [("a", LogKind.CHILD_ADOPTED), ("b", LogKind.CHILD_STARTED)]
 
 
 COUNTER_JOB = """

@@ -208,3 +208,32 @@ def test_a_process_with_the_secret_but_not_the_lease_cannot_adopt_a_worker_in_th
     standby = Program(state, "--steps", "40", "--pause", "0.01", "--standby")
     assert "incarnations [1, 1, 1, 1]" in standby.wait_for("driver (pid")
     standby.finish()
+
+
+@pytest.mark.timeout(240)
+def test_a_takeover_is_said_in_one_line_and_the_driver_can_ask_app_resumed(tmp_path: Path) -> None:
+    """Before, the standby said nothing, and its driver could not tell a resume from a start
+    (the example's step counter was the only hint)."""
+    state = tmp_path / "state"
+    active = Program(state, "--steps", "40", "--pause", "0.05", "--grace", "90")
+    assert not any(line.startswith("resumed:") for line in [active.wait_for("step 3")])
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    os.kill(_worker_pid(state, 2), signal.SIGKILL)  # one actor lost in the gap
+    standby = Program(state, "--steps", "40", "--pause", "0.01", "--standby")
+    said = standby.said("takeover: epoch 2 took the tree over")
+    resumed = standby.wait_for("resumed: ")
+    expected = f"from pid {active.proc.pid} after "
+    assert expected in said and expected in resumed
+    assert resumed.endswith("3 actors adopted in 3 processes, 1 to start again"), resumed
+    standby.finish()
+
+
+def _worker_pid(state: Path, rank: int) -> int:
+    return int(
+        next(
+            r["pid"]
+            for r in _journal(state)
+            if "proc" in r and "actor" not in r and r["rank"] == rank
+        )
+    )

@@ -112,9 +112,9 @@ class TreeView:
             sup.state = RUNNING
             if entry.path == self.root:  # a child supervisor's starts are counted by its parent
                 sup.starts += 1
-        elif kind is LogKind.CHILD_STARTED:
+        elif kind in (LogKind.CHILD_STARTED, LogKind.CHILD_ADOPTED):
             node.state, node.incarnation = RUNNING, entry.incarnation
-            node.starts += 1
+            node.starts += kind is LogKind.CHILD_STARTED  # an adopted one was not started again
             sup.pending_restart = False
         elif kind is LogKind.START_FAILED:
             node.state, node.last_exit = START_FAILED, entry.reason

@@ -32,7 +32,7 @@ from ._inspect import Stacks, collect, serve_signal, under
 from ._owners import owners
 from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
-from ._takeover import Takeover, resume
+from ._takeover import Resumption, Takeover, resume
 from ._tree import TreeContext
 from ._view import view
 from ._watch import watchable
@@ -84,6 +84,14 @@ class App:
     async def settled(self) -> None:
         """Wait until no supervisor has work pending (exits handled, restarts done)."""
         await self._tree.settled()
+
+    @property
+    def resumed(self) -> Resumption | None:
+        """What this app's start found when it took a running tree over (its epoch, the
+        previous controller, actors adopted and lost, the gap); None when it started afresh:
+        a driver resuming its loop asks this instead of guessing (docs/guides/takeover.md)."""
+        resumption: Resumption | None = self._tree.resumption
+        return resumption
 
     def view(self) -> Tree:
         """The running tree as a rich tree: every supervisor (strategy, intensity), every

@@ -36,8 +36,9 @@ from .._core._supevents import (
     Stop,
     TerminateChild,
 )
+from .._node._host import STARTED
 from ._healpeers import PeerChoice
-from ._placement import SlotInfo, StartError
+from ._placement import ADOPTED, SlotInfo, StartError
 
 if TYPE_CHECKING:
     from ._drivercontext import DriverContext
@@ -189,11 +190,11 @@ class SupervisorDriver:
             )
         except StartError as exc:
             return StartFailed(command.id, exc.reason)
-        if result != "started":
+        if result not in (STARTED, ADOPTED):
             return StartIgnored(command.id)
         self.app.watch(path, self)
         self._peers.started(command.id)
-        return ChildStarted(command.id)
+        return ChildStarted(command.id, adopted=result == ADOPTED)
 
     def _heal_plan(self, command: StartChild) -> dict[str, Any] | None:
         """What a restarted actor of a healing mesh is told: the peers to ask for its state, in

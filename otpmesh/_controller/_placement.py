@@ -33,6 +33,10 @@ from ._slotenv import otpmesh_settings, slot_env, visible_gpus
 _STOP_GRACE = 0.25
 
 
+#: What ``start`` returns for an actor a takeover found running in an adopted process.
+ADOPTED = "adopted"
+
+
 class StartError(Exception):
     """A start failed with `reason` (an exit reason: what the supervisor core records)."""
 
@@ -184,7 +188,7 @@ class ProcsPlacement:
         proc.named(path)
         if self._running.pop(path, None) == incarnation and proc.actors.get(path) == incarnation:
             self._started(slot, path, incarnation, proc)
-            return STARTED
+            return ADOPTED
         await owners(self._rt).released(path)  # its last incarnation's possessions are gone
         try:
             payload = _payload(path, incarnation, actor, args, kwargs, info)

@@ -16,13 +16,14 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
+from .._core._supevents import LogEntry, LogKind
 from .._runtime._adoption import adopt
 from .._runtime._appkey import takeover_key, unwrap
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
@@ -31,7 +32,7 @@ from .._runtime._journalstate import Stamp, fold
 from .._runtime._lease import Lease, describe, holders
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
-from .._runtime._statedir import TakeoverState, boot_id, bump_epoch, open_state_dir
+from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, open_state_dir
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -117,6 +118,30 @@ class Takeover:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """What ``app.resumed`` says when the app's start took a running tree over (None when it
+    started afresh): this controller's fencing `epoch`, the pid of the controller it took over
+    from (`previous_pid`), how many actors it found running and kept, state and all
+    (`adopted`), how many had died in the gap and were started again (`lost`), how many worker
+    processes it adopted, and the `gap`: seconds from the previous controller's last journal
+    write to this takeover (about how long the tree ran without a controller)."""
+
+    epoch: int
+    previous_pid: int
+    adopted: int
+    lost: int
+    processes: int
+    gap: float
+
+    def __str__(self) -> str:
+        return (
+            f"epoch {self.epoch} took the tree over from pid {self.previous_pid} after "
+            f"{self.gap:.2f} s: {self.adopted} actors adopted in {self.processes} processes, "
+            f"{self.lost} to start again"
+        )
+
+
 @dataclass(eq=False)
 class Resumed:
     """What a start with a takeover found: its runtime, its lease, and what it adopted."""
@@ -134,11 +159,18 @@ class Resumed:
     hosts: Hosts | None = None
     #: The boot of the host the journal's monotonic times were taken on.
     boot: str = ""
+    #: When it took a running tree over: what it found (None: a fresh start).
+    resumption: Resumption | None = None
 
     def seed(self, ctx: TreeContext) -> None:
         """Make the tree's first start of each journalled actor reuse a running incarnation,
         or follow the lost one's; carry each supervisor's restart history over; journal the
-        restarts to come."""
+        restarts to come; say that it took over (one line, and the event log's ``takeover``)."""
+        if self.resumption is not None:
+            log.warning("takeover: %s", self.resumption)
+            ctx.resumption = self.resumption
+            entry = LogEntry(trio.current_time(), LogKind.TAKEOVER, ctx.tree.id)
+            ctx.events.append(replace(entry, reason=str(self.resumption)))
         for path, incarnation in self.journalled.items():
             sup, _, child = path.rpartition("/")
             alive = self.running.get(path) == incarnation
@@ -198,6 +230,7 @@ async def resume(takeover: Takeover) -> Resumed:
 
 
 async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key: bytes) -> Resumed:
+    last_write = _mtime(root / JOURNAL)  # the previous controller's last append, before ours
     records = read_journal(root)
     run = last_run(records)
     if standby and records and "stopped" in records[-1]:
@@ -253,6 +286,14 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key
             resumed.running[path] = incarnation
         elif proc is not None:
             resumed.procs[path] = proc  # its actor died in the gap; its process serves again
+    resumed.resumption = Resumption(
+        epoch=epoch,
+        previous_pid=int(run.app["app"]),
+        adopted=len(resumed.running),
+        lost=len(resumed.journalled) - len(resumed.running),
+        processes=len(live),
+        gap=round(max(0.0, time.time() - last_write), 3),
+    )
     return resumed
 
 
@@ -393,3 +434,10 @@ def _brief(value: object) -> str:
     if isinstance(value, bytes):
         return f"{len(value)} bytes"
     return f"a {type(value).__name__}"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()

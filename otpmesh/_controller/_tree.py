@@ -61,6 +61,8 @@ class TreeContext:
         self.owns_events = True  # False: an owner's tree's log, closed by that tree
         #: Trees that actors of this one own (_subtree.py): found by path as if they were ours.
         self.subtrees: list[TreeContext] = []
+        #: What its start found when it took a running tree over (``app.resumed``).
+        self.resumption: Any = None
         #: Waits until what exited owners owned is stopped (set by the app: _owners.py).
         self.owners_quiet: Callable[[], Awaitable[None]] | None = None
         self.ended = trio.Event()  # the app's block is over and the tree is stopped

@@ -484,7 +484,7 @@ class SupervisorCore:
         event = yield StartChild(child.id, incarnation, child.source)
         if isinstance(event, ChildStarted):
             child.status, child.incarnation = ChildStatus.RUNNING, incarnation
-            self._record(LogKind.CHILD_STARTED, child)
+            self._record(LogKind.CHILD_ADOPTED if event.adopted else LogKind.CHILD_STARTED, child)
         elif isinstance(event, StartIgnored):
             child.status = ChildStatus.UNDEFINED
             self._record(LogKind.START_IGNORED, child, incarnation=incarnation)

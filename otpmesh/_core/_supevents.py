@@ -99,9 +99,11 @@ Command = StartChild | TerminateChild | InitDone | InitFailed | Exit | Reply
 
 @dataclass(frozen=True, slots=True)
 class ChildStarted:
-    """The pending StartChild succeeded."""
+    """The pending StartChild succeeded; `adopted`: its actor was already running in a process
+    a controller that took the tree over adopted (a takeover), and was taken as started."""
 
     id: str
+    adopted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,8 @@ class LogKind(enum.StrEnum):
     AUTO_SHUTDOWN = "auto_shutdown"
     SUPERVISOR_EXITED = "supervisor_exited"
     FAULT_INJECTED = "fault_injected"  # otpmesh.chaos: what was done, beside what it caused
+    CHILD_ADOPTED = "child_adopted"  # a takeover found the child running: started, not restarted
+    TAKEOVER = "takeover"  # a controller took the tree over (the reason says from whom, what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +224,7 @@ class LogEntry:
         """The reason in words; a chaos fault's reason already is words (what was done)."""
         if self.reason is None:
             return None
-        if self.kind is LogKind.FAULT_INJECTED:
+        if self.kind in (LogKind.FAULT_INJECTED, LogKind.TAKEOVER):
             return str(self.reason)
         return describe(self.reason)
 

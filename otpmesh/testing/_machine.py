@@ -335,7 +335,9 @@ class SupervisionMachine(RuleBasedStateMachine):
 
     def _compare(self, model: Simulation, when: str) -> None:
         """The real log and the model's agree tree by tree (``_logkeys.py`` says why)."""
-        real = [e for e in self.app.events if e.kind != LogKind.FAULT_INJECTED]
+        real = [
+            e for e in self.app.events if e.kind not in (LogKind.FAULT_INJECTED, LogKind.TAKEOVER)
+        ]
         times = self.placement == "local"
         found = first_difference(real, model.log, self.owned, self._parallel_paths(), times)
         if found is None:
