@@ -371,6 +371,45 @@ def test_an_unowned_meshs_failure_reaches_the_programs_fault_hook(
     run_trio(body)
 
 
+def test_a_constructor_that_raises_ends_a_sync_program_with_status_1_and_one_line(
+    tmp_path: Path,
+) -> None:
+    # Monarch's default hook exits 1: no interrupt's traceback, no 130, and `finally` still runs.
+    result = run_program(
+        tmp_path / "bad.py",
+        textwrap.dedent(
+            """
+            from otpmesh.monarch import Actor, endpoint, this_host
+
+            class Bad(Actor):
+                def __init__(self):
+                    raise ValueError("bad config")
+
+                @endpoint
+                def hello(self):
+                    return "hi"
+
+            if __name__ == "__main__":
+                try:
+                    bad = this_host().spawn_procs(per_host={"procs": 2}).spawn("bad", Bad)
+                    print(bad.hello.call().get())
+                finally:
+                    print("finally")
+            """
+        ),
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == ["finally"]
+    # The workers' own lines ("[bad/0] ...") show the constructor's traceback; the program's
+    # are one line naming the rank.
+    ours = [line for line in result.stderr.splitlines() if not line.startswith("[")]
+    assert ours == [
+        "otpmesh.monarch: unhandled fault, the program ends: bad/0 (rank 0 of mesh bad) exited: "
+        "spawning 'bad' failed on 2 of 2 processes; rank 0: bad/0 raised ValueError: bad config"
+    ], result.stderr
+    assert "KeyboardInterrupt" not in result.stderr
+
+
 def test_a_proc_mesh_travels_to_an_actor_that_spawns_on_it_and_finds_the_controller() -> None:
     async def body() -> None:
         async with otpmesh.start(otpmesh.Supervisor("app", children=[])):

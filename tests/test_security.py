@@ -143,7 +143,7 @@ def test_control_operations_from_another_actors_connection_are_refused() -> None
                 ("stop_actor", {"id": "victim/0", "incarnation": 1}),
                 ("inject", {"id": "victim/0", "kind": "crash", "reason": "x"}),
                 ("shutdown", {}),
-                ("peer_dying", procs._procs[1].addr),  # would cut it off from its peer
+                ("peer_dying", {"addr": procs._procs[1].addr, "reason": "lies"}),  # cut it off
             ]:
                 answer = await intruders[1].node_op(target, op, payload)
                 assert answer.startswith("refused: ") and "only this process's parent" in answer

@@ -147,6 +147,25 @@ def test_watch_command_follows_the_app_until_it_stops_and_prints_stacks(
 
 
 @pytest.mark.timeout(60)
+def test_watch_of_an_app_the_process_does_not_run_says_so_on_one_line_with_status_2(
+    program: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    _, controller, _ = program
+    for how in (["--plain"], ["--stacks"]):  # following, or asking once: the same answer
+        done = subprocess.run(
+            [sys.executable, "-m", "otpmesh", "watch", str(controller), "--app", "nope", *how],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=ROOT,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        [line] = done.stderr.splitlines()  # no traceback, no exception group
+        assert line == "otpmesh watch: no app with root 'nope' runs here (running: w)", line
+
+
+@pytest.mark.timeout(60)
 def test_only_a_holder_of_the_token_is_answered_and_its_files_are_private(
     program: tuple[subprocess.Popen[str], int, int],
 ) -> None:

@@ -222,15 +222,21 @@ async def watch_app(attached: Attached, app: str | None, heading: str, live: boo
         else PlainDisplay(_say, None, "Ctrl-C stops watching")
     )
     shown: list[Watch] = []
+    refused: UsageError | None = None
     try:
         async with trio.open_nursery() as nursery:
             if live:
                 nursery.start_soon(_keys, attached, nursery.cancel_scope)
-            await follow(attached, app, heading, display, nursery, shown)
+            try:
+                await follow(attached, app, heading, display, nursery, shown)
+            except UsageError as exc:  # raised below: out of the nursery, it is not a group
+                refused = exc
             nursery.cancel_scope.cancel()
     finally:
         if shown and shown[0].t0 is not None:
             display.finished(shown[0], shown[0].catch_up())
+    if refused is not None:
+        raise refused  # one line and status 2, as with --stacks
 
 
 async def _keys(attached: Attached, quit_scope: trio.CancelScope) -> None:

@@ -261,8 +261,10 @@ async def _answer(watched: Watched, stream: trio.SocketStream) -> None:
     request = await lines.next()
     ctx = watched.find(request.get("app"))
     if ctx is None:
-        roots = [c.tree.id for c in watched.apps]
-        await send({"t": "error", "error": f"no such app runs here (running: {roots})"})
+        asked = request.get("app")
+        what = "no app runs here" if asked is None else f"no app with root {asked!r} runs here"
+        roots = ", ".join(str(c.tree.id) for c in watched.apps) or "none"
+        await send({"t": "error", "error": f"{what} (running: {roots})"})
         return
     if request.get("op") == "stacks":
         await _send_stacks(ctx, send, request)

@@ -16,6 +16,10 @@ agent's ``spawn_proc`` from its controller), never taken from a message:
 
 Standard input and a plain interactive prompt leave nothing to rebuild from: a spawn then says to
 put the class in a file or pass the program with ``python -c``.
+
+The controller's ``sys.argv`` travels with it, and a worker takes it before it runs any of the
+user's code: a main file whose module level reads its arguments (``MARK = sys.argv[1]``)
+computes the same values in every process, as under multiprocessing's spawn, Ray and Monarch.
 """
 
 from __future__ import annotations
@@ -45,29 +49,40 @@ _NO_SOURCE = (
 @dataclass(frozen=True, slots=True)
 class MainModule:
     """What a worker rebuilds the controller's ``__main__`` from: a file, or the definitions of
-    sources without one (``(name, text)`` chunks: a ``python -c`` program, notebook cells)."""
+    sources without one (``(name, text)`` chunks: a ``python -c`` program, notebook cells), and
+    the arguments it runs with (the controller's ``sys.argv``; empty: leave the worker's)."""
 
     path: str | None = None
     chunks: tuple[tuple[str, str], ...] = ()
+    argv: tuple[str, ...] = ()
 
     def to_cfg(self) -> dict[str, Any]:
-        return {"main": self.path, "main_source": [list(chunk) for chunk in self.chunks]}
+        return {
+            "main": self.path,
+            "main_source": [list(chunk) for chunk in self.chunks],
+            "argv": list(self.argv),
+        }
 
     @classmethod
     def from_cfg(cls, cfg: dict[str, Any]) -> MainModule:
         chunks = cfg.get("main_source") or []
-        return cls(cfg.get("main"), tuple((str(name), str(text)) for name, text in chunks))
+        return cls(
+            cfg.get("main"),
+            tuple((str(name), str(text)) for name, text in chunks),
+            tuple(str(arg) for arg in cfg.get("argv") or ()),
+        )
 
 
 # ---------------------------------------------------------------------- the controller's side
 
 
 def this_main() -> MainModule:
-    """What this process's ``__main__`` can be rebuilt from in a worker."""
+    """What this process's ``__main__`` can be rebuilt from in a worker, and its arguments."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    argv = tuple(sys.argv)
     if isinstance(path, str) and not path.startswith("<"):
-        return MainModule(path=path)
+        return MainModule(path=path, argv=argv)
     sources = _ipython_cells() or _command()
     chunks = _definitions(sources)
     size = sum(len(text) for _, text in chunks)
@@ -76,7 +91,7 @@ def this_main() -> MainModule:
             f"the definitions of this program's __main__ come to {size} bytes, more than "
             f"{MAX_SOURCE} a worker is handed: move the actor classes into a module and import it"
         )
-    return MainModule(chunks=chunks)
+    return MainModule(chunks=chunks, argv=argv)
 
 
 def _command() -> list[tuple[str, str]]:
@@ -164,6 +179,13 @@ def _decorators(stmt: ast.stmt) -> list[ast.expr]:
 
 
 # ---------------------------------------------------------------------- the worker's side
+
+
+def take_argv(main: MainModule) -> None:
+    """Give this worker the controller's ``sys.argv``: called once, before any of the user's
+    code runs here (an actor's module, or the main file, may read its arguments as it loads)."""
+    if main.argv:
+        sys.argv[:] = main.argv
 
 
 def load_main(main: MainModule) -> ModuleType:

@@ -132,8 +132,9 @@ class Node(Admission, Incoming, Outgoing):
         self.channel: TensorChannel | None = channel(self) if channel is not None else None
         #: This process's ports (otpmesh.Channel) and its sends to others' (_porttable.py).
         self.ports = PortTable(self)
-        #: Processes said to be dying (``peer_dying``), by address, the newest DYING_KEPT.
-        self.dying: dict[str, None] = {}
+        #: Processes said to be dying (``peer_dying``), by address, the newest DYING_KEPT: how
+        #: each died, in the controller's words (None where it did not know yet).
+        self.dying: dict[str, str | None] = {}
 
     # ---------------------------------------------------------------- serving
 
@@ -205,7 +206,7 @@ class Node(Admission, Incoming, Outgoing):
         if self.nursery is None:
             raise RuntimeError("node is not serving")
         if addr in self.dying:  # its listener may be open still, with nobody to accept
-            raise ConnectionRefusedError(errno.ECONNREFUSED, "its process is dying", addr)
+            raise ConnectionRefusedError(errno.ECONNREFUSED, self.unreachable(addr))
         sock, mac = await dial(addr, self.secret_for(addr))
         conn = Connection(sock, peer=addr, decode=decode_frame, on_message=self.dispatch, mac=mac)
         table[addr] = conn
@@ -222,16 +223,19 @@ class Node(Admission, Incoming, Outgoing):
         conn.peer = addr
         self._conns[addr] = conn
 
-    def peer_dying(self, addr: Any) -> None:
-        """The process at `addr` is dying: its controller heard it from its death lock, while
+    def peer_dying(self, news: Any) -> None:
+        """The process at ``news["addr"]`` is dying (``news["reason"]``: how, in the words its
+        controller uses, where it knew): its controller heard it from its death lock, while
         the kernel still tears it down and its sockets stay open (``_runtime/_deathlock.py``).
         Nothing more is written to it: the connection leaves the table (a new call finds none,
         is refused as unreachable and, to a supervised actor, resolves the new incarnation) and
         ends after what the process sent before it died (``Connection.finish``), the calls
-        still out on it failing as at its end of stream."""
+        still out on it failing as at its end of stream, with that reason."""
+        addr = news.get("addr") if type(news) is dict else None
         if type(addr) is not str:
             return
-        self.dying[addr] = None
+        reason = news.get("reason")
+        self.dying[addr] = reason if type(reason) is str else None
         if len(self.dying) > DYING_KEPT:
             del self.dying[next(iter(self.dying))]
         for table in (self._conns, self._side):
@@ -249,7 +253,24 @@ class Node(Admission, Incoming, Outgoing):
         for cell in list(self.actors.values()):
             cell.caller_gone(conn)
         if self.on_connection_lost is None or not self.on_connection_lost(conn):
-            self.fail_pending(conn, conn.close_reason or "connection lost")
+            self.fail_pending(conn, self.lost_reason(conn))
+
+    def unreachable(self, addr: str, error: OSError | None = None) -> str:
+        """Why the process at `addr` cannot be called, for the caller's ActorDiedError: how it
+        died, where its controller said, else the dial's `error`. Never its address: that is an
+        internal name (an abstract socket's), of no use to whoever reads the error."""
+        if addr in self.dying:
+            return self.dying[addr] or "its process is dying"
+        if error is None:
+            return "its process cannot be reached"
+        return f"its process cannot be reached ({error.strerror or type(error).__name__})"
+
+    def lost_reason(self, conn: Connection) -> str:
+        """Why the calls still out on `conn` failed when it ended: how its process died, where
+        its controller said, else how the connection ended."""
+        return self.dying.get(conn.peer) or (
+            f"its connection closed ({conn.close_reason or 'connection lost'})"
+        )
 
     def fail_pending(self, conn: Connection, reason: str) -> None:
         """Fail every call still waiting on `conn` with an ActorDiedError carrying `reason`."""

@@ -69,6 +69,9 @@ class Outgoing:
     def cancel_local(self, actor_id: str, reply: ReplyTo) -> None:
         raise NotImplementedError
 
+    def unreachable(self, addr: str, error: OSError | None = None) -> str:
+        raise NotImplementedError
+
     def deliver_local(
         self,
         actor_id: str,
@@ -224,8 +227,8 @@ class Outgoing:
             try:
                 conn = await self.connect(target.addr)
             except OSError as exc:
-                reason = f"its process cannot be reached ({exc})"
-                error = ActorDiedError(paths[index], reason, delivered=False)
+                why = self.unreachable(target.addr, exc)
+                error = ActorDiedError(paths[index], why, delivered=False)
                 group.deliver(index, False, error)
                 continue
             self._call_remote(conn, group, index, actor_id, body, array, tail)

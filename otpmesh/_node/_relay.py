@@ -146,7 +146,8 @@ class Relay:
             try:
                 conn = await self.node.connect(addr)
             except OSError as exc:
-                forward.deliver(index, False, ActorDiedError(actor_id, str(exc), delivered=False))
+                why = self.node.unreachable(addr, exc)
+                forward.deliver(index, False, ActorDiedError(actor_id, why, delivered=False))
                 continue
             forward.send(conn, index, body, chain)
 

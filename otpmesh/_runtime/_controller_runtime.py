@@ -77,7 +77,7 @@ class Runtime:
         make_undumpable()
         self.node = Node(
             "ctl",
-            sys_handlers={"resolve_actor": self._resolve_actor},
+            sys_handlers={"resolve_actor": self._resolve_actor, "death_of": self._death_of},
             channel=Channel,
             is_app_process=self._is_worker,
             secret=secret,  # a standby's: the app's it takes over (_takeover.py)
@@ -509,8 +509,7 @@ class Runtime:
             await proc.exited.wait()
         if proc.exit_reason is None:
             proc.exit_reason = f"lost its connection ({conn.close_reason})"
-        hung = proc.hung
-        self.node.fail_pending(conn, describe(hung_reason(hung)) if hung else proc.death())
+        self.node.fail_pending(conn, self._call_failure(proc))
         actors, proc.actors = proc.actors, {}
         for path in actors:
             if self._host_of.get(path) is proc:
@@ -520,6 +519,25 @@ class Runtime:
         # anything else is a process failure.
         for path, incarnation in actors.items():
             self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
+
+    def _call_failure(self, proc: Proc) -> str:
+        """How the dead `proc` died, in the words a call into it fails with: here, and in the
+        peers that ask (``_death_of``)."""
+        return describe(hung_reason(proc.hung)) if proc.hung else proc.death()
+
+    async def _death_of(self, conn: Connection | None, addr: Any) -> str | None:
+        """How the worker at `addr` died, for a peer that saw only its connection end (its
+        calls into it then fail with the words they fail with here), once known: within
+        _EXIT_STATUS_WAIT, as here. None: no worker of this app had that address, or it lives."""
+        if type(addr) is not str:
+            return None
+        # A scan, not an index: asked only by a caller that had calls out to a dead process.
+        proc = next((p for p in self.procs.values() if p.addr == addr), None)
+        if proc is None:
+            return None
+        with trio.move_on_after(_EXIT_STATUS_WAIT):
+            await proc.exited.wait()
+        return None if proc.alive else self._call_failure(proc)
 
     async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
         listener = self.exit_listeners.get(path)

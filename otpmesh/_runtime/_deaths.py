@@ -98,14 +98,20 @@ class Deaths:
         proc.noticed_by = "deathlock"
         log.debug("%s (pid %d) dying: noticed by its death lock", proc.label(), proc.pid)
         # Its peers first, in the order the controller sends: whatever it sends them after
-        # this (a call, the restarted actor's address) finds the old process done there.
+        # this (a call, the restarted actor's address) finds the old process done there; and
+        # how it died, so that a call of theirs into it fails with the words it fails with here.
         # One frame, encoded once, to each (a mass death costs each survivor one per death).
+        # (A process its watchdog found an actor hung in is described from that report, by
+        # the runtime: its peers ask for it, as they do when the status is not known yet.)
+        how = None if status is None else proc.hang_reason or describe_status(status)
+        told = None if how is None or proc.hung is not None else proc.death(how)
+        news = {"addr": proc.addr, "reason": told}
         conns = [p.conn for p in self.procs.values() if p.alive and p.host is None]
         peers = [c for c in conns if c is not None and c is not proc.conn]
-        self.node.sys_cast_all(peers, "peer_dying", proc.addr)
-        self.node.peer_dying(proc.addr)
-        if status is not None:
-            self.mark_exited(proc, describe_status(status))
+        self.node.sys_cast_all(peers, "peer_dying", news)
+        self.node.peer_dying(news)
+        if how is not None:
+            self.mark_exited(proc, how)
         proc.conn.finish()
 
     def reaped(self, proc: Proc, reason: str) -> None:

@@ -117,8 +117,10 @@ class Proc:
         if path not in self.names:
             self.names.append(path)
 
-    def death(self) -> str:
-        return f"its process (pid {self.pid}) {self.exit_reason or 'is gone'}"
+    def death(self, how: str | None = None) -> str:
+        """How it died, in the words a call into it fails with (`how`: its exit, if not
+        recorded yet)."""
+        return f"its process (pid {self.pid}) {how or self.exit_reason or 'is gone'}"
 
 
 def hello_refusal(proc: Proc | None, payload: Any) -> str | None:

@@ -31,6 +31,7 @@ from .._wire._unproven import parent_pid
 from ..rdma._channel import Channel
 from . import _deathlock, _spare
 from ._lease import holds
+from ._peerloss import PeerLoss
 from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.worker")
@@ -99,6 +100,8 @@ class Worker:
         )
         # Inline, in the order sent: whatever the controller sends after it finds it done.
         self.node.sys_inline["peer_dying"] = self.node.peer_dying
+        # A peer's calls fail with how its process died, as the controller says it.
+        self.node.on_connection_lost = PeerLoss(self.node, lambda: self.controller)
         self.host = ActorHost(
             self.node,
             self._actor_exited,

@@ -2,23 +2,25 @@
 spawned fails and nobody owns it to handle it.
 
 Monarch calls ``monarch.actor.unhandled_fault_hook(failure)``; by default it exits the program
-(``sys.exit(1)``), and a hook that raises leaves the fault unhandled: the program's main thread
-is interrupted (KeyboardInterrupt), as Monarch does, so it ends with its ``finally`` blocks and
-``atexit`` functions run. Set ``otpmesh.monarch.unhandled_fault_hook`` to log or ignore instead.
+(``sys.exit(1)``). A hook that raises leaves the fault unhandled, and the program ends: one line
+on stderr names the actor, its rank and why, and the program's main thread is interrupted so
+that it ends with its ``finally`` blocks and ``atexit`` functions run, with the hook's exit
+status (1 for the default hook; ``_ending.py`` says how). Set
+``otpmesh.monarch.unhandled_fault_hook`` to log or ignore instead.
 """
 
 from __future__ import annotations
 
-import _thread
-import logging
 import sys
 import weakref
 from typing import Any
 
 from .._node._failure import MeshFailure
 from .._runtime._controller_runtime import Runtime
+from ._ending import end_program, ending_status
 
-log = logging.getLogger("otpmesh.monarch")
+#: What the line that ends the program starts with.
+ENDS = "otpmesh.monarch: unhandled fault, the program ends:"
 
 
 def default_hook(failure: MeshFailure) -> None:
@@ -27,13 +29,27 @@ def default_hook(failure: MeshFailure) -> None:
 
 
 def report(failure: MeshFailure) -> None:
-    """Give `failure` to the program's hook (read at each fault: users replace it)."""
+    """Give `failure` to the program's hook (read at each fault: users replace it); a hook that
+    raises ends the program. Once it is ending, later faults are not reported again."""
+    if ending_status() is not None:
+        return
     hook: Any = getattr(sys.modules[__package__ or ""], "unhandled_fault_hook", default_hook)
     try:
         hook(failure)
     except BaseException as exc:
-        log.critical("unhandled fault, the program ends: %s (%r)", failure, exc)
-        _thread.interrupt_main()
+        # One line: the worker's own log already showed the traceback of what failed there.
+        what = str(failure).splitlines()[0]
+        why = "" if isinstance(exc, SystemExit) else f" (its hook raised {exc!r})"
+        print(f"{ENDS} {what}{why}", file=sys.stderr, flush=True)
+        end_program(_exit_status(exc))
+
+
+def _exit_status(exc: BaseException) -> int:
+    """The status `exc` ends the program with, as Python would: SystemExit's code, else 1."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return code if isinstance(code, int) else 0 if code is None else 1
+    return 1
 
 
 _listening: weakref.WeakSet[Runtime] = weakref.WeakSet()

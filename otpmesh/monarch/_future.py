@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
+from ._ending import take_ending
+
 R = TypeVar("R")
 
 
@@ -79,7 +81,17 @@ class Future(Generic[R]):
 
     def get(self, timeout: float | None = None) -> R:
         """Block this thread until the result is in; return it or raise its error.
-        ``TimeoutError`` after `timeout` seconds (the operation goes on; ask again later)."""
+        ``TimeoutError`` after `timeout` seconds (the operation goes on; ask again later).
+        ``SystemExit`` when an unhandled fault ends the program meanwhile (``_ending.py``)."""
+        try:
+            return self._get(timeout)
+        except KeyboardInterrupt:
+            status = take_ending()
+            if status is None:
+                raise  # Ctrl-C
+            raise SystemExit(status) from None  # the fault said why, on one line
+
+    def _get(self, timeout: float | None) -> R:
         if not self._done.is_set():
             if threading.get_ident() == self._owner:
                 raise RuntimeError(

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from .._controller._procmesh import ProcMesh as NativeProcMesh
 from .._controller._procref import ProcMeshRef
 from .._core._actor import Actor as NativeActor
-from .._core._errors import SpawnError
+from .._core._errors import ActorDiedError, ActorError, SpawnError
 from .._core._shape import Shape, select
 from .._core._valuemesh import ValueMesh as NativeValueMesh
 from .._node._failure import MeshFailure
@@ -251,6 +251,17 @@ def _log_failure(future: Future[None], name: str) -> None:
         log.warning("broadcast of %s failed: %s", name, exc)
 
 
+def _spawn_failure(name: str, error: SpawnError) -> MeshFailure:
+    """The failure of mesh `name`'s spawn: its first failing actor, where the error's cause
+    names it (its constructor raised, or its process died as it started), else the mesh."""
+    cause = error.__cause__
+    if isinstance(cause, ActorError | ActorDiedError):
+        rank = cause.actor.rpartition("/")[2]
+        if rank.isdigit():
+            return MeshFailure(name, cause.actor, int(rank), str(error))
+    return MeshFailure(name, name, -1, str(error))
+
+
 class ProcMesh:
     """Processes, one per point of its extent; ``spawn`` starts actors on them."""
 
@@ -295,7 +306,7 @@ class ProcMesh:
                 mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
             except SpawnError as exc:
                 if isinstance(procs, NativeProcMesh):  # the program's: nobody else to tell
-                    report(MeshFailure(name, name, -1, str(exc)))
+                    report(_spawn_failure(name, exc))
                 raise
             return mesh
 
