@@ -74,6 +74,10 @@ class Echo(otpmesh.Actor):
     def fail_softly(self, message: str) -> None:
         raise KeyError(message)
 
+    @otpmesh.endpoint(let_it_crash=True)
+    def fail_hard(self, message: str) -> None:
+        raise ValueError(message)  # crashes it, supervised or not
+
     @otpmesh.endpoint
     def pid(self) -> int:
         return os.getpid()

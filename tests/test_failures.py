@@ -24,7 +24,7 @@ def test_endpoint_exception_crashes_the_actor_and_carries_the_remote_traceback()
             with pytest.raises(
                 otpmesh.ActorError, match="w/1 raised ValueError: bad input"
             ) as info:
-                await mesh[1].fail("bad input")
+                await mesh[1].fail_hard("bad input")  # let_it_crash=True: nothing restarts it
             assert info.value.type_name == "ValueError"
             assert "tests/actors.py" in info.value.traceback
             assert "raise ValueError(message)" in info.value.traceback
@@ -176,7 +176,7 @@ def test_worker_output_reaches_the_controller_prefixed_with_the_actor_path(tmp_p
             procs = await otpmesh.proc_mesh(procs=2)
             mesh = await procs.spawn("loud", Echo)
             await mesh[1].shout("hello from one")
-            await mesh[1].fail("on purpose")
+            await mesh[1].fail_hard("on purpose")
 
         if __name__ == "__main__":
             otpmesh.run(main)

@@ -284,5 +284,5 @@ def test_an_epoch_that_cannot_be_written_is_a_takeover_error_that_says_what_to_d
     with small_fs(tmp_path / "fs", "256k") as fs:
         root = open_state_dir(fs / "state")
         fill(fs)
-        with pytest.raises(TakeoverError, match="cannot write the fencing epoch.*make room"):
+        with pytest.raises(TakeoverError, match=r"cannot write the fencing epoch.*make room"):
             bump_epoch(root)

@@ -132,8 +132,13 @@ def endpoint(
 
     def mark(f: F) -> F:
         # An explicit response port: the endpoint answers through it, whenever it likes; an
-        # exception escaping it crashes the actor (Monarch's rule: nobody else can answer).
-        policy = native.endpoint(reply_port=True) if explicit_response_port else _REPLY
+        # exception escaping it crashes the actor (Monarch's rule: nobody else can answer; said
+        # here, as otpmesh's default would return it to a caller of an unsupervised actor).
+        policy = (
+            native.endpoint(reply_port=True, let_it_crash=True)
+            if explicit_response_port
+            else _REPLY
+        )
         wrapped: F = policy(_wrap(f))  # type: ignore[assignment]
         return wrapped
 
