@@ -123,9 +123,7 @@ def _figures(run: Run, n: int, step: float, seconds: float) -> dict[str, Any]:
     }
 
 
-async def bench(
-    replicas: int, clients: int, n: int, step: float, seconds: float
-) -> dict[str, Any]:
+async def bench(replicas: int, clients: int, n: int, step: float, seconds: float) -> dict[str, Any]:
     recipe = _recipe()
     run = Run()
     load = os.getloadavg()[0]
