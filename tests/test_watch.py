@@ -222,3 +222,59 @@ def test_run_a_driver_shows_the_tree_it_starts(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2
     assert "--local: for a TREE" in refused.stderr
+
+
+OWNER_PROGRAM = """\
+import os, sys, trio, otpmesh
+from tests.router_actors import Router
+
+async def main():
+    tree = otpmesh.Supervisor("svc", children=[otpmesh.Worker("router", Router)])
+    async with otpmesh.start(tree) as app:
+        await app.actor("svc/router").pids()
+        print(os.getpid(), flush=True)
+        await trio.sleep(60)
+
+if __name__ == "__main__":
+    otpmesh.run(main)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_late_watcher_sees_an_owned_subtree_with_its_strategy_and_intensity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, an owned subtree showed as bare children: no strategy, no intensity."""
+    runtime_dir = tmp_path / "run"
+    runtime_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
+    script = tmp_path / "owner_program.py"
+    script.write_text(OWNER_PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        controller = int(proc.stdout.readline())
+
+        async def main() -> str:
+            attached = await Attached.connect(controller)
+            shown: list[Watch] = []
+            lines: list[str] = []
+            async with attached.stream, trio.open_nursery() as nursery:
+                display = PlainDisplay(lines.append, None)
+                nursery.start_soon(follow, attached, None, "svc", display, nursery, shown)
+                while not lines:  # the backlog is in (it started before this watcher)
+                    await trio.sleep(0.01)
+                text = _frame_text(shown[0])
+                nursery.cancel_scope.cancel()
+            return text
+
+        text = trio.run(main)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    engines = next(line for line in text.splitlines() if "engines" in line)
+    assert "procs=3 one_for_one" in engines and "0/10 in 5s" in engines, text
+    assert sum("running" in line for line in text.splitlines()) >= 4  # router + 3 engines

@@ -193,6 +193,9 @@ async def follow(
         if not shown:
             continue
         watch = shown[0]
+        if kind == "subtree":  # a tree an actor owns: its supervisors' settings
+            watch.view.extend([tuple(row) for row in message["outline"]])
+            continue
         if kind == "live":  # the backlog is in: show the tree as it is now
             watch.catch_up()
             display.started(watch)

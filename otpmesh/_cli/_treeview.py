@@ -83,6 +83,18 @@ class TreeView:
             node = self._add(path, kind, detail, restart)
             node.intensity, node.period = intensity, period
 
+    def extend(self, rows: Sequence[OutlineRow]) -> None:
+        """Add an owned subtree's outline (``otpmesh watch``): its supervisors get their
+        strategy and intensity; nodes already seen in the log keep what the log said."""
+        for path, kind, detail, restart, intensity, period in rows:
+            node = self.nodes.get(path)
+            if node is None:
+                node = self._add(path, kind, detail, restart)
+            else:
+                node.kind, node.detail = kind, detail
+                node.restart = restart or node.restart
+            node.intensity, node.period = intensity, period
+
     def _add(self, path: str, kind: str, detail: str = "", restart: str = "") -> NodeView:
         node = self.nodes[path] = NodeView(path, kind, detail, restart or Restart.PERMANENT)
         parent = path.rpartition("/")[0]

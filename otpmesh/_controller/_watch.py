@@ -12,7 +12,9 @@ share of the listener while it does: ``_watchers.py``); then it sends one reques
 
     {"op": "watch", "app": ROOT or null}   the tree's outline, every log entry so far, "live",
                                           each new entry, the app's clock every TICK seconds,
-                                          "end" when the app has stopped
+                                          "end" when the app has stopped; and the outline of
+                                          each subtree an actor owns ("subtree"), once, before
+                                          the entries that follow its start
     {"op": "stacks", "path": "..."}       (also while watching) the actors' stacks, once
 
 and reads JSON lines. Nothing it can send starts, stops or calls anything: the listener is not
@@ -292,6 +294,7 @@ async def _follow(ctx: TreeContext, send: Send, done: trio.CancelScope) -> None:
     app's clock at least every TICK seconds, and "end" once the app's log closes."""
     await send({"t": "tree", "outline": outline(ctx.tree), "now": trio.current_time()})
     seen = 0
+    shown: set[int] = set()  # the owned subtrees whose outlines were sent
     changed = trio.Event()
     ended = live = False
 
@@ -305,6 +308,11 @@ async def _follow(ctx: TreeContext, send: Send, done: trio.CancelScope) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(listen)
         while True:
+            for sub in _owned(ctx):  # each owned subtree's supervisors, with their settings
+                if id(sub) not in shown:
+                    shown.add(id(sub))
+                    owner = sub.root.path.rpartition("/")[0]
+                    await send({"t": "subtree", "outline": outline(sub.tree, owner)})
             while seen < len(ctx.events):
                 await send(entry_message(ctx.events[seen]))
                 seen += 1
@@ -320,6 +328,16 @@ async def _follow(ctx: TreeContext, send: Send, done: trio.CancelScope) -> None:
         nursery.cancel_scope.cancel()
     await send({"t": "end"})
     done.cancel()
+
+
+def _owned(ctx: TreeContext) -> list[TreeContext]:
+    """The trees actors of `ctx` own, at any depth, those started first first."""
+    found = []
+    for sub in list(ctx.subtrees):
+        if getattr(sub, "root", None) is not None:  # started: its root driver runs
+            found.append(sub)
+            found.extend(_owned(sub))
+    return found
 
 
 def entry_message(entry: LogEntry) -> dict[str, Any]:

@@ -12,10 +12,11 @@ from ._spec import Mesh, Supervisor, Worker, walk
 OutlineRow = tuple[str, str, str, str, int | None, float | None]
 
 
-def outline(tree: Supervisor | Mesh) -> list[OutlineRow]:
-    """The tree's nodes, parents before children, children in start order."""
+def outline(tree: Supervisor | Mesh, parent: str = "") -> list[OutlineRow]:
+    """The tree's nodes, parents before children, children in start order; under `parent`
+    (the path of the actor that owns it) for an owned subtree."""
     rows: list[OutlineRow] = []
-    for path, spec in walk(tree):
+    for path, spec in walk(tree, parent):
         limits = (None, None) if isinstance(spec, Worker) else (spec.intensity, spec.period)
         rows.append((path, type(spec).__name__.lower(), _detail(spec), str(spec.restart), *limits))
     return rows
