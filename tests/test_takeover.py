@@ -270,7 +270,7 @@ def test_a_second_active_controller_is_refused_and_told_to_stand_by(tmp_path: Pa
 
     async def body() -> None:
         with pytest.raises(TakeoverError, match=r"standby=True"):
-            await resume(Takeover(dir=tmp_path / "state"))
+            await resume(Takeover(dir=tmp_path / "state"), Supervisor("s", children=[]))
 
     trio.run(body)
     held.release()

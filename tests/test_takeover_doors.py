@@ -122,7 +122,7 @@ def test_a_standby_with_another_key_is_refused_before_it_fences_anything(tmp_pat
 
     async def main() -> None:
         with pytest.raises(TakeoverError, match="kept its secret under another key"):
-            await resume(Takeover(dir=state, key=b"other key, 16+ bytes"))
+            await resume(Takeover(dir=state, key=b"other key, 16+ bytes"), TREE)
 
     trio.run(main)
     assert not (state / "epoch").exists()  # no epoch bumped: nothing fenced

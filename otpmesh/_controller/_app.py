@@ -217,7 +217,7 @@ async def run_tree(
     if not isinstance(placement, ProcsPlacement) and placement not in ("procs", "local"):
         raise ValueError(f"placement must be 'procs' or 'local', not {placement!r}")
     beat_timeout = _heartbeat_timeout(heartbeat_timeout)
-    resumed = await resume(takeover) if takeover is not None else None
+    resumed = await resume(takeover, tree) if takeover is not None else None
     rt = resumed.rt if resumed is not None else await runtime()
     root_path = f"{prefix}/{tree.id}" if prefix else tree.id
     if isinstance(rt.exit_listeners.get(root_path), TreeContext):

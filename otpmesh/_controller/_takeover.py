@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
+from .._core._spec import Mesh, Supervisor
 from .._core._supevents import LogEntry, LogKind
 from .._runtime._adoption import adopt
 from .._runtime._appkey import takeover_key, unwrap
@@ -33,6 +34,7 @@ from .._runtime._lease import Lease, describe, holders
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, open_state_dir
+from ._fingerprint import differences, fingerprint
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -83,6 +85,10 @@ class Takeover:
     #: (docs/guides/takeover.md); the default suits any tree, a test may make it small.
     journal_bytes: int = COMPACT_BYTES
     key: bytes | None = field(default=None, repr=False)
+    #: Take a running tree over even when this program's tree or actor code differs from the
+    #: running controller's (by default it refuses and says what differs): adopted actors keep
+    #: running the old code until they restart (docs/guides/takeover.md, "Running other code").
+    upgrade: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
@@ -102,6 +108,8 @@ class Takeover:
             )
         if not isinstance(self.standby, bool):
             raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
+        if not isinstance(self.upgrade, bool):
+            raise TypeError(f"Takeover(upgrade=...) is True or False, not {self.upgrade!r}")
         key = self.key
         if key is not None and (not isinstance(key, bytes) or len(key) < 16):
             raise ValueError(
@@ -205,10 +213,12 @@ class Resumed:
         self.lease.release()
 
 
-async def resume(takeover: Takeover) -> Resumed:
+async def resume(takeover: Takeover, tree: Supervisor | Mesh) -> Resumed:
     """Take the lease (waiting for it as a standby), bump the epoch, and take over the run the
-    journal shows, if one is still running; else start a fresh journal."""
+    journal shows, if one is still running (and runs this `tree` and code, or the takeover says
+    ``upgrade``); else start a fresh journal."""
     root = open_state_dir(takeover.dir)
+    prints = fingerprint(tree)
     key = takeover_key(takeover.key)
     lease = Lease(root)
     standby = takeover.standby or run_is_standby()
@@ -221,15 +231,22 @@ async def resume(takeover: Takeover) -> Resumed:
                     "standby=True) or otpmesh run --standby job.py:main), or give it another dir"
                 )
             if not await _wait_for_lease(takeover, root, lease, key):
-                return await _take(takeover, root, lease, standby, key)  # on hosts: no lease
+                return await _take(takeover, root, lease, standby, key, prints)  # no lease
         lease.check_held()
-        return await _take(takeover, root, lease, standby, key)
+        return await _take(takeover, root, lease, standby, key, prints)
     except BaseException:
         lease.release()
         raise
 
 
-async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key: bytes) -> Resumed:
+async def _take(
+    takeover: Takeover,
+    root: Path,
+    lease: Lease,
+    standby: bool,
+    key: bytes,
+    prints: dict[str, Any],
+) -> Resumed:
     last_write = _mtime(root / JOURNAL)  # the previous controller's last append, before ours
     records = read_journal(root)
     run = last_run(records)
@@ -238,8 +255,10 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key
             f"the run this standby stood by for (state in {str(root)!r}) stopped in order: "
             "there is nothing to take over"
         )
-    # A standby with another key stops here, before it fences anything.
+    # A standby with another key, or other code, stops here, before it fences anything.
     secret = None if run.app is None else unwrap(key, run.app)
+    if run.app is not None:
+        _check_same_code(run.app, prints, takeover.upgrade)
     epoch = bump_epoch(root)
     hosts = takeover.hosts
     if secret is None or run.app is None:
@@ -248,7 +267,7 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key
             root, epoch=epoch, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
         )
         rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
-        rt.takeover.app_started(rt.node.secret, key)
+        rt.takeover.app_started(rt.node.secret, key, prints)
         if hosts is not None:
             await hosts.start_fresh(rt, rt.takeover)
         return Resumed(rt, lease, hosts=hosts)
@@ -257,7 +276,7 @@ async def _take(takeover: Takeover, root: Path, lease: Lease, standby: bool, key
         root, epoch=epoch, after=records, compact_bytes=takeover.journal_bytes, nursery=rt.nursery
     )
     rt.takeover = TakeoverState(root, takeover.grace, epoch, journal)
-    rt.takeover.app_started(secret, key)  # a new run in the journal: what it adopts comes next
+    rt.takeover.app_started(secret, key, prints)  # a new run: what it adopts comes next
     on_hosts = [r for r in run.procs.values() if "hosts" in r.get("coords", {})]
     here = [r for r in run.procs.values() if "hosts" not in r.get("coords", {})]
     live: dict[str, Proc] = {}
@@ -434,6 +453,28 @@ def _brief(value: object) -> str:
     if isinstance(value, bytes):
         return f"{len(value)} bytes"
     return f"a {type(value).__name__}"
+
+
+def _check_same_code(app: dict[str, Any], prints: dict[str, Any], upgrade: bool) -> None:
+    """Refuse to take over a run of other code or another tree (what differs, said), unless
+    `upgrade`: then it is said as a warning."""
+    said = differences(app.get("fingerprint"), prints)
+    if not said:
+        return
+    what = "; ".join(said[:8]) + ("; ..." if len(said) > 8 else "")
+    if upgrade:
+        log.warning(
+            "takeover: taking over a run of other code (upgrade=True): %s; adopted actors run "
+            "the old code until they restart",
+            what,
+        )
+        return
+    raise TakeoverError(
+        f"takeover: this program differs from the running controller's (pid {app.get('app')}): "
+        f"{what}. Refusing to take it over: adopted actors would run the old code beside new "
+        "incarnations running this one. Start the standby with the same code and tree, or with "
+        "Takeover(..., upgrade=True) to take it over anyway"
+    )
 
 
 def _mtime(path: Path) -> float:

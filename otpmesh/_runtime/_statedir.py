@@ -270,10 +270,15 @@ class TakeoverState:
             "takeover": {"grace": self.grace, "output": output, "lease": lease},
         }
 
-    def app_started(self, secret: bytes, key: bytes) -> None:
+    def app_started(
+        self, secret: bytes, key: bytes, fingerprint: dict[str, Any] | None = None
+    ) -> None:
         """The record a standby starts from: fsync'd, it must survive whatever comes next. The
-        app's secret is in it only wrapped under `key` (_appkey.py)."""
+        app's secret is in it only wrapped under `key` (_appkey.py); the tree's and its code's
+        `fingerprint`, for a standby to compare (_controller/_fingerprint.py)."""
         record = {"app": os.getpid(), "epoch": self.epoch, **wrap(key, secret), "boot": boot_id()}
+        if fingerprint is not None:
+            record["fingerprint"] = fingerprint
         self.journal.append(record, durable=True)
 
     def proc_started(self, proc: Placed) -> None:

@@ -1,0 +1,91 @@
+"""What a takeover compares before it adopts anything: the tree and the actors' code.
+
+A standby that runs other code than the controller it replaces would adopt actors that still
+run the old code, start new incarnations with the new, and mix both without a word. So the
+journal's app record carries a fingerprint: each node of the tree as declared (its outline:
+path, kind, actor class, shape, strategy, restart, intensity; and its arguments), and for each
+actor class the source of the module that defines it (a constant changed in a job file changes
+what its actors compute). A standby whose fingerprint differs refuses and says what differs,
+unless told ``Takeover(..., upgrade=True)`` (docs/guides/takeover.md, "Running other code").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import sys
+from typing import Any
+
+from .._core._actor import class_path
+from .._core._outline import outline
+from .._core._spec import Mesh, Supervisor, Worker, walk
+
+
+def fingerprint(tree: Supervisor | Mesh) -> dict[str, Any]:
+    """The tree's and its actor classes' fingerprints, as the journal keeps them."""
+    nodes = {
+        row[0]: _digest(json.dumps([*row, _arguments(spec)], default=repr))
+        for row, (_, spec) in zip(outline(tree), walk(tree), strict=True)
+    }
+    classes = {}
+    for _, spec in walk(tree):
+        if isinstance(spec, Worker | Mesh):
+            name, code = _code(spec.actor)
+            classes[name] = code
+    return {"nodes": nodes, "classes": classes}
+
+
+def differences(journalled: Any, ours: dict[str, Any]) -> list[str]:
+    """What differs between the journal's fingerprint and ours, in words (empty: nothing)."""
+    if not isinstance(journalled, dict):
+        return ["the running controller recorded no fingerprint (another otpmesh version)"]
+    said = []
+    theirs_classes = journalled.get("classes") or {}
+    for name in sorted(set(theirs_classes) | set(ours["classes"])):
+        if name not in ours["classes"]:
+            said.append(f"class {name} is in the running tree, not in this one")
+        elif name not in theirs_classes:
+            said.append(f"class {name} is new in this tree")
+        elif theirs_classes[name] != ours["classes"][name]:
+            said.append(f"class {name}: its module's code changed")
+    theirs_nodes = journalled.get("nodes") or {}
+    for path in sorted(set(theirs_nodes) | set(ours["nodes"])):
+        if path not in ours["nodes"]:
+            said.append(f"{path} is in the running tree, not in this one")
+        elif path not in theirs_nodes:
+            said.append(f"{path} is new in this tree")
+        elif theirs_nodes[path] != ours["nodes"][path]:
+            said.append(f"{path}: its spec changed (shape, strategy, restart, limits or args)")
+    return said
+
+
+def _arguments(spec: Supervisor | Worker | Mesh) -> str:
+    if isinstance(spec, Worker | Mesh):
+        return repr((spec.args, dict(spec.kwargs), spec.progress_deadline, spec.shutdown))
+    return repr(spec.shutdown)
+
+
+def _code(actor: type | str) -> tuple[str, str]:
+    """(the class's import path, a digest of its module's source)."""
+    if isinstance(actor, str):
+        return actor, _digest(actor)  # named by path: its code is not loaded here
+    module = sys.modules.get(actor.__module__)
+    try:
+        source = inspect.getsource(module) if module is not None else inspect.getsource(actor)
+    except (OSError, TypeError):  # a notebook cell, python -c: the methods' code then
+        source = repr(
+            [
+                (name, getattr(value, "__code__", None) and value.__code__.co_code)
+                for name, value in sorted(vars(actor).items())
+            ]
+        )
+    try:
+        name = class_path(actor)
+    except TypeError:
+        name = actor.__qualname__
+    return name, _digest(source)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
