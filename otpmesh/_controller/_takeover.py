@@ -176,6 +176,13 @@ class Resumed:
         restarts to come; say that it took over (one line, and the event log's ``takeover``)."""
         if self.resumption is not None:
             log.warning("takeover: %s", self.resumption)
+            lost = _not_taken_over(self.journalled, ctx.specs)
+            if lost:
+                log.warning(
+                    "takeover: not taken over (trees that actors own are not yet): %s; their "
+                    "owners' actors are, and their workers exit at the end of their grace",
+                    ", ".join(lost),
+                )
             ctx.resumption = self.resumption
             entry = LogEntry(trio.current_time(), LogKind.TAKEOVER, ctx.tree.id)
             ctx.events.append(replace(entry, reason=str(self.resumption)))
@@ -475,6 +482,20 @@ def _check_same_code(app: dict[str, Any], prints: dict[str, Any], upgrade: bool)
         "incarnations running this one. Start the standby with the same code and tree, or with "
         "Takeover(..., upgrade=True) to take it over anyway"
     )
+
+
+def _not_taken_over(journalled: dict[str, int], declared: Any) -> list[str]:
+    """The roots of the journalled subtrees the declared tree does not have (trees its actors
+    own): each named once, at the level below its owner."""
+    roots = set()
+    for path in journalled:
+        if path in declared:
+            continue
+        parent, _, _ = path.rpartition("/")
+        while parent and parent.rpartition("/")[0] and parent.rpartition("/")[0] not in declared:
+            parent = parent.rpartition("/")[0]
+        roots.add(parent or path)
+    return sorted(roots)
 
 
 def _mtime(path: Path) -> float:
