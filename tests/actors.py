@@ -149,7 +149,7 @@ class Member(otpmesh.Actor):
     def pid(self) -> int:
         return os.getpid()
 
-    @otpmesh.endpoint
+    @otpmesh.endpoint(let_it_crash=True)  # crashes it, supervised or not
     def crash(self, why: str = "on purpose") -> None:
         raise RuntimeError(why)
 

@@ -31,7 +31,7 @@ class Replica(Actor):
     async def pid(self) -> int:
         return os.getpid()
 
-    @endpoint
+    @endpoint(let_it_crash=True)  # crashes it, supervised or not
     async def crash(self) -> None:
         raise RuntimeError("replica crashed on purpose")
 

@@ -17,7 +17,7 @@ def test_a_class_level_policy_applies_to_every_endpoint_that_does_not_say() -> N
     infos = Lenient.endpoints()
     assert infos["bump"].let_it_crash is False and infos["fail"].let_it_crash is False
     assert infos["strict"].let_it_crash is True  # its own word wins
-    assert Counter.endpoints()["bump"].let_it_crash is True  # the default: crash
+    assert Counter.endpoints()["bump"].let_it_crash is None  # none said: the default decides
     tree = Supervisor("s", children=[Worker("l", Lenient)])
 
     async def body() -> None:

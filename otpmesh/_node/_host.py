@@ -153,8 +153,9 @@ class ActorHost:
             passing, raised = _raised.split(exc, self._passing)
             if passing is not None:
                 raise
-            # The user's frames only (an asyncio actor's pass through the loop and _constructed).
-            skip = 3 if runs_on(cls) == ASYNCIO else 1
+            # The user's frames only (spawn's and _construct's; an asyncio actor's pass through
+            # the loop and _constructed too).
+            skip = 4 if runs_on(cls) == ASYNCIO else 2
             crash = ActorCrash.of(raised or exc, skip_frames=skip)
             log.error("%s failed to start:\n%s", ctx.path, crash.traceback.rstrip())
             raise StartFailed(crash) from None
