@@ -40,23 +40,28 @@ def differences(journalled: Any, ours: dict[str, Any]) -> list[str]:
     """What differs between the journal's fingerprint and ours, in words (empty: nothing)."""
     if not isinstance(journalled, dict):
         return ["the running controller recorded no fingerprint (another otpmesh version)"]
+    said = _compare(journalled.get("classes"), ours["classes"], "class {}", "its module's code")
+    said += _compare(
+        journalled.get("nodes"),
+        ours["nodes"],
+        "{}",
+        "its spec (shape, strategy, restart, limits or args)",
+    )
+    return said
+
+
+def _compare(theirs: Any, ours: dict[str, str], name: str, what: str) -> list[str]:
+    """The keys of `theirs` (the journal's digests) and `ours` that differ, in words."""
+    theirs = theirs if isinstance(theirs, dict) else {}
     said = []
-    theirs_classes = journalled.get("classes") or {}
-    for name in sorted(set(theirs_classes) | set(ours["classes"])):
-        if name not in ours["classes"]:
-            said.append(f"class {name} is in the running tree, not in this one")
-        elif name not in theirs_classes:
-            said.append(f"class {name} is new in this tree")
-        elif theirs_classes[name] != ours["classes"][name]:
-            said.append(f"class {name}: its module's code changed")
-    theirs_nodes = journalled.get("nodes") or {}
-    for path in sorted(set(theirs_nodes) | set(ours["nodes"])):
-        if path not in ours["nodes"]:
-            said.append(f"{path} is in the running tree, not in this one")
-        elif path not in theirs_nodes:
-            said.append(f"{path} is new in this tree")
-        elif theirs_nodes[path] != ours["nodes"][path]:
-            said.append(f"{path}: its spec changed (shape, strategy, restart, limits or args)")
+    for key in sorted(set(theirs) | set(ours)):
+        named = name.format(key)
+        if key not in ours:
+            said.append(f"{named} is in the running tree, not in this one")
+        elif key not in theirs:
+            said.append(f"{named} is new in this tree")
+        elif theirs[key] != ours[key]:
+            said.append(f"{named}: {what} changed")
     return said
 
 
