@@ -81,7 +81,11 @@ class Future(Coroutine[Any, Any, T]):
 
     def __del__(self) -> None:
         if self._state == _NEW:
-            _never_sent(self)
+            try:
+                _never_sent(self)
+            except Exception:  # interpreter shutdown (modules torn down), or -W error
+                if sys is not None and sys.meta_path is not None:  # not shutting down: say it
+                    raise
 
     # ------------------------------------------------------------ await
 
