@@ -28,12 +28,9 @@ def fingerprint(tree: Supervisor | Mesh) -> dict[str, Any]:
         row[0]: _digest(json.dumps([*row, _arguments(spec)], default=repr))
         for row, (_, spec) in zip(outline(tree), walk(tree), strict=True)
     }
-    classes = {}
-    for _, spec in walk(tree):
-        if isinstance(spec, Worker | Mesh):
-            name, code = _code(spec.actor)
-            classes[name] = code
-    return {"nodes": nodes, "classes": classes}
+    # Each class once: a mesh's slot workers name its class again (a module read per class).
+    actors = {spec.actor for _, spec in walk(tree) if isinstance(spec, Worker | Mesh)}
+    return {"nodes": nodes, "classes": dict(_code(actor) for actor in actors)}
 
 
 def differences(journalled: Any, ours: dict[str, Any]) -> list[str]:
