@@ -36,7 +36,9 @@ def test_a_constructor_stuck_in_sleep_fails_its_start_as_hung_at_its_progress_de
 
 @pytest.mark.timeout(60)
 def test_a_start_that_keeps_saying_progress_still_ends_at_its_start_timeout() -> None:
-    said = _start_error(ProgressesForEver, progress_deadline=0.5, start_timeout=1.5)
+    # Its progress deadline far above its beat (0.05 s), so a starved thread on a loaded
+    # machine cannot make it the one that fires: only the start timeout may.
+    said = _start_error(ProgressesForEver, progress_deadline=30.0, start_timeout=1.5)
     assert "did not start within its start_timeout" in said
 
 
