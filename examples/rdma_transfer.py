@@ -5,7 +5,7 @@ read it from another, and time each size, beside a same-process copy_ and a torc
     python examples/rdma_transfer.py [--sizes 1 16 64 256] [--backends shm tcp]
                                      [--what read_into argument result "broadcast x4"] [--json]
 
-What is timed (otpmesh.bench_rdma): an explicit ``read_into`` a preallocated tensor, a tensor
+What is timed (otpmesh.bench.rdma): an explicit ``read_into`` a preallocated tensor, a tensor
 passed as an endpoint argument and returned as a result (the channel carries both, no import
 needed), and the same argument broadcast to 4 actors.
 """
@@ -18,7 +18,7 @@ import json
 import torch
 
 import otpmesh
-from otpmesh.bench_rdma import WHAT, measure
+from otpmesh.bench.rdma import WHAT, measure
 from otpmesh.rdma import RDMABuffer
 
 

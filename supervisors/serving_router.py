@@ -27,7 +27,7 @@ resuming the request on another replica.
 - **Graceful drain**: ``drain()`` refuses new requests and returns once those in flight ended;
   then the tree can stop without cutting a stream.
 
-docs/guides/serving.md tells the story; ``python -m otpmesh.bench_serving`` measures it.
+docs/guides/serving.md tells the story; ``python -m otpmesh.bench serving`` measures it.
 """
 
 from __future__ import annotations

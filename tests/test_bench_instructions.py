@@ -1,4 +1,4 @@
-"""``python -m otpmesh.bench_instructions``: each side of a round trip counted by callgrind, real
+"""``python -m otpmesh.bench instructions``: each side of a round trip counted by callgrind, real
 processes over a real socket. Slow (every process runs under valgrind, about a minute of CPU):
 it runs with ``-m slow``."""
 
@@ -23,7 +23,7 @@ pytestmark = [
 @pytest.mark.timeout(900)
 def test_quick_counts_instructions_per_round_trip_on_each_side_of_both_pairs() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_instructions", "--quick"],
+        [sys.executable, "-m", "otpmesh.bench", "instructions", "--quick"],
         capture_output=True,
         text=True,
         timeout=900,

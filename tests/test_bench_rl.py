@@ -1,4 +1,4 @@
-"""``python -m otpmesh.bench_rl --small``: a smoke test of the RL benchmark's code paths (the
+"""``python -m otpmesh.bench rl --small``: a smoke test of the RL benchmark's code paths (the
 GRPO example with timed actors, a rollout SIGKILLed mid-generate, the learner SIGKILLed
 mid-update), run as a user runs it. No timing is asserted: only that every figure is there."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from otpmesh.bench_rl import RESTART_FIGURES
+from otpmesh.bench._rl_table import RESTART_FIGURES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OTPMESH_PRELOAD"}  # torch preloaded
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_rl", "--small", "--json"],
+        [sys.executable, "-m", "otpmesh.bench", "rl", "--small", "--json"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -67,7 +67,7 @@ def test_small_bench_reports_every_phase_and_both_kills_as_json() -> None:
 def test_table_has_a_row_per_figure_and_a_column_per_variant() -> None:
     from rich.console import Console
 
-    from otpmesh.bench_rl import table
+    from otpmesh.bench._rl_table import table
 
     figures = {f: 0.5 for f in RESTART_FIGURES} | {"iteration_s": 1.0, "extra_s": 0.25}
     variant = {

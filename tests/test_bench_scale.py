@@ -1,4 +1,4 @@
-"""``python -m otpmesh.bench_scale``: a smoke test of its code paths (one worker, a broadcast to
+"""``python -m otpmesh.bench scale``: a smoke test of its code paths (one worker, a broadcast to
 2, the fork server preloading nothing), not a measurement: no figure is checked for speed."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SMOKE = ("--sizes", "1", "2", "--broadcast", "2", "--imports", "msgpack", "trio"
 
 def test_the_scale_benchmark_reports_memory_imports_and_start() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_scale", *SMOKE],
+        [sys.executable, "-m", "otpmesh.bench", "scale", *SMOKE],
         capture_output=True,
         text=True,
         timeout=280,

@@ -25,7 +25,7 @@ from otpmesh._node._node import Node
 from otpmesh._runtime._controller_runtime import runtime
 from otpmesh._wire._handshake import HANDSHAKE, dial
 from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
-from otpmesh.bench_flood import FloodedApp, Flooder
+from otpmesh.bench.flood import FloodedApp, Flooder
 from otpmesh.rdma import _tcp
 from tests.actors import Echo, Member
 from tests.conftest import no_descriptor_left, other_user, run_trio

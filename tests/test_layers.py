@@ -4,8 +4,8 @@ Layers, lowest first (docs/architecture.md):
 
     _core -> _wire -> _node -> rdma -> _runtime -> _controller -> _hosts -> public -> _cli
 
-("public": the package's own ``__init__`` and its public modules: chaos, launchers, bench,
-bench_hosts, testing; the command line sits above them.)
+("public": the package's own ``__init__`` and its public modules: chaos, launchers,
+bench (the benchmarks' package), testing; the command line sits above them.)
 
 A module may import its own layer and the layers below it, never above. The core imports
 neither trio nor sockets (nor msgpack): it is pure. Every import counts: function-level (lazy)
@@ -23,7 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "otpmesh"
 LAYERS = ["_core", "_wire", "_node", "rdma", "_runtime", "_controller", "_hosts", "public", "_cli"]
 #: Top-level modules and packages of the public layer.
-PUBLIC = {"chaos", "launchers", "bench", "bench_hosts", "testing"}
+PUBLIC = {"chaos", "launchers", "bench", "testing"}
 #: Third-party and standard modules the pure core must not import.
 IMPURE = {"trio", "socket", "msgpack", "selectors", "asyncio", "torch"}
 

@@ -350,7 +350,7 @@ def test_an_owned_subtree_is_seen_in_the_stacks_and_the_live_view_under_its_owne
 
 
 def test_the_owned_benchmark_runs_and_reports_each_figure_beside_its_baseline() -> None:
-    from otpmesh.bench_owned import owned_benchmark
+    from otpmesh.bench.owned import owned_benchmark
 
     logger = logging.getLogger("otpmesh")
     before = logger.level

@@ -35,9 +35,7 @@ EXPECTED = {
 
 # Submodules users import by name; they appear as attributes once imported.
 SUBMODULES = {
-    "bench", "bench_actor", "bench_hosts", "bench_rdma", "bench_pgroup", "bench_flood",
-    "bench_owned", "bench_rl", "bench_heal", "bench_monarch", "bench_sync", "bench_takeover",
-    "bench_scale", "monarch",
+    "bench", "monarch",
     "testing", "chaos", "rdma",
     "launchers",
 }  # fmt: skip

@@ -5,7 +5,7 @@ A SIGKILLed worker's slot is refilled by the spare its fork server started ahead
 and output; a spare started for other settings is retired, never handed out. A death is known
 from the dead worker's own exit status even while its fork server cannot report it. Every worker
 is in a session (so a scheduling group) of its own, not its siblings'. How fast each step is,
-``python -m otpmesh.bench`` and ``python -m otpmesh.bench_rl`` measure; no test times it."""
+``python -m otpmesh.bench`` and ``python -m otpmesh.bench rl`` measure; no test times it."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(120)
 def test_the_benchmark_kills_a_replica_mid_stream_and_loses_and_repeats_nothing() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_serving", "--small", "--json"],
+        [sys.executable, "-m", "otpmesh.bench", "serving", "--small", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -117,7 +117,7 @@ def test_an_asyncio_program_awaits_futures_in_the_background_run() -> None:
 @pytest.mark.timeout(120)
 def test_the_sync_benchmark_reports_get_beside_await() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_sync", "--calls", "20", "--pipelined", "50"],
+        [sys.executable, "-m", "otpmesh.bench", "sync", "--calls", "20", "--pipelined", "50"],
         capture_output=True,
         text=True,
         timeout=100,

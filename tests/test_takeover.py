@@ -639,7 +639,7 @@ def test_a_worker_of_an_app_without_a_takeover_refuses_to_be_adopted() -> None:
 def test_the_takeover_benchmark_reports_its_figure_beside_its_baseline() -> None:
     # A smoke test, run as a user runs it: no timing is asserted, only that the figures are there.
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_takeover", "--trials", "1"],
+        [sys.executable, "-m", "otpmesh.bench", "takeover", "--trials", "1"],
         capture_output=True,
         text=True,
         timeout=220,

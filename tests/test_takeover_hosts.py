@@ -238,10 +238,10 @@ def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
 
 @needs_netns
 def test_bench_takeover_has_a_hosts_variant() -> None:
-    """``python -m otpmesh.bench_takeover --hosts``: a SIGKILL and a partition, one trial each
+    """``python -m otpmesh.bench takeover --hosts``: a SIGKILL and a partition, one trial each
     (in namespaces of its own; the figures are not asserted: a benchmark's, not a test's)."""
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_takeover", "--hosts", "--trials", "1"],
+        [sys.executable, "-m", "otpmesh.bench", "takeover", "--hosts", "--trials", "1"],
         capture_output=True,
         text=True,
         timeout=240 * SLOWDOWN,

@@ -1,4 +1,4 @@
-"""The GRPO actors with clocks, for ``python -m otpmesh.bench_rl``: the same actors and the same
+"""The GRPO actors with clocks, for ``python -m otpmesh.bench rl``: the same actors and the same
 controller loop (``train.run_iteration``), each actor timing its own phases.
 
 A rollout times its weight read (the sync: ``read_into`` its ``flat_parameters``) apart from its

@@ -15,9 +15,10 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from .. import bench, bench_hosts
 from .._core._errors import UsageError
 from .._runtime._run import run
+from ..bench import core as bench_core
+from ..bench import hosts as bench_hosts
 
 TICK_EVERY = 0.1  # seconds between redraws of the running step's clock on a terminal
 RDMA_QUICK_SIZES, RDMA_QUICK_REPEATS = [1], 2
@@ -68,10 +69,10 @@ def add_to(commands: Any) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"a smoke test, not a measurement. core: {bench.QUICK_SUMMARY}; "
+        help=f"a smoke test, not a measurement. core: {bench_core.QUICK_SUMMARY}; "
         f"rdma: {RDMA_QUICK_SIZES[0]} MiB, {RDMA_QUICK_REPEATS} repeats, no gloo",
     )
-    bench.add_arguments(parser.add_argument_group("core suite"))
+    bench_core.add_arguments(parser.add_argument_group("core suite"))
     rdma = parser.add_argument_group("rdma suite")
     rdma.add_argument(
         "--sizes",
@@ -125,18 +126,18 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-Measure = Callable[[bench.Progress], Awaitable[Any]]
+Measure = Callable[[bench_core.Progress], Awaitable[Any]]
 
 
 def _core(args: argparse.Namespace) -> Measure:
-    calls, pipelined, restarts = bench.iterations(args)
-    return lambda progress: bench.run_benchmarks(
+    calls, pipelined, restarts = bench_core.iterations(args)
+    return lambda progress: bench_core.run_benchmarks(
         calls, pipelined, restarts=restarts, progress=progress
     )
 
 
 def _rdma(args: argparse.Namespace) -> Measure:
-    from ..bench_rdma import measure
+    from ..bench.rdma import measure
     from ..rdma import backends
 
     quick = args.quick

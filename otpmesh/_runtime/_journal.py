@@ -64,7 +64,7 @@ log = logging.getLogger("otpmesh.takeover")
 #: Compact once the journal is this many bytes past its last snapshot (or the snapshot's own
 #: size, if larger, so that a big tree is not rewritten on every append). A MiB is about 7,000
 #: restarts, which a standby reads and folds in about 0.1 s; a compaction stops the event loop
-#: for a few milliseconds (``python -m otpmesh.bench_takeover --journal N`` measures both).
+#: for a few milliseconds (``python -m otpmesh.bench takeover --journal N`` measures both).
 COMPACT_BYTES = 1 << 20
 #: How long after a failed write the journal is first tried again (seconds); each next try
 #: waits twice as long, up to RETRY_MAX.

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 from otpmesh._wire._tensors import CHANNEL_THRESHOLD
-from otpmesh.bench_rdma import WHAT
+from otpmesh.bench.rdma import WHAT
 
 
 def test_one_small_run_reports_each_path_beside_copy_and_clone() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_rdma", "--sizes", "1", "--repeats", "1"],
+        [sys.executable, "-m", "otpmesh.bench", "rdma", "--sizes", "1", "--repeats", "1"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -33,7 +33,7 @@ def test_one_small_run_reports_each_path_beside_copy_and_clone() -> None:
 
 def test_a_controller_run_reports_each_path_over_shm() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "otpmesh.bench_rdma", "--controller", "--sizes", "1"],
+        [sys.executable, "-m", "otpmesh.bench", "rdma", "--controller", "--sizes", "1"],
         capture_output=True,
         text=True,
         timeout=300,

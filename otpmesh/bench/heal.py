@@ -1,7 +1,7 @@
 """How fast a SIGKILLed replica is whole again: healed from a live peer (``Mesh(heal="peer")``)
 beside restored from a checkpoint file (``torch.load`` in ``on_start``), in the same run.
 
-    python -m otpmesh.bench_heal [--trials 5] [--mb 100]
+    python -m otpmesh.bench heal [--trials 5] [--mb 100]
 
 Three meshes of replicas, each holding ``--mb`` megabytes of float32 weights, changed after
 start. Each trial SIGKILLs rank 1 of each mesh in turn and times, in the controller, from the
@@ -26,7 +26,8 @@ from typing import Any
 
 import otpmesh
 from otpmesh import Mesh, Supervisor
-from otpmesh.bench_pgroup import table
+
+from .pgroup import table
 
 KINDS = ("peer", "checkpoint", "constructor")
 
@@ -116,11 +117,14 @@ def report(results: list[dict[str, float]]) -> str:
     return table(results, (*KINDS, "save"), heading="restore")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m otpmesh.bench heal",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--mb", type=int, default=100, help="weights per replica, in MB")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("OTPMESH_PRELOAD", "torch")
     results = otpmesh.run(run, args.trials, args.mb)
     print(f"SIGKILL of 1 replica holding {args.mb} MB -> its first reply ({len(results)} trials)")

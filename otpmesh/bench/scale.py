@@ -1,4 +1,4 @@
-"""What idle workers cost and how fast many start: ``python -m otpmesh.bench_scale``.
+"""What idle workers cost and how fast many start: ``python -m otpmesh.bench scale``.
 
 Prints one JSON object, with the machine's load average (1 minute) before and after:
 
@@ -14,7 +14,7 @@ Prints one JSON object, with the machine's load average (1 minute) before and af
   ``--broadcast`` processes (100; median). These fork from a server that preloads nothing (as
   ``tests/test_thousand_idle.py`` does): a thousand workers need no torch, and fit in memory.
   Beside it, the floor on this machine: the same broadcast to as many bare trio echo servers
-  (``python -m otpmesh.bench``'s baseline, each in a process and session of its own, forked
+  (the call suite's baseline, each in a process and session of its own, forked
   from one interpreter), one frame to each and one reply from each, from one task.
 
 On a shared machine the absolute figures say as much about the other jobs as about otpmesh:
@@ -45,7 +45,7 @@ import otpmesh
 IMPORTS = ("msgpack", "trio", "otpmesh._runtime._worker", "numpy", "torch", "torch._dynamo")
 SIZES = (1, 10, 100)
 #: This module, by the name workers import it by (not ``__main__``).
-MODULE = "otpmesh.bench_scale"
+MODULE = "otpmesh.bench.scale"
 BROADCASTS = 200
 
 
@@ -180,7 +180,7 @@ async def _broadcasts(mesh: Any) -> float:
 async def _bare_broadcasts(n: int) -> float:
     """The median ms of a broadcast to `n` bare trio echo servers: one frame written to each,
     then one reply read from each (the floor an actor broadcast is measured against)."""
-    from otpmesh.bench import bare_frame, frame_complete
+    from ._baseline import bare_frame, frame_complete
 
     frame = bare_frame(1, "noop")
     with _bare_servers(n) as socks:
@@ -233,7 +233,7 @@ def _bare_servers(n: int) -> Iterator[list[socket.socket]]:
 def _serve_bare(n: int, prefix: str) -> None:
     """``--bare-servers N PREFIX``: fork `n` bare echo servers from this interpreter (trio and
     msgpack imported once), each in a session of its own as a worker is; wait for them."""
-    from otpmesh.bench import echo_server
+    from ._baseline import echo_server
 
     children = []
     for i in range(n):
@@ -250,7 +250,7 @@ def _serve_bare(n: int, prefix: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_scale", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench scale", description=__doc__)
     parser.add_argument(
         "--sizes",
         type=int,

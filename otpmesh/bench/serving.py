@@ -1,4 +1,4 @@
-"""Serving, measured: ``python -m otpmesh.bench_serving [--small] [--json]``.
+"""Serving, measured: ``python -m otpmesh.bench serving [--small] [--json]``.
 
 Runs the serving recipe (``supervisors/serving_router.py``: a router owning asyncio engine
 replicas, each request's tokens streamed back, a request whose engine dies resumed on another
@@ -53,8 +53,9 @@ def _recipe() -> Any:
         return importlib.import_module("supervisors.serving_router")
     except ImportError as err:
         raise SystemExit(
-            "bench_serving runs the recipe in supervisors/serving_router.py, which is in the "
-            f"checkout, not in the installed package ({err}): run it from the checkout's root"
+            "python -m otpmesh.bench serving runs the recipe in supervisors/serving_router.py, "
+            f"which is in the checkout, not in the installed package ({err}): run it from the "
+            "checkout's root"
         ) from None
 
 
@@ -151,7 +152,9 @@ async def bench(replicas: int, clients: int, n: int, step: float, seconds: float
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m otpmesh.bench serving", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--small", action="store_true", help="a short run (the suite's smoke test)")
     parser.add_argument("--json", action="store_true", help="one JSON object, nothing else")
     parser.add_argument("--replicas", type=int, default=4)

@@ -1,4 +1,4 @@
-"""Benchmark of controller takeover: ``python -m otpmesh.bench_takeover`` prints one JSON object.
+"""Benchmark of controller takeover: ``python -m otpmesh.bench takeover`` prints one JSON object.
 
 The figure: the active controller SIGKILLed, to the standby's first successful call to a
 surviving actor (the standby already running, waiting for the lease; target: at most 2 s on
@@ -43,8 +43,9 @@ from otpmesh import launchers
 from otpmesh._controller._takeover import last_run
 from otpmesh._runtime._journal import COMPACT_BYTES, Journal, read_journal
 from otpmesh._runtime._statedir import bump_epoch, open_state_dir
-from otpmesh.bench_actor import BenchActor
 from otpmesh.testing import netns
+
+from .actor import BenchActor
 
 TREE = otpmesh.Supervisor(
     "bench", children=[otpmesh.Mesh("workers", BenchActor, shape={"procs": 4})]
@@ -92,7 +93,7 @@ def trial(spaces: netns.NetnsHosts | None = None, cut: bool = False) -> dict[str
     standby's first call, and the fresh start. With `spaces`: across hosts (the module doc)."""
     with tempfile.TemporaryDirectory() as tmp:
         state = os.path.join(tmp, "state")
-        me = [sys.executable, "-m", "otpmesh.bench_takeover", "--dir", state]
+        me = [sys.executable, "-m", "otpmesh.bench.takeover", "--dir", state]
         at: list[list[str]] = [[], []]
         agents = []
         if spaces is not None:
@@ -220,15 +221,18 @@ def _summary(results: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m otpmesh.bench takeover",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--role", choices=["active", "standby"])
     parser.add_argument("--dir")
     parser.add_argument("--listen", help="(a role across hosts) this controller's address")
     parser.add_argument("--hosts", action="store_true", help="across hosts (root, netns)")
     parser.add_argument("--journal", type=int, metavar="N", help="the journal after N restarts")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.role == "active":
         otpmesh.run(_active, args.dir, args.listen)
     elif args.role == "standby":

@@ -1,6 +1,6 @@
 """Benchmark: broadcast over TCP to meshes on 1, 2 and 3 hosts, relayed by host agents or direct.
 
-    python -m otpmesh.bench_hosts            # namespaced hosts when run as root, else localhost
+    python -m otpmesh.bench hosts            # namespaced hosts when run as root, else localhost
 
 For each layout (hosts x worker processes per host; default 1x2 2x2 3x2, then 3x4 to double the
 actors at the same host count) it reports the broadcast round trip (p50) and the controller's CPU
@@ -115,7 +115,7 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_hosts", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench hosts", description=__doc__)
     parser.add_argument("--layouts", nargs="+", default=LAYOUTS, help="HOSTSxPROCS each")
     parser.add_argument("--broadcasts", type=int, default=500, help="timed per layout")
     args = parser.parse_args(argv)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OTPMESH_PRELOAD", "")  # these workers need no torch
 
     def progress(name: str, number: int, total: int) -> None:
-        print(f"bench_hosts [{number}/{total}]: {name}", file=sys.stderr, flush=True)
+        print(f"otpmesh.bench hosts [{number}/{total}]: {name}", file=sys.stderr, flush=True)
 
     result = trio.run(run, layouts, args.broadcasts, progress)
     print(json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""Floods: ``python -m otpmesh.bench_flood`` prints one JSON array.
+"""Floods: ``python -m otpmesh.bench flood`` prints one JSON array.
 
 An app (a controller and a Mesh of 2 workers, under a lowered descriptor limit) is flooded on
 every port it has open (its node sockets and its tcp tensor backend ports, after a 2 MiB value
@@ -9,7 +9,7 @@ For each flood it reports the medians of the controller's descriptor count and o
 call's round trip before, during and after the flood, and whether a SIGKILLed worker's actor
 answered again during it. Timings on shared machines are noisy; compare within one run.
 
-``python -m otpmesh.bench_flood --app NOFILE`` runs only the app, driven by lines on stdin
+``python -m otpmesh.bench flood --app NOFILE`` runs only the app, driven by lines on stdin
 (``ping N``, ``kill``, ``quit``) and answering JSON lines on stdout: tests/test_flood.py uses it.
 """
 
@@ -31,7 +31,8 @@ from typing import Any
 import trio
 
 import otpmesh
-from otpmesh.bench_actor import BenchActor
+
+from .actor import BenchActor
 
 #: What a flooder runs: the standard library only (another user may have no otpmesh), so that
 #: ``python3 -c FLOODER TARGETS PROCS PER`` floods each target ("u:HEX" an abstract Unix
@@ -190,7 +191,7 @@ class FloodedApp:
         if backends is not None:
             env["OTPMESH_RDMA_BACKENDS"] = backends
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "otpmesh.bench_flood", "--app", str(nofile)],
+            [sys.executable, "-m", "otpmesh.bench.flood", "--app", str(nofile)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -323,7 +324,7 @@ def measure(user: str | None, procs: int, per: int, calls: int) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_flood", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench flood", description=__doc__)
     parser.add_argument("--app", type=int, metavar="NOFILE", help=argparse.SUPPRESS)
     parser.add_argument("--user", help="also flood as this Unix user (needs root)")
     parser.add_argument("--procs", type=int, default=12, help="flooder processes (12)")

@@ -1,4 +1,4 @@
-"""``.get()`` from a sync script beside ``await``: ``python -m otpmesh.bench_sync`` prints one
+"""``.get()`` from a sync script beside ``await``: ``python -m otpmesh.bench sync`` prints one
 JSON object.
 
 - unicast round trips awaited in a trio run (``otpmesh.run``): the baseline;
@@ -22,16 +22,18 @@ import time
 from typing import Any
 
 import otpmesh
-from otpmesh.bench import _pipelined, _time_calls
-from otpmesh.bench_actor import BenchActor
+
+from ._baseline import time_calls
+from .actor import BenchActor
+from .core import pipelined_tasks
 
 
 async def _awaited(calls: int, pipelined: int) -> tuple[list[float], float]:
     async with await otpmesh.proc_mesh(procs=1) as procs:
         mesh = await procs.spawn("bench", BenchActor)
-        await _time_calls(mesh[0].echo, min(200, calls))
-        samples = await _time_calls(mesh[0].echo, calls)
-        rate, _ = await _pipelined(mesh, pipelined)
+        await time_calls(mesh[0].echo, min(200, calls))
+        samples = await time_calls(mesh[0].echo, calls)
+        rate, _ = await pipelined_tasks(mesh, pipelined)
         return samples, rate
 
 
@@ -63,11 +65,11 @@ def sync_benchmark(calls: int = 2000, pipelined: int = 5000) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_sync", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench sync", description=__doc__)
     parser.add_argument("--calls", type=int, default=2000, metavar="N", help="calls per figure")
     parser.add_argument("--pipelined", type=int, default=5000, metavar="N", help="in flight")
     args = parser.parse_args(argv)
-    print("otpmesh bench_sync: measuring (about 10 s)", file=sys.stderr)
+    print("python -m otpmesh.bench sync: measuring (about 10 s)", file=sys.stderr)
     print(json.dumps(sync_benchmark(args.calls, args.pipelined), indent=2))
 
 

@@ -1,16 +1,16 @@
 """Instructions per round trip, each side counted by valgrind's callgrind:
-``python -m otpmesh.bench_instructions`` prints one JSON object.
+``python -m otpmesh.bench instructions`` prints one JSON object.
 
 Timings on a shared machine move with its load (the bare echo's median moved 95 -> 188 us
 between runs minutes apart); the number of machine instructions a process executes does not.
-Each side of a round trip runs as its own process under ``valgrind --tool=callgrind``: the
-caller, and the server (an otpmesh worker node with the benchmark's actor, or the bare trio echo
-server of ``otpmesh.bench``). Both run the same warm-up, then `calls` round trips, once with
-`calls` and once with none; the difference over `calls` is one round trip's instructions on that
-side, start-up and shutdown cancelling out. A blocked ``epoll_wait`` executes nothing, so how
-long a side waits for the other does not count. ``PYTHONHASHSEED`` is fixed so both runs hash
-alike, and each side freezes its start-up's objects (``gc.freeze``) so that where a full
-collection falls does not differ between the two runs by millions of instructions.
+Each side of a round trip runs as its own process under ``valgrind --tool=callgrind``: the caller,
+and the server (an otpmesh worker node with the benchmark's actor, or the bare trio echo server of
+the call suite, ``otpmesh.bench.core``). Both run the same warm-up, then `calls` round trips, once
+with `calls` and once with none; the difference over `calls` is one round trip's instructions on
+that side, start-up and shutdown cancelling out. A blocked ``epoll_wait`` executes nothing, so how
+long a side waits for the other does not count. ``PYTHONHASHSEED`` is fixed so both runs hash alike,
+and each side freezes its start-up's objects (``gc.freeze``) so that where a full collection falls
+does not differ between the two runs by millions of instructions.
 
 The otpmesh pair is two real nodes over a real, proved Unix connection: the caller's node calls
 ``ref.echo(i)`` on an ``ActorRef`` (the same path as ``await app.actor(...).echo(i)`` once the
@@ -34,8 +34,8 @@ from typing import Any
 
 import trio
 
-from . import bench
-from .bench_actor import BenchActor
+from . import _baseline
+from .actor import BenchActor
 
 #: Round trips before the counted ones (the same in both runs): connections dialled and proved,
 #: caches and the allocator warm.
@@ -60,8 +60,8 @@ _TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 
 async def _worker_side() -> None:
     """An otpmesh node serving the benchmark's actor until stdin closes."""
-    from ._node._host import ActorHost
-    from ._node._node import Node, set_current_node
+    from .._node._host import ActorHost
+    from .._node._node import Node, set_current_node
 
     node = Node("worker", secret=bytes.fromhex(os.environ[_SECRET_ENV]))
     async with trio.open_nursery() as nursery:
@@ -78,10 +78,10 @@ async def _worker_side() -> None:
 
 
 async def _otpmesh_caller(addr: str, calls: int) -> None:
-    from ._core._signature import Endpoints
-    from ._node._mesh import ActorRef
-    from ._node._node import Node, set_current_node
-    from ._node._slot import Slot
+    from .._core._signature import Endpoints
+    from .._node._mesh import ActorRef
+    from .._node._node import Node, set_current_node
+    from .._node._slot import Slot
 
     addr = bytes.fromhex(addr).decode()
     node = Node("caller", secret=bytes.fromhex(os.environ[_SECRET_ENV]))
@@ -98,8 +98,8 @@ async def _otpmesh_caller(addr: str, calls: int) -> None:
 async def _bare_caller(addr: str, calls: int) -> None:
     addr = bytes.fromhex(addr).decode()
     stream = await trio.open_unix_socket("\0" + addr)
-    for i in range(WARMUP + calls):  # the same loop as otpmesh.bench's baseline
-        await bench.bare_round_trip(stream, i)
+    for i in range(WARMUP + calls):  # the same loop as the call suite's baseline
+        await _baseline.bare_round_trip(stream, i)
     await stream.aclose()
 
 
@@ -139,7 +139,7 @@ def _instructions(path: str) -> int:
 
 def _run_pair(kind: str, calls: int, tmp: str) -> tuple[int, int]:
     """(server, caller) instructions of one run: the warm-up and `calls` round trips."""
-    me = [sys.executable, "-m", "otpmesh.bench_instructions"]
+    me = [sys.executable, "-m", "otpmesh.bench.instructions"]
     server_out, caller_out = f"{tmp}/{kind}-{calls}-server", f"{tmp}/{kind}-{calls}-caller"
     if kind == "bare":
         addr = f"otpmesh-bench-insn-{os.getpid()}"
@@ -192,7 +192,7 @@ def measure(calls: int = FULL, keep: str | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m otpmesh.bench_instructions", description=__doc__
+        prog="python -m otpmesh.bench instructions", description=__doc__
     )
     parser.add_argument("--calls", type=int, default=FULL, help=f"counted round trips ({FULL})")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK} round trips: a smoke test")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "worker":
             trio.run(_worker_side)
         elif kind == "echo":
-            trio.run(bench.echo_server, rest[0])
+            trio.run(_baseline.echo_server, rest[0])
         else:
             caller = _bare_caller if kind == "bare" else _otpmesh_caller
             trio.run(caller, rest[0], int(rest[1]))

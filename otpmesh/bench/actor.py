@@ -1,7 +1,7 @@
 """The actor every benchmark calls, in a module of its own: a worker that hosts it (a restarted
 one too) imports this and nothing more, as a user's actor module would import only its own
-code (``otpmesh.bench`` and its argument parsing, statistics and subprocess helpers are the
-controller's)."""
+code (the suites' modules, with their argument parsing, statistics and subprocess helpers,
+are the controller's)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How fast a process group comes back: SIGKILL one member of a 4-member gloo group while the
 others are blocked in an all-reduce, and time until the re-formed group's next all-reduce.
 
-    python -m otpmesh.bench_pgroup [--trials 7] [--size 4]
+    python -m otpmesh.bench pgroup [--trials 7] [--size 4]
 
 Each trial is split into where the time goes (trio's clock, in the controller):
 
@@ -87,7 +87,7 @@ async def _trial(app: otpmesh.App, group: Any) -> dict[str, float]:
 
 
 async def run(trials: int, size: int) -> list[dict[str, float]]:
-    from ._controller._app import context
+    from .._controller._app import context
 
     tree = Supervisor(
         "bench",
@@ -129,11 +129,14 @@ def table(results: list[dict[str, float]], rows: Sequence[str], heading: str = "
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m otpmesh.bench pgroup",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--size", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("OTPMESH_PRELOAD", "torch,torch.distributed")
     results = otpmesh.run(run, args.trials, args.size)
     print(f"SIGKILL of 1 of {args.size} gloo members blocked in all_reduce -> next all_reduce")

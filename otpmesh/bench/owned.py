@@ -1,4 +1,4 @@
-"""Benchmarks of actors that own meshes: ``python -m otpmesh.bench_owned`` prints one JSON object.
+"""Benchmarks of actors that own meshes: ``python -m otpmesh.bench owned`` prints one JSON object.
 
 Each figure sits beside its baseline, measured in the same run:
 
@@ -27,7 +27,8 @@ from typing import Any
 import trio
 
 import otpmesh
-from otpmesh.bench_actor import BenchActor
+
+from .actor import BenchActor
 
 
 class Owner(BenchActor):
@@ -152,12 +153,12 @@ async def owned_benchmark(trials: int = 5, kills: int = 10, lookups: int = 200) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench_owned", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m otpmesh.bench owned", description=__doc__)
     parser.add_argument("--trials", type=int, default=5, help="mesh starts each way (default 5)")
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs each level (default 10)")
     parser.add_argument("--lookups", type=int, default=200, help="lookups and calls (default 200)")
     args = parser.parse_args(argv)
-    print("otpmesh bench_owned: measuring (about 20 s)", file=sys.stderr)
+    print("python -m otpmesh.bench owned: measuring (about 20 s)", file=sys.stderr)
     result = otpmesh.run(owned_benchmark, args.trials, args.kills, args.lookups)
     print(json.dumps(result, indent=2))
 
