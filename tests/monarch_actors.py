@@ -50,8 +50,7 @@ class Counter(Actor):
         return os.getpid()
 
     @endpoint
-    async def where(self) -> dict[str, Any]:
-        await asyncio.sleep(0)  # asyncio code runs in endpoints, as in Monarch
+    def where(self) -> dict[str, Any]:
         rank = current_rank()
         return {
             "rank": rank.rank,
@@ -70,13 +69,8 @@ class Caller(Actor):
 
     @endpoint
     def total_of(self, counters: ActorMesh[Counter]) -> int:
-        # A plain def endpoint blocks on .get(): it runs on the actor's asyncio thread.
+        # A plain def endpoint blocks on .get(): it runs on the actor's own thread.
         return sum(counters.get_value.call().get().values())
-
-    @endpoint
-    async def total_awaited(self, counters: ActorMesh[Counter]) -> int:
-        values = await counters.get_value.call()
-        return sum(values.values())
 
     @endpoint
     def bump_all(self, counters: ActorMesh[Counter]) -> None:
@@ -89,6 +83,17 @@ class Caller(Actor):
     @endpoint
     def ping(self) -> str:
         return "pong"
+
+
+class AsyncCaller(Actor):
+    """Calls other actors from async endpoints (an actor's endpoints are all async or all
+    plain, as Monarch requires)."""
+
+    @endpoint
+    async def total_awaited(self, counters: ActorMesh[Counter]) -> int:
+        await asyncio.sleep(0)  # asyncio code runs in endpoints, as in Monarch
+        values = await counters.get_value.call()
+        return sum(values.values())
 
 
 class Echo(Actor):
@@ -125,10 +130,6 @@ class ThreadLocal(Actor):
 
     @endpoint
     def increment(self) -> None:
-        self.local.value += 1
-
-    @endpoint
-    async def increment_async(self) -> None:
         self.local.value += 1
 
     @endpoint
@@ -200,10 +201,10 @@ class Builder(Actor):
         return sum(counters.get_value.call().get().values())
 
     @endpoint
-    async def controller_value(self) -> int:
-        controller = await get_or_spawn_controller("shared", Counter, 10)
-        await controller.incr.call_one()
-        return await controller.get_value.call_one()
+    def controller_value(self) -> int:
+        controller = get_or_spawn_controller("shared", Counter, 10).get()
+        controller.incr.call_one().get()
+        return controller.get_value.call_one().get()
 
 
 class SendAlot(Actor):
@@ -259,3 +260,63 @@ class Gate(Actor):
     @endpoint
     async def release(self) -> None:
         self.unblock.set()
+
+
+class Relay(Actor):
+    """Asks other actors with a blocking .get() from plain defs, Monarch's sync style."""
+
+    @endpoint
+    def ask(self, counters: ActorMesh[Counter]) -> list[int]:
+        return counters.get_value.call().get().values()
+
+
+class Hatchery(Actor):
+    """Sends a mesh it is still spawning through a port, then blocks in its constructor for
+    ever (its neighbours in the process must be served meanwhile)."""
+
+    def __init__(self, procs: ProcMesh, port: Port[ActorMesh[Counter]]) -> None:
+        port.send(procs.spawn("hatched", Counter, 42))
+        threading.Event().wait()
+
+    @endpoint
+    def unreachable(self) -> None:
+        pass
+
+
+class Doom(BaseException):
+    """Not an Exception: Monarch's actors die of it."""
+
+
+class Doomed(Actor):
+    @endpoint
+    async def fall(self) -> None:
+        raise Doom("the floor gave way")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+class Refuser(Actor):
+    def __init__(self) -> None:
+        raise ValueError(f"rank {current_rank().rank} will not start")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class PortFailer(Actor):
+    """Explicit-port endpoints that raise instead of answering."""
+
+    @endpoint(explicit_response_port=True)
+    async def fail(self, port: Port[None]) -> None:
+        raise ValueError("no answer from fail")
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def fail_concurrently(self, port: Port[None]) -> None:
+        raise ValueError("no answer from fail_concurrently")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"

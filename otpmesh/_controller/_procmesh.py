@@ -196,7 +196,8 @@ class ProcMesh:
             rank, first = min(errors.items())
             raise SpawnError(
                 f"spawning {name!r} failed on {len(errors)} of {len(slots)} processes; "
-                f"rank {rank}: {first}"
+                f"rank {rank}: {first}",
+                failed=dict(sorted(errors.items())),
             ) from first
         mesh = ActorMesh(path, endpoints_of(actor), dict(self._shape), slots, None)
         self._meshes[name] = mesh

@@ -76,6 +76,11 @@ class EncodeError(OtpmeshError, TypeError):
 class SpawnError(OtpmeshError):
     """Raised by proc_mesh or spawn when a worker process or an actor could not be started."""
 
+    def __init__(self, *args: object, failed: dict[int, BaseException] | None = None) -> None:
+        super().__init__(*args)
+        #: Each rank that failed to start, with its error (empty when no rank was tried).
+        self.failed: dict[int, BaseException] = dict(failed or {})
+
 
 class MeshError(OtpmeshError, ValueError):
     """Raised on misuse of a mesh: bad shape, bad slice, call_one on many actors."""

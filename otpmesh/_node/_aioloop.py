@@ -63,6 +63,13 @@ def bridge() -> AsyncioThread | None:
     return _local.thread
 
 
+def lend(thread: AsyncioThread) -> None:
+    """Make the calling thread, one that runs an asyncio actor's plain code beside the loop
+    (``otpmesh.monarch``'s sync actors), call other actors as `thread`'s code does: through its
+    trio run. It runs no loop: it may block on a result while the loop serves on."""
+    _local.thread = thread
+
+
 class AsyncioThread:
     """One asyncio event loop in a thread of its own, beside a trio run (`token`)."""
 

@@ -280,6 +280,14 @@ def current() -> DaemonRun | None:
     return run if trio.lowlevel.current_trio_token() is run.token else None
 
 
+def running() -> DaemonRun | None:
+    """The process's background run if it is running (none is started here)."""
+    run = _daemon
+    if run is None or run.done.done() or run.pid != os.getpid():
+        return None
+    return run
+
+
 def daemon() -> DaemonRun:
     """The process's background run, started on first use (and stopped at interpreter exit)."""
     global _daemon

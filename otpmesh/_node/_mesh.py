@@ -130,6 +130,13 @@ class ActorMesh(_Caller):
             self._name, self._endpoints, shape, [self._slots[r] for r in ranks], self._timeout
         )
 
+    def flatten(self, name: str) -> ActorMesh:
+        """The same actors along one dimension `name`, in rank order (``mesh.flatten("rank")``
+        then ``.slice(rank=0)``)."""
+        return ActorMesh(
+            self._name, self._endpoints, {name: len(self._slots)}, self._slots, self._timeout
+        )
+
     def stop(self) -> Future[None]:
         """Stop this mesh's actors (each runs ``on_stop``); their processes stay. For a mesh
         spawned on a proc mesh (``spawn`` or ``spawn_supervised``), from any process of the app;

@@ -39,6 +39,7 @@ from ._porttable import (
 )
 
 T = TypeVar("T")
+P = TypeVar("P", bound="Port[Any]")
 
 #: How many unread values a receiver holds by default (an actor's mailbox holds as many).
 DEFAULT_CAPACITY = 1024
@@ -69,6 +70,11 @@ class Port(Generic[T]):
         self._addr = addr
         self._id = port_id
         self._token = token
+
+    def retyped(self, kind: type[P]) -> P:
+        """This port as a `kind`, a subclass that changes what its methods do, not what it is
+        (``otpmesh.monarch``'s, whose ``send`` also takes Monarch meshes)."""
+        return kind(self._addr, self._id, self._token)
 
     def send(self, value: T) -> None:
         """Deliver `value` to the receiver (a copy, as in any message); EncodeError here if it

@@ -56,7 +56,9 @@ class ExitListener(Protocol):
 
 
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
-_STARTING: trio.lowlevel.RunVar[trio.Event] = trio.lowlevel.RunVar("otpmesh_runtime_starting")
+_STARTING: trio.lowlevel.RunVar[tuple[trio.Event, Runtime]] = trio.lowlevel.RunVar(
+    "otpmesh_runtime_starting"
+)
 SPAWN_TIMEOUT = 60.0
 #: How long a worker stuck in C has to write its faulthandler dump before it is killed.
 FAULTHANDLER_WAIT = 1.0
@@ -591,17 +593,19 @@ async def runtime(secret: bytes | None = None) -> Runtime:
             )
         return rt
     try:
-        starting = _STARTING.get()
+        starting, rt = _STARTING.get()
     except LookupError:
-        starting = trio.Event()
-        _STARTING.set(starting)
-        rt = Runtime(secret)
+        starting, rt = trio.Event(), Runtime(secret)
+        _STARTING.set((starting, rt))
         spawn_own(rt._main, starting, name="otpmesh-runtime")
-        await starting.wait()
-        if rt.nursery is None:
-            raise SpawnError("the otpmesh runtime failed to start (see the log above)") from None
+    await starting.wait()
+    # Every waiter wakes at once, in no set order (trio shuffles them): whichever runs first
+    # makes the runtime current, so none can find it not yet set.
+    if rt.nursery is None:
+        raise SpawnError("the otpmesh runtime failed to start (see the log above)") from None
+    try:
+        _RUNTIME.get()
+    except LookupError:
         _RUNTIME.set(rt)
         set_current_node(rt.node)
-        return rt
-    await starting.wait()
-    return _RUNTIME.get()
+    return rt

@@ -6,7 +6,6 @@ otpmesh under it (supervision trees, chaos, stacks, the live view).
 docs/guides/from-monarch.md lists what carries over, what differs and why.
 """
 
-from .._core._errors import ActorDiedError as SupervisionError
 from .._core._errors import ActorError as ActorError
 from .._node._failure import MeshFailure as MeshFailure
 from ._accumulate import Accumulator as Accumulator
@@ -32,8 +31,10 @@ from ._meshes import ProcMesh as ProcMesh
 from ._ports import Channel as Channel
 from ._ports import Port as Port
 from ._ports import PortReceiver as PortReceiver
+from ._supervision import SupervisionError as SupervisionError
 from ._values import Point as Point
 from ._values import ValueMesh as ValueMesh
+from ._where import shutdown_context as shutdown_context
 
 #: Called with a MeshFailure when a mesh this program spawned fails and nobody handles it
 #: (Monarch's hook; its default ends the program). Replace it to log or ignore instead.
@@ -65,6 +66,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "send",
+    "shutdown_context",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

@@ -32,6 +32,12 @@ class HostMesh:
     def extent(self) -> Shape:
         return {}
 
+    @property
+    def is_fake_in_process(self) -> bool:
+        """False: the processes it spawns are real OS processes (Monarch's in-process fakes are
+        not here)."""
+        return False
+
     def spawn_procs(
         self,
         per_host: dict[str, int] | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
@@ -26,8 +26,11 @@ from .._core._valuemesh import ValueMesh as NativeValueMesh
 from .._node._failure import MeshFailure
 from .._node._mesh import ActorMesh as NativeActorMesh
 from .._node._mesh import ActorRef
+from .._node._ports import Port as NativePort
 from ._faults import report
 from ._future import Future, settled
+from ._supervision import as_monarch
+from ._syncthread import check_styles
 from ._values import ValueMesh
 from ._where import start
 
@@ -114,6 +117,18 @@ class ActorMesh(Generic[A]):
 
         return ActorMesh(start(sliced), self._cls, extent)
 
+    def flatten(self, name: str) -> ActorMesh[A]:
+        """The same actors along one dimension `name`, in rank order."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"flatten(name): name must be a dimension's name, not {name!r}")
+
+        async def flattened(ready: Ready) -> NativeMesh:
+            ready()
+            native = await self._native
+            return native.flatten(name) if isinstance(native, NativeActorMesh) else native
+
+        return ActorMesh(start(flattened), self._cls, {name: _size(self._extent)})
+
     @property
     def initialized(self) -> Future[bool]:
         """Resolves once the actors are up (a failed spawn raises here)."""
@@ -162,12 +177,20 @@ class Endpoint(Generic[R]):
         ready()
         return ep, args, kwargs
 
+    @staticmethod
+    def _label(ep: Any) -> str:
+        """How Monarch names this call in its errors: ``mesh.endpoint()`` (otpmesh's endpoints
+        print as ``mesh.endpoint``)."""
+        return f"{ep!r}()"
+
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; the Future's value is a ValueMesh of their results."""
 
         async def call(ready: Ready) -> ValueMesh[R]:
             ep, a, k = await self._prepare(ready, args, kwargs)
-            values: NativeValueMesh[Any] = await ep.call(*a, **k)
+            values: NativeValueMesh[Any] = await _monarch_errors(
+                ep.call(*a, **k), Endpoint._label(ep)
+            )
             return ValueMesh(values.shape, [to_monarch(v) for v in values.values()])
 
         return start(call)
@@ -177,7 +200,7 @@ class Endpoint(Generic[R]):
 
         async def call_one(ready: Ready) -> R:
             ep, a, k = await self._prepare(ready, args, kwargs)
-            return to_monarch(await ep.call_one(*a, **k))  # type: ignore[no-any-return]
+            return to_monarch(await _monarch_errors(ep.call_one(*a, **k), Endpoint._label(ep)))  # type: ignore[no-any-return]
 
         return start(call_one)
 
@@ -186,7 +209,7 @@ class Endpoint(Generic[R]):
 
         async def choose(ready: Ready) -> R:
             ep, a, k = await self._prepare(ready, args, kwargs)
-            return to_monarch(await ep.choose(*a, **k))  # type: ignore[no-any-return]
+            return to_monarch(await _monarch_errors(ep.choose(*a, **k), Endpoint._label(ep)))  # type: ignore[no-any-return]
 
         return start(choose)
 
@@ -207,7 +230,7 @@ class Endpoint(Generic[R]):
                         index += 1
             except BaseException as exc:
                 for future in futures[index:]:
-                    future._settle(None, exc)
+                    future._settle(None, as_monarch(exc))
                 raise
 
         driver = start(stream)
@@ -233,6 +256,18 @@ class Endpoint(Generic[R]):
         )
 
 
+async def _monarch_errors(call: Awaitable[R], label: str) -> R:
+    """`call`'s result; its error as Monarch code sees it (a dead actor: SupervisionError,
+    which names the call `label` as Monarch's does: "Endpoint call mesh.ep() failed, ...")."""
+    try:
+        return await call
+    except (ActorDiedError, ActorError) as exc:
+        converted = as_monarch(exc, call=label)
+        if converted is exc:
+            raise
+        raise converted from exc
+
+
 def _once_up(native: Future[Any]) -> Future[bool]:
     """True once `native` (a mesh being made) is made; its error if it failed."""
 
@@ -251,15 +286,14 @@ def _log_failure(future: Future[None], name: str) -> None:
         log.warning("broadcast of %s failed: %s", name, exc)
 
 
-def _spawn_failure(name: str, error: SpawnError) -> MeshFailure:
-    """The failure of mesh `name`'s spawn: its first failing actor, where the error's cause
-    names it (its constructor raised, or its process died as it started), else the mesh."""
-    cause = error.__cause__
-    if isinstance(cause, ActorError | ActorDiedError):
-        rank = cause.actor.rpartition("/")[2]
-        if rank.isdigit():
-            return MeshFailure(name, cause.actor, int(rank), str(error))
-    return MeshFailure(name, name, -1, str(error))
+def _spawn_failures(name: str, error: SpawnError) -> list[MeshFailure]:
+    """The failures of mesh `name`'s spawn, one per rank that failed, as Monarch reports them;
+    one for the whole mesh (rank -1) when no rank was tried."""
+    failures = []
+    for rank, cause in error.failed.items():
+        actor = cause.actor if isinstance(cause, ActorError | ActorDiedError) else f"{name}/{rank}"
+        failures.append(MeshFailure(name, actor, rank, f"spawning {name!r} failed: {cause}"))
+    return failures or [MeshFailure(name, name, -1, str(error))]
 
 
 class ProcMesh:
@@ -296,6 +330,7 @@ class ProcMesh:
                 f"spawn({name!r}, actor_class, ...): {actor!r} is not an Actor class "
                 "(subclass otpmesh.monarch.Actor)"
             )
+        check_styles(actor)
         cls: type[NativeActor] = actor
 
         async def spawn(ready: Ready) -> NativeMesh:
@@ -305,8 +340,11 @@ class ProcMesh:
             try:
                 mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
             except SpawnError as exc:
-                if isinstance(procs, NativeProcMesh):  # the program's: nobody else to tell
-                    report(_spawn_failure(name, exc))
+                # The program's own proc mesh: nobody else to tell. One it stopped meanwhile
+                # ended the spawn on purpose: the spawn's error, no fault.
+                if isinstance(procs, NativeProcMesh) and not procs.stopped:
+                    for failure in _spawn_failures(name, exc):
+                        report(failure)
                 raise
             return mesh
 
@@ -336,6 +374,17 @@ class ProcMesh:
 
         return start(stop)
 
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: int | None = 3,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """Monarch's log settings for these processes. Here each worker's output already goes to
+        the controller's stderr as it is written, each line prefixed with its actor, so there
+        is nothing to set: accepted, and without effect."""
+        return settled(None)
+
     async def __aenter__(self) -> ProcMesh:
         return self
 
@@ -350,6 +399,50 @@ class ProcMesh:
 
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+class Port(NativePort[R]):
+    """otpmesh's port (a value that travels; ``send`` never blocks) that also sends Monarch
+    meshes: one still being spawned is sent once it is up, in order with this port's other
+    sends."""
+
+    __slots__ = ()
+
+    def send(self, value: R) -> None:
+        """Deliver `value` (a copy, as in any message); a Monarch mesh in it travels as the
+        otpmesh mesh it stands for."""
+        if not _holds_monarch(value):
+            super().send(value)
+            return
+        now = _native_now(value)
+        if now is not _PENDING:
+            super().send(now)
+            return
+
+        async def send_when_up(ready: Ready) -> None:
+            try:
+                NativePort.send(self, await to_native(value))
+            finally:
+                ready()  # the next operation from here (a later send) goes after this one
+
+        start(send_when_up)
+
+
+def _native_now(value: Any) -> Any:
+    """`value` with its Monarch meshes as the otpmesh ones, if each is made; else _PENDING."""
+    if isinstance(value, ActorMesh | ProcMesh):
+        native = value._native
+        return native._result() if native.done() else _PENDING
+    if not _holds_monarch(value):
+        return value
+    if isinstance(value, dict):
+        mapping = {k: _native_now(v) for k, v in value.items()}
+        return _PENDING if any(v is _PENDING for v in mapping.values()) else mapping
+    items = [_native_now(v) for v in value]
+    return _PENDING if any(v is _PENDING for v in items) else type(value)(items)
+
+
+_PENDING = object()
 
 
 def _holds_monarch(value: Any) -> bool:
@@ -385,6 +478,8 @@ def to_monarch(value: Any) -> Any:
         return ActorMesh._of(value)
     if isinstance(value, NativeProcMesh | ProcMeshRef):
         return ProcMesh.from_otpmesh(value)
+    if type(value) is NativePort:  # its sends may carry Monarch meshes
+        return value.retyped(Port)
     if isinstance(value, NativeValueMesh):
         return ValueMesh(value.shape, [to_monarch(v) for v in value.values()])
     if isinstance(value, tuple | list):

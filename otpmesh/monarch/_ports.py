@@ -10,11 +10,12 @@ from typing import Generic, TypeVar
 from .._node._aioloop import bridge
 from .._node._ports import DEFAULT_CAPACITY
 from .._node._ports import Channel as NativeChannel
-from .._node._ports import Port as Port
+from .._node._ports import Port as NativePort
 from .._node._ports import PortReceiver as NativeReceiver
 from .._runtime import _run
 from .._runtime._controller_runtime import runtime
 from ._future import Future
+from ._meshes import Port as Port
 from ._meshes import to_monarch
 from ._where import in_trio, start
 
@@ -61,11 +62,11 @@ class Channel(Generic[T]):
             port, receiver = NativeChannel[T].open(capacity)
         else:  # a plain thread: the channel lives in the client runtime's node
 
-            async def opened(ready: Ready) -> tuple[Port[T], NativeReceiver[T]]:
+            async def opened(ready: Ready) -> tuple[NativePort[T], NativeReceiver[T]]:
                 ready()
                 if not _run.IN_WORKER:
                     await runtime()  # the controller's node, started if need be
                 return NativeChannel[T].open(capacity)
 
             port, receiver = start(opened).get()
-        return port, PortReceiver(receiver)
+        return port.retyped(Port), PortReceiver(receiver)

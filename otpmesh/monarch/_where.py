@@ -27,9 +27,9 @@ import trio
 
 from .._core._errors import AppStoppedError
 from .._node._aioloop import bridge
-from .._node._daemon import daemon
+from .._node._daemon import daemon, running
 from .._wire._owntasks import spawn as spawn_own
-from ._future import Future
+from ._future import Future, settled
 
 T = TypeVar("T")
 
@@ -139,3 +139,18 @@ def _spawn(
         future._settle(value, None)
 
     spawn_own(task, name=f"otpmesh.monarch:{fn!r}", context=context)
+
+
+def shutdown_context() -> Future[None]:
+    """Monarch's ``shutdown_context()``: stop what this program started from code outside any
+    event loop of otpmesh's (a script, asyncio, a notebook): its background run, and with it
+    every worker process it spawned, as at exit. A later operation starts a fresh one."""
+    if in_trio():
+        raise RuntimeError(
+            "shutdown_context() stops the background runtime of a script or asyncio program; "
+            "trio code owns its runtime: it stops when its 'trio.run' (or otpmesh.run) ends"
+        )
+    run = running()
+    if run is not None:
+        run.stop_at_exit()
+    return settled(None)
