@@ -28,6 +28,8 @@ from ._core._actor import ActorContext as ActorContext
 from ._core._actor import context as context
 from ._core._actor import endpoint as endpoint
 from ._core._actor import progress as progress
+from ._core._children import ChildInfo as ChildInfo
+from ._core._children import ChildStatus as ChildStatus
 from ._core._errors import ActorDiedError as ActorDiedError
 from ._core._errors import ActorError as ActorError
 from ._core._errors import AppStoppedError as AppStoppedError
@@ -71,8 +73,6 @@ from ._core._spec import Mesh as Mesh
 from ._core._spec import Supervisor as Supervisor
 from ._core._spec import Worker as Worker
 from ._core._spec_errors import SpecError as SpecError
-from ._core._supervisor import ChildInfo as ChildInfo
-from ._core._supervisor import ChildStatus as ChildStatus
 from ._core._supevents import LogEntry as LogEntry
 from ._core._supevents import LogKind as LogKind
 from ._core._supevents import Outcome as Outcome

@@ -18,9 +18,10 @@ import trio.testing
 import otpmesh
 from otpmesh import chaos
 from otpmesh._controller._app import context
+from otpmesh._core._children import ChildStatus
 from otpmesh._core._spec import BRUTAL_KILL, ONE_FOR_ALL, REST_FOR_ONE, Mesh, Supervisor, Worker
 from otpmesh._core._spec_errors import SpecError
-from otpmesh._core._supervisor import ChildStatus, SupervisorCore
+from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import (
     ChildExited,
     ChildStarted,

@@ -11,6 +11,7 @@ from collections import deque
 import pytest
 
 from otpmesh._core import _actor
+from otpmesh._core._children import ChildStatus
 from otpmesh._core._intensity import add_restart, intensity_exceeded
 from otpmesh._core._reasons import is_normal_exit
 from otpmesh._core._spec import (
@@ -28,7 +29,7 @@ from otpmesh._core._spec import (
     Worker,
 )
 from otpmesh._core._spec_errors import SupervisorProtocolError
-from otpmesh._core._supervisor import ChildStatus, SupervisorCore
+from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import (
     ChildExited,
     ChildStarted,

@@ -225,7 +225,7 @@ def test_a_takeover_is_said_in_one_line_and_the_driver_can_ask_app_resumed(tmp_p
     resumed = standby.wait_for("resumed: ")
     expected = f"from pid {active.proc.pid} after "
     assert expected in said and expected in resumed
-    assert resumed.endswith("3 actors adopted in 3 processes, 1 to start again"), resumed
+    assert resumed.endswith("3 actors adopted in 3 processes, 1 lost in the gap"), resumed
     standby.finish()
 
 

@@ -15,12 +15,12 @@ import trio
 from rich.tree import Tree
 
 from .._core._actor import Actor
+from .._core._children import ChildInfo, ChildStatus
 from .._core._errors import SupervisorError
 from .._core._exits import describe
 from .._core._reasons import SHUTDOWN
 from .._core._signature import Endpoints
 from .._core._spec import Mesh, Supervisor, Worker
-from .._core._supervisor import ChildInfo, ChildStatus
 from .._core._supevents import Outcome, Stop
 from .._node._mesh import ActorMesh, ActorRef, Slot
 from .._runtime._controller_runtime import runtime
@@ -250,10 +250,15 @@ async def run_tree(
                 else:
                     ctx.placement = LocalPlacement(rt, ctx, nursery)
                 ctx.placement = with_process_groups(tree, ctx.placement, rt, ctx, nursery)
-                ctx.root = SupervisorDriver(ctx, _as_supervisor(tree), root_path, None)
+                root = _as_supervisor(tree)
+                journal = ctx.live_journal  # a takeover resumes the root's list, if journalled
+                rows = journal.resume(root_path, 1, root.children) if journal else None
+                ctx.root = SupervisorDriver(ctx, root, root_path, None, resume=rows)
                 nursery.start_soon(ctx.root.run)
                 nursery.start_soon(serve_signal, rt)  # otpmesh stacks PID
                 await ctx.root.started.wait()
+                if resumed is not None and ctx.root.init_failure is None:
+                    await resumed.resumed(ctx)
                 try:
                     if ctx.root.init_failure is None:
                         with trio.CancelScope() as scope:

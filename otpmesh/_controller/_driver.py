@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._core._exits import describe
+from .._core._children import ChildInfo, ChildStatus
+from .._core._exits import ProcessExit, describe
 from .._core._healspec import PEER
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._shape import all_coords
 from .._core._spec import Mesh, Shutdown, Supervisor, Worker
-from .._core._supervisor import ChildStatus, SupervisorCore
+from .._core._supervisor import SupervisorCore
 from .._core._supevents import (
     ChildExited,
+    ChildLost,
     ChildStarted,
     ChildTerminated,
     Command,
@@ -54,17 +56,21 @@ class SupervisorDriver:
         path: str,
         parent: SupervisorDriver | None,
         incarnation: int = 1,
+        resume: list[ChildInfo] | None = None,
     ) -> None:
         self.app = app
         self.spec = spec
         self.path = path
         self.parent = parent
         self.incarnation = incarnation
+        if resume is not None and app.live_journal is not None:
+            app.incarnations(path).update(app.live_journal.given(path))
         self.core = SupervisorCore(
             spec,
             path=path,
             incarnations=app.incarnations(path),
             restarts=app.restart_history(path),
+            resume=resume,
         )
         self._send, self._receive = trio.open_memory_channel[Event](math.inf)
         self.children: dict[str, SupervisorDriver] = {}
@@ -139,6 +145,11 @@ class SupervisorDriver:
                 self._finish(command.reason)
             elif isinstance(command, Reply):
                 self.app.reply(command)
+        journal = self.app.live_journal
+        if journal is not None and self.core.idle:  # an operation ended: its changes
+            changes = self.core.take_changes()
+            if changes is not None:
+                journal.changed(self.path, self.incarnation, changes, self.spec.children)
         self._sync_slots()
 
     def _spawn(self, fn: Any, command: StartChild | TerminateChild) -> None:
@@ -162,6 +173,8 @@ class SupervisorDriver:
             self.app.work_done()
 
     async def _start(self, command: StartChild) -> Event:
+        if command.adopt:
+            return await self._adopt(command)
         path = f"{self.path}/{command.id}"
         spec = command.spec
         if isinstance(spec, Mesh):
@@ -195,6 +208,37 @@ class SupervisorDriver:
         self.app.watch(path, self)
         self._peers.started(command.id)
         return ChildStarted(command.id, adopted=result == ADOPTED)
+
+    async def _adopt(self, command: StartChild) -> Event:
+        """A takeover's resume of a child the journal has running: a supervisor resumes its
+        own child list; an actor still running as that incarnation in an adopted process is
+        taken over, state and all; anything else is lost, and its exit is reported once the
+        whole tree is resumed (``app.report_lost``), for OTP's rules to decide."""
+        path = f"{self.path}/{command.id}"
+        spec = command.spec
+        if isinstance(spec, Mesh):
+            spec = spec.as_supervisor()
+        if isinstance(spec, Supervisor):
+            journal = self.app.live_journal
+            rows = journal.resume(path, command.incarnation, spec.children) if journal else None
+            child = SupervisorDriver(self.app, spec, path, self, command.incarnation, rows)
+            self.children[command.id] = child
+            self.app.nursery.start_soon(child.run)
+            await child.started.wait()
+            if child.init_failure is not None:  # no list journalled: it started afresh
+                return self._lost(command, child.init_failure)
+            return ChildStarted(command.id, adopted=True)
+        adopted = getattr(self.app.placement, "adopted", None)
+        proc = adopted(path) if adopted is not None else None
+        if proc is None or proc.actors.get(path) != command.incarnation:
+            journal = self.app.live_journal
+            pid = proc.pid if proc else journal.pid_of(path) if journal else 0
+            return self._lost(command, ProcessExit(pid, "ended while no controller ran"))
+        return await self._start(replace(command, adopt=False))
+
+    def _lost(self, command: StartChild, reason: object) -> ChildLost:
+        self.app.lost(self, command.id, command.incarnation, reason)
+        return ChildLost(command.id, reason)
 
     def _heal_plan(self, command: StartChild) -> dict[str, Any] | None:
         """What a restarted actor of a healing mesh is told: the peers to ask for its state, in

@@ -12,6 +12,7 @@ from .._core._healspec import Heal
 from .._core._supevents import Reply
 from .._node._slot import Slot
 from ._events import EventLog
+from ._livejournal import LiveJournal
 from ._placement import Placement
 
 
@@ -23,6 +24,8 @@ class DriverContext(Protocol):
     mesh_heals: dict[str, Heal]
     nursery: trio.Nursery
     placement: Placement
+    #: A takeover's journal of each supervisor's child list (None: no takeover).
+    live_journal: LiveJournal | None
 
     def incarnations(self, sup_path: str) -> dict[str, int]:
         """The incarnation counters of a supervisor's children, kept across its restarts."""
@@ -56,3 +59,7 @@ class DriverContext(Protocol):
     def work_done(self) -> None: ...
     def reply(self, reply: Reply) -> None: ...
     def root_exited(self, reason: object) -> None: ...
+    def lost(self, driver: Any, child_id: str, incarnation: int, reason: object) -> None:
+        """A takeover found this child of `driver` (a ``SupervisorDriver``) gone: its exit is
+        reported once the whole tree is resumed."""
+        ...

@@ -8,7 +8,9 @@ whose process died gets a fresh one from the fork server, pinned as the old one 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -275,6 +277,28 @@ class ProcsPlacement:
         if proc is None or not proc.alive or incarnation is None:
             return None
         return proc if proc.actors.get(path) == incarnation else None
+
+    async def stop_unadopted(self, ours: Callable[[str], bool]) -> list[str]:
+        """Once a takeover resumed its tree: stop each actor it found running that no
+        supervisor took over (a start the old controller had under way, whose end it never
+        journalled), of those whose path is `ours`, brutally; their paths."""
+        left = {p: n for p, n in self._running.items() if ours(p)}
+        for path in left:
+            del self._running[path]
+        for path, incarnation in left.items():
+            proc = self._procs.get(path)
+            if proc is None or proc.conn is None or proc.actors.get(path) != incarnation:
+                continue
+            request = {
+                "id": path,
+                "incarnation": incarnation,
+                "reason": KILLED,
+                "timeout": 0.0,
+                "brutal": True,
+            }
+            with contextlib.suppress(ActorDiedError):
+                await self._rt.node.sys_call(proc.conn, "stop_actor", request, path)
+        return sorted(left)
 
     async def close(self) -> None:
         self._rt.retire_spare()  # stopped: no process of this tree will be restarted

@@ -5,9 +5,10 @@ the program started with ``Takeover(..., standby=True)`` waits for the lease, wh
 releases when the active controller dies. Whoever takes the lease bumps the fencing epoch and,
 when the journal shows a run that did not stop in order, takes its processes over
 (_runtime/_adoption.py): the fork server and every live worker accept it only with the app's
-secret and the higher epoch. The tree then starts as usual, except that an actor still running
-in an adopted worker is taken as started, with its incarnation and its state; only the actors
-whose process died in the gap are started again. docs/guides/takeover.md tells the story.
+secret and the higher epoch. Each supervisor then resumes its child list as the journal kept it
+(_livejournal.py): what still runs is adopted, with its incarnation and its state, what died in
+the gap exits once the whole tree is resumed, and OTP's rules decide what happens to it, child
+by child. docs/guides/takeover.md tells the story.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from .._core._errors import StandbyDoneError, TakeoverError
+from .._core._livetree import LiveTree
 from .._core._spec import Mesh, Supervisor
 from .._core._supevents import LogEntry, LogKind
 from .._runtime._adoption import adopt
@@ -35,6 +37,7 @@ from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, open_state_dir
 from ._fingerprint import differences, fingerprint
+from ._livejournal import LiveJournal
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -131,9 +134,10 @@ class Resumption:
     """What ``app.resumed`` says when the app's start took a running tree over (None when it
     started afresh): this controller's fencing `epoch`, the pid of the controller it took over
     from (`previous_pid`), how many actors it found running and kept, state and all
-    (`adopted`), how many had died in the gap and were started again (`lost`), how many worker
-    processes it adopted, and the `gap`: seconds from the previous controller's last journal
-    write to this takeover (about how long the tree ran without a controller)."""
+    (`adopted`), how many children had died in the gap (`lost`: their exits went to their
+    supervisors, whose rules restarted them or not), how many worker processes it adopted,
+    and the `gap`: seconds from the previous controller's last journal write to this
+    takeover (about how long the tree ran without a controller)."""
 
     epoch: int
     previous_pid: int
@@ -146,7 +150,7 @@ class Resumption:
         return (
             f"epoch {self.epoch} took the tree over from pid {self.previous_pid} after "
             f"{self.gap:.2f} s: {self.adopted} actors adopted in {self.processes} processes, "
-            f"{self.lost} to start again"
+            f"{self.lost} lost in the gap"
         )
 
 
@@ -164,6 +168,10 @@ class Resumed:
     journalled: dict[str, int] = field(default_factory=dict)
     #: Supervisor path -> the times of its restarts the journal saw.
     restarts: dict[str, list[Stamp]] = field(default_factory=dict)
+    #: Each supervisor's child list, as the journal kept it.
+    live: LiveTree | None = None
+    #: Actor path -> the pid of the process the journal saw it start in.
+    pids: dict[str, int] = field(default_factory=dict)
     hosts: Hosts | None = None
     #: The boot of the host the journal's monotonic times were taken on.
     boot: str = ""
@@ -171,11 +179,14 @@ class Resumed:
     resumption: Resumption | None = None
 
     def seed(self, ctx: TreeContext) -> None:
-        """Make the tree's first start of each journalled actor reuse a running incarnation,
-        or follow the lost one's; carry each supervisor's restart history over; journal the
-        restarts to come; say that it took over (one line, and the event log's ``takeover``)."""
+        """Give the tree the journal's child lists to resume from, and journal its own; make
+        a supervisor that has no list journalled reuse a running incarnation, or follow the
+        lost one's; carry each supervisor's restart history over; journal the restarts to
+        come."""
+        state = self.rt.takeover
+        if state is not None:
+            ctx.live_journal = LiveJournal(state, self.live, self.journalled, self.pids)
         if self.resumption is not None:
-            log.warning("takeover: %s", self.resumption)
             lost = _not_taken_over(self.journalled, ctx.specs)
             if lost:
                 log.warning(
@@ -184,8 +195,6 @@ class Resumed:
                     ", ".join(lost),
                 )
             ctx.resumption = self.resumption
-            entry = LogEntry(trio.current_time(), LogKind.TAKEOVER, ctx.tree.id)
-            ctx.events.append(replace(entry, reason=str(self.resumption)))
         for path, incarnation in self.journalled.items():
             sup, _, child = path.rpartition("/")
             alive = self.running.get(path) == incarnation
@@ -194,7 +203,6 @@ class Resumed:
         same_boot = bool(self.boot) and self.boot == boot_id()
         for sup, stamps in self.restarts.items():
             ctx.carried_restarts[sup] = carried_times(stamps, same_boot, now, wall, mono)
-        state = self.rt.takeover
         if state is not None:
             for sup, stamps in self.restarts.items():  # into this run's part of the journal
                 for at, at_mono in stamps:
@@ -205,6 +213,38 @@ class Resumed:
                 window[0] - trio.current_time() + time.monotonic(),
                 len(window),
             )
+
+    async def resumed(self, ctx: TreeContext) -> None:
+        """The tree is resumed: report what died in the gap (OTP's rules decide), stop what
+        runs that no supervisor took over (a start the old controller had under way), and
+        say that it took over (one line, and the event log's ``takeover``)."""
+        if self.resumption is None:
+            return
+        lost = ctx.report_lost()
+        stop_unadopted = getattr(ctx.placement, "stop_unadopted", None)
+        unadopted = []
+        if stop_unadopted is not None:  # not those of trees its actors own: see `seed`
+            unadopted = await stop_unadopted(lambda path: path.rpartition("/")[0] in ctx.specs)
+        journal = ctx.live_journal
+        if journal is not None and journal.not_resumed:
+            log.warning(
+                "takeover: not resumed, as this program cannot rebuild them: %s",
+                "; ".join(f"{path} ({why})" for path, why in sorted(journal.not_resumed.items())),
+            )
+        if unadopted:
+            log.warning(
+                "takeover: stopped %d actors no supervisor had (their start was under way when "
+                "the controller died): %s",
+                len(unadopted),
+                ", ".join(unadopted),
+            )
+        self.resumption = replace(
+            self.resumption, adopted=len(self.running) - len(unadopted), lost=lost
+        )
+        ctx.resumption = self.resumption
+        log.warning("takeover: %s", self.resumption)
+        entry = LogEntry(trio.current_time(), LogKind.TAKEOVER, ctx.tree.id)
+        ctx.events.append(replace(entry, reason=str(self.resumption)))
 
     async def stopped(self) -> None:
         """The tree stopped in order: nothing to take over; the fork server and the agents go
@@ -303,9 +343,11 @@ async def _take(
         hosts.expect_tokens(run.tokens)
         live.update(await hosts.adopt(rt, rt.takeover, on_hosts))
     boot = str(run.app.get("boot", ""))
-    resumed = Resumed(rt, lease, restarts=run.restarts, hosts=hosts, boot=boot)
+    resumed = Resumed(rt, lease, restarts=run.restarts, live=run.live, hosts=hosts, boot=boot)
     for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
+        if proc_id in run.procs:
+            resumed.pids[path] = int(run.procs[proc_id]["pid"])
         proc = live.get(proc_id)
         if proc is not None and proc.actors.get(path) == incarnation:
             resumed.procs[path] = proc
@@ -402,6 +444,8 @@ class LastRun:
     restarts: dict[str, list[Stamp]] = field(default_factory=dict)
     #: Rank -> its agent's registration tokens: (the next it holds, the one it presented last).
     tokens: dict[int, tuple[bytes, bytes | None]] = field(default_factory=dict)
+    #: Each supervisor's child list.
+    live: LiveTree = field(default_factory=LiveTree)
 
 
 def last_run(records: list[dict[str, Any]]) -> LastRun:
@@ -414,7 +458,7 @@ def last_run(records: list[dict[str, Any]]) -> LastRun:
         rank: (bytes.fromhex(str(r["next"])), _hex(r.get("presented")))
         for rank, r in state.tokens.items()
     }
-    return LastRun(state.app, state.procs, actors, state.restarts, tokens)
+    return LastRun(state.app, state.procs, actors, state.restarts, tokens, state.live)
 
 
 def _hex(text: object) -> bytes | None:

@@ -10,13 +10,13 @@ from typing import Any
 
 import trio
 
+from .._core._children import ChildInfo
 from .._core._errors import ChildError, SupervisorError
 from .._core._exits import ActorCrash
 from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._healspec import Heal
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
-from .._core._supervisor import ChildInfo
 from .._core._supevents import (
     ChildExited,
     DeleteChildRequest,
@@ -33,6 +33,7 @@ from .._node._node import Node
 from ._driver import SupervisorDriver
 from ._events import EventLog
 from ._healpeers import check_sources
+from ._livejournal import LiveJournal
 from ._placement import Placement
 
 _OK = (Outcome.OK, Outcome.IGNORED)
@@ -91,6 +92,10 @@ class TreeContext:
         self.carried_restarts: dict[str, tuple[float, ...]] = {}
         #: Told of each restart (a takeover journals it); None: nobody listens.
         self.on_restart: Callable[[str, tuple[float, ...]], None] | None = None
+        #: A takeover's journal of each supervisor's child list (_livejournal.py).
+        self.live_journal: LiveJournal | None = None
+        #: What a takeover's resume found gone: (driver, child id, incarnation, reason).
+        self._lost: list[tuple[SupervisorDriver, str, int, object]] = []
         self._failing_starts: dict[str, int] = {}
         self.runtime_node: Node
         self._idle = trio.Event()
@@ -178,6 +183,20 @@ class TreeContext:
     def restarted(self, sup_path: str, window: tuple[float, ...]) -> None:
         if self.on_restart is not None:
             self.on_restart(sup_path, window)
+
+    def lost(
+        self, driver: SupervisorDriver, child_id: str, incarnation: int, reason: object
+    ) -> None:
+        self._lost.append((driver, child_id, incarnation, reason))
+
+    def report_lost(self) -> int:
+        """Once a takeover resumed the whole tree: the exit of each child it found gone goes
+        to its supervisor, all at once (they died together, while no controller ran), for
+        OTP's rules to decide. How many there were."""
+        lost, self._lost = self._lost, []
+        for driver, child_id, incarnation, reason in lost:
+            driver.post(ChildExited(child_id, incarnation, reason))
+        return len(lost)
 
     def watch(self, path: str, driver: SupervisorDriver) -> None:
         self._watchers[path] = driver

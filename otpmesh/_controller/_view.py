@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from rich.tree import Tree
 
+from .._core._children import ChildInfo, ChildStatus
 from .._core._spec import Mesh, Supervisor, Worker
-from .._core._supervisor import ChildInfo, ChildStatus
 
 if TYPE_CHECKING:
     from ._tree import TreeContext

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from ._children import ChildChanges, ChildInfo, ChildStatus, Reported, changes_since
 from ._intensity import Restarts, add_restart, intensity_exceeded
 from ._reasons import KILLED, NORMAL, SHUTDOWN, failed_to_start_child, is_shutdown_tuple
 from ._reasons import is_normal_exit as _normal
@@ -52,6 +53,7 @@ from ._spec import (
 from ._spec_errors import SpecError, SupervisorProtocolError
 from ._supevents import (
     ChildExited,
+    ChildLost,
     ChildStarted,
     ChildTerminated,
     Command,
@@ -74,31 +76,6 @@ from ._supevents import (
     TerminateChild,
     TerminateChildRequest,
 )
-
-
-class ChildStatus(enum.StrEnum):
-    """OTP's pid field: a pid, ``undefined``, or ``{restarting, _}`` during a retry loop."""
-
-    RUNNING = "running"
-    UNDEFINED = "undefined"
-    RESTARTING = "restarting"
-
-
-@dataclass(frozen=True, slots=True)
-class ChildInfo:
-    """One row of ``which_children``: a child's id, its status (OTP's pid field), the
-    incarnation now or last started (0: never started) and its spec as written."""
-
-    id: str
-    status: ChildStatus
-    incarnation: int
-    spec: ChildSpec  # as written: a Mesh stays a Mesh
-
-    @property
-    def type(self) -> str:
-        """OTP's child type: ``"supervisor"`` (a Supervisor, or a Mesh: a supervisor group),
-        else ``"worker"``."""
-        return "worker" if isinstance(self.spec, Worker) else "supervisor"
 
 
 @dataclass(slots=True)
@@ -149,6 +126,7 @@ class _AwaitAll:
 
 
 _RECEIVE = _Receive()
+_COMPLETIONS = (ChildStarted, ChildLost, StartIgnored, StartFailed, ChildTerminated)
 _Awaited = StartChild | TerminateChild | _AwaitAll
 _Op = Generator[_Awaited | _Receive, object, "_ExitWith | None"]
 
@@ -172,12 +150,19 @@ class SupervisorCore:
         path: str | None = None,
         incarnations: dict[str, int] | None = None,
         restarts: Restarts = (),
+        resume: list[ChildInfo] | None = None,
     ) -> None:
         if not isinstance(spec, Supervisor):
             raise TypeError(f"SupervisorCore needs a Supervisor spec, got {spec!r}")
         self.spec = spec
         self.path = path if path is not None else spec.id
-        self._children = [_Child(c) for c in spec.children]
+        # A takeover resumes a supervisor's child list as the journal left it (_livetree.py):
+        # its start then adopts what runs instead of starting the declared children.
+        self._resuming = resume is not None
+        if resume is None:
+            self._children = [_Child(c) for c in spec.children]
+        else:
+            self._children = [_Child(c.spec, c.status, c.incarnation) for c in resume]
         # Restart times newest first; a takeover carries a supervisor's over from the
         # controller that died (their times in this driver's clock).
         self._restarts: Restarts = tuple(restarts)
@@ -185,6 +170,10 @@ class SupervisorCore:
         # Per child id, the last incarnation number given. A driver that re-creates a core (its
         # supervisor restarted) passes the same dict, so (path, incarnation) stays unique.
         self._incarnations: dict[str, int] = incarnations if incarnations is not None else {}
+        for child in self._children if resume is not None else ():
+            given = self._incarnations.get(child.id, 0)
+            self._incarnations[child.id] = max(given, child.incarnation)
+        self._reported: Reported | None = None  # the child list as take_changes last said
         self._log: list[LogEntry] = []
         self._out: list[Command] = []
         self._op: _Op | None = None
@@ -245,7 +234,9 @@ class SupervisorCore:
             if isinstance(event, ChildExited | Stop):
                 return []  # a late exit, or a stop that crossed the supervisor's own exit
             raise SupervisorProtocolError(f"{self.path}: {event!r} after the supervisor exited")
-        if isinstance(event, ChildStarted | StartIgnored | StartFailed | ChildTerminated):
+        if isinstance(
+            event, ChildStarted | ChildLost | StartIgnored | StartFailed | ChildTerminated
+        ):
             self._resume(self._check_completion(event))
         else:
             self._mailbox.append(event)
@@ -263,6 +254,16 @@ class SupervisorCore:
         return [
             ChildInfo(c.id, c.status, c.incarnation, c.source) for c in reversed(self._children)
         ]
+
+    def take_changes(self) -> ChildChanges | None:
+        """What changed in the child list since the last call (all of it at the first), or
+        None: what a takeover journals (_livetree.py). Call it when the core is idle, between
+        operations: a list taken in the middle of one (a group half restarted) is no state a
+        standby could resume."""
+        changes, self._reported = changes_since(
+            self._reported, self.which_children()[::-1], self._incarnations
+        )
+        return changes
 
     @property
     def restarts(self) -> Restarts:
@@ -348,7 +349,9 @@ class SupervisorCore:
     # ---- the supervisor's life --------------------------------------------------------------
 
     def _main(self) -> _Op:
-        if not (yield from self._init_children()):
+        if self._resuming:
+            yield from self._resume_children()
+        elif not (yield from self._init_children()):
             return None
         self._phase = Phase.RUNNING
         self._record(LogKind.SUPERVISOR_STARTED)
@@ -378,6 +381,24 @@ class SupervisorCore:
                 self._out.append(InitFailed(reason))
                 return False
         return True
+
+    def _resume_children(self) -> _Op:
+        """A takeover's start: each child the journal has running is adopted, in order (its
+        exit, if it died while no controller ran, is the driver's to report once the whole
+        tree is resumed: then OTP's rules decide, as for any exit); a retry loop the journal
+        saw under way goes on. Nothing is started: no start can fail here."""
+        for child in list(self._children):
+            if child.status is ChildStatus.RESTARTING:
+                self._mailbox.append(_TryAgain(child.id))
+            elif child.status is ChildStatus.RUNNING:
+                event = yield StartChild(child.id, child.incarnation, child.source, adopt=True)
+                if isinstance(event, ChildStarted):
+                    self._record(LogKind.CHILD_ADOPTED, child)
+                elif not isinstance(event, ChildLost):
+                    raise SupervisorProtocolError(
+                        f"{self.path}: {event!r} answers an adoption: ChildStarted or ChildLost"
+                    )
+        return None
 
     def _dispatch(self, message: object) -> _Op:
         if isinstance(message, ChildExited):

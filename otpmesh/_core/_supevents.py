@@ -30,6 +30,9 @@ class StartChild:
     id: str
     incarnation: int
     spec: ChildSpec
+    #: A takeover's resume: the child runs (the journal says so) as this incarnation; take it
+    #: over (ChildStarted, adopted) or say it is gone (ChildLost), never start it.
+    adopt: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,16 @@ class ChildStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class ChildLost:
+    """The child a StartChild with ``adopt`` names is gone (it died while no controller ran):
+    it stays running for the core, and the driver reports its exit (`reason`) once the whole
+    tree is resumed."""
+
+    id: str
+    reason: object
+
+
+@dataclass(frozen=True, slots=True)
 class StartIgnored:
     """The pending StartChild's start returned 'ignore' (OTP's ``ignore``): not running, kept."""
 
@@ -178,7 +191,7 @@ class DeleteChildRequest:
     id: str
 
 
-Completion = ChildStarted | StartIgnored | StartFailed | ChildTerminated
+Completion = ChildStarted | ChildLost | StartIgnored | StartFailed | ChildTerminated
 Request = StartChildRequest | TerminateChildRequest | RestartChildRequest | DeleteChildRequest
 Event = Completion | ChildExited | Stop | Request
 

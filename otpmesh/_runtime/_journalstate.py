@@ -11,6 +11,8 @@ reads the file). The records, by the key that names their kind:
 - ``agent_token``: the one-time registration tokens of the host agent of a rank (hex): the one
   it holds for its next registration and the one it presented last. A standby registers a
   rank's agent only with one of them (docs/security.md).
+- ``tree`` / ``changed``: a supervisor's child list, whole / what changed in it, at the end of
+  each of its operations (_core/_livetree.py): what a standby resumes each supervisor from.
 - ``group``: a process group's epoch. ``chaos``: a controller kill ``otpmesh.chaos`` threw.
 - ``stopped``: the run stopped in order: nothing to take over.
 - ``gap``: the run could not journal everything (``why``: a full disk, an I/O error): it
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .._core._errors import TakeoverError
+from .._core._livetree import LiveTree, valid_rows
 
 Stamp = tuple[float, float | None]
 """A restart's time: wall-clock seconds, and the host's monotonic seconds (None: unknown)."""
@@ -47,6 +50,8 @@ KINDS = (
     "exited",
     "restart",
     "agent_token",
+    "tree",
+    "changed",
     "group",
     "chaos",
 )
@@ -70,6 +75,12 @@ POSITIVE: Check = (lambda v: type(v) is int and v > 0, "a positive int")
 NUMBER: Check = (lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
 TEXT: Check = (lambda v: type(v) is str, "a string")
 HEX: Check = (lambda v: type(v) is str and _hex(v), "a hex string")
+ROWS: Check = (valid_rows, "a list of child rows [id, status, incarnation(, spec)]")
+IDS: Check = (lambda v: type(v) is list and all(type(i) is str for i in v), "a list of ids")
+GIVEN: Check = (
+    lambda v: type(v) is dict and all(type(n) is int and n > 0 for n in v.values()),
+    "a map of ids to positive ints",
+)
 COORDS: Check = (
     lambda v: type(v) is dict and all(type(k) is str and type(n) is int for k, n in v.items()),
     "a map of names to ints",
@@ -102,6 +113,19 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
         "window": (POSITIVE, False),
     },
     "agent_token": {"agent_token": (INT, True), "next": (HEX, True), "presented": (HEX, False)},
+    "tree": {
+        "tree": (TEXT, True),
+        "incarnation": (POSITIVE, True),
+        "children": (ROWS, True),
+        "given": (GIVEN, False),
+    },
+    "changed": {
+        "changed": (TEXT, True),
+        "incarnation": (POSITIVE, True),
+        "rows": (ROWS, True),
+        "deleted": (IDS, True),
+        "given": (GIVEN, False),
+    },
     "group": {"group": (TEXT, True), "epoch": (INT, True)},
     "chaos": {
         "chaos": (TEXT, True),
@@ -175,6 +199,8 @@ class JournalState:
     restarts: dict[str, list[Stamp]] = field(default_factory=dict)
     #: The last run's agent tokens, by rank: the last record of each.
     tokens: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The last run's supervisors' child lists.
+    live: LiveTree = field(default_factory=LiveTree)
     #: Every run's last epoch of each process group, by path, and chaos's marks.
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     marks: list[dict[str, Any]] = field(default_factory=list)
@@ -184,6 +210,7 @@ class JournalState:
         if kind in RUNS:
             self.app, self.stopped, self.gap = (record if kind == k else None for k in RUNS)
             self.procs, self.actors, self.restarts, self.tokens = {}, {}, {}, {}
+            self.live = LiveTree()
         elif kind == "actor":
             self.actors[str(record["actor"])] = record
         elif kind == "proc":
@@ -199,6 +226,8 @@ class JournalState:
                 del times[:-window]  # the older ones fell out of its intensity period
         elif kind == "agent_token":
             self.tokens[int(record["agent_token"])] = record
+        elif kind in ("tree", "changed"):
+            self.live.add(record)
         elif kind == "group":
             self.groups[str(record["group"])] = record
         else:
@@ -209,6 +238,7 @@ class JournalState:
         out = [*self.marks, *self.groups.values()]
         out += [r for r in (self.app, self.stopped, self.gap) if r is not None]  # one at most
         out += [*self.procs.values(), *self.actors.values(), *self.tokens.values()]
+        out += self.live.records()
         for sup, times in self.restarts.items():
             for at, mono in times:
                 out.append({"restart": sup, "at": at, **({} if mono is None else {"mono": mono})})

@@ -321,5 +321,11 @@ class TakeoverState:
             record["window"] = window
         self.journal.append(record)
 
+    def tree_changed(self, record: dict[str, Any]) -> None:
+        """A supervisor's child list, or what changed in it (_core/_livetree.py's records).
+        Not fsync'd: a controller's death loses no write, and the journal's fold takes the
+        last whole operation it holds."""
+        self.journal.append(record)
+
     def stopped(self) -> None:
         self.journal.append({"stopped": os.getpid()}, durable=True)

@@ -14,6 +14,11 @@ The trace is a list of tuples, the process-level facts an observer of the real s
 * ``("reply", sup_path, op, outcome)``: a dynamic-children request returned (``outcome`` is an
   :class:`Outcome` value, or ``("start_error", reason)``);
 * ``("root_init_failed", reason)``: the root's initial start failed.
+
+It journals each supervisor's child list as the trio driver does for a takeover
+(``journal``: the records of _core/_livetree.py, specs kept as they are), and a ``Takeover``
+step resumes the tree from that journal alone: no trace entry but the lost workers' exits, so
+a run with takeovers must trace as the same run without them, where OTP sees only those exits.
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._core._children import ChildInfo, ChildStatus
 from .._core._exits import ActorCrash, describe
 from .._core._giveup import gave_up, give_up_error, root_run
+from .._core._livetree import LiveTree, change_record
 from .._core._reasons import KILLED, SHUTDOWN, is_normal_exit
 from .._core._spec import BRUTAL_KILL, Mesh, Supervisor, Worker
 from .._core._supervisor import SupervisorCore
 from .._core._supevents import (
     ChildExited,
+    ChildLost,
     ChildStarted,
     ChildTerminated,
     Command,
@@ -54,9 +62,10 @@ from ._steps import (
     Call,
     Crash,
     KillSupervisor,
+    ModelStep,
     StartOutcome,
-    Step,
     StopSupervisor,
+    Takeover,
     TraceEntry,
 )
 from ._trees import Owned, check_owned, tree_of
@@ -97,6 +106,12 @@ class Simulation:
     _counters: dict[str, dict[str, int]] = field(default_factory=dict)
     _subtrees: dict[str, _Node] = field(default_factory=dict)  # owner path -> subtree root
     _specs: dict[str, Supervisor | Mesh] = field(default_factory=dict)  # supervisors' specs
+    #: The takeover journal's child-list records, oldest first (since the last takeover).
+    journal: list[dict[str, object]] = field(default_factory=list)
+    _live: LiveTree | None = None  # during a takeover: the journal folded
+    _lost: dict[str, _Running] = field(default_factory=dict)  # during one: died in the gap
+    _carried: dict[str, tuple[float, ...]] = field(default_factory=dict)  # and restart times
+    _started: dict[str, int] = field(default_factory=dict)  # the journal's actor records
 
     def __post_init__(self) -> None:
         check_owned(self.tree, self.owned)
@@ -131,7 +146,7 @@ class Simulation:
             self.trace.append(("root_init_failed", result.reason))
         return self
 
-    def run(self, steps: Iterable[Step], *, stop: bool = True) -> Simulation:
+    def run(self, steps: Iterable[ModelStep], *, stop: bool = True) -> Simulation:
         """Apply `steps` in order while the root is alive; then stop the root if `stop`."""
         for step in steps:
             if not self.alive:
@@ -141,9 +156,11 @@ class Simulation:
             self.apply(StopSupervisor(self.tree.id, SHUTDOWN))
         return self
 
-    def apply(self, step: Step) -> None:
+    def apply(self, step: ModelStep) -> None:
         """Apply one step to the settled tree."""
-        if isinstance(step, Advance):
+        if isinstance(step, Takeover):
+            self._takeover(step)
+        elif isinstance(step, Advance):
             self.now += step.seconds
         elif isinstance(step, Crash):
             self._crash(step.path, step.reason)
@@ -169,6 +186,85 @@ class Simulation:
             self.trace.append(("exit", path, reason))
             self._stop_owned(path)
             self._deliver(worker.parent, ChildExited(worker.id, worker.incarnation, reason))
+
+    # ---- a takeover ------------------------------------------------------------------------
+
+    def _takeover(self, step: Takeover) -> None:
+        """Every core is gone; the tree is resumed from the journal alone, adopting the
+        workers that still run, then the lost ones' exits are reported, one at a time."""
+        if self.owned:
+            raise NotImplementedError("the model takes over trees without owned subtrees")
+        live = LiveTree()
+        for record in self.journal:
+            live.add(record)
+        self.journal = []  # the standby's run journals the resumed tree afresh
+        # Each supervisor's restarts inside its period: the journal's restart records.
+        self._carried = {path: node.core.restarts for path, node in self._nodes.items()}
+        workers, self._nodes, self._workers = self._workers, {}, {}
+        # The standby's incarnation counters: the journal's, as it seeds them.
+        self._counters = {}
+        for path, incarnation in self._started.items():
+            sup, _, child = path.rpartition("/")
+            self._counters.setdefault(sup, {})[child] = incarnation
+        for sup in live.sups:
+            self._counters.setdefault(sup, {}).update(live.given(sup))
+        self._lost = {p: workers[p] for p in step.lost if p in workers}
+        self._live = live
+        try:
+            root = self._resume_group(self.tree, self.tree.id, None, self.tree.id, 1)
+        finally:
+            self._live = None
+        for path, gone in self._lost.items():
+            # Adopted as running, reported now as any exit: the tree is whole again.
+            self.trace.append(("exit", path, step.reason))
+            node = self._nodes.get(gone.parent.core.path)
+            if node is not None:
+                self._deliver(node, ChildExited(gone.id, gone.incarnation, step.reason))
+        self._lost = {}
+        if root.core.done:
+            self.root_exit = root.core.exit_reason
+
+    def _resume_group(
+        self, spec: Supervisor | Mesh, path: str, parent: _Node | None, id: str, incarnation: int
+    ) -> _Node:
+        assert self._live is not None
+        group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
+        rows = self._live.rows(path, incarnation)
+        if rows is None:
+            raise AssertionError(f"the journal holds no child list of {path} #{incarnation}")
+        declared = {c.id: c for c in group.children}
+        children = [
+            ChildInfo(
+                row[0], ChildStatus(row[1]), row[2], row[3] if len(row) > 3 else declared[row[0]]
+            )
+            for row in rows
+        ]
+        core = SupervisorCore(
+            group,
+            path=path,
+            incarnations=self._counters.setdefault(path, {}),
+            restarts=self._carried.pop(path, ()),
+            resume=children,
+        )
+        node = _Node(core, parent, id, incarnation)
+        self._nodes[path] = node
+        self._specs[path] = spec
+        result = self._pump(node, self._call(node, lambda: node.core.start(self.now)))
+        if isinstance(result, Exit):  # a retry the journal saw under way gave up
+            self._exited(node, result.reason)
+        return node
+
+    def _adopt(self, node: _Node, command: StartChild) -> Event:
+        path = f"{node.core.path}/{command.id}"
+        if not isinstance(command.spec, Worker):
+            self._resume_group(command.spec, path, node, command.id, command.incarnation)
+            return ChildStarted(command.id, adopted=True)
+        gone = self._lost.get(path)
+        if gone is not None:
+            self._lost[path] = _Running(node, command.id, command.incarnation)
+            return ChildLost(command.id, "lost")
+        self._workers[path] = _Running(node, command.id, command.incarnation)
+        return ChildStarted(command.id, adopted=True)
 
     # ---- owned subtrees ---------------------------------------------------------------------
 
@@ -229,6 +325,18 @@ class Simulation:
     def _call(self, node: _Node, feed: Callable[[], list[Command]]) -> list[Command]:
         commands = feed()
         self.log.extend(node.core.take_log())
+        if node.core.idle:  # between operations: what changed goes to the journal
+            changes = node.core.take_changes()
+            if changes is not None:
+                declared = node.core.spec.children
+                self.journal.append(
+                    change_record(
+                        node.core.path,
+                        node.incarnation,
+                        changes,
+                        lambda row: None if any(c is row.spec for c in declared) else row.spec,
+                    )
+                )
         return commands
 
     def _handle(self, node: _Node, event: Event) -> list[Command]:
@@ -268,6 +376,8 @@ class Simulation:
         return result
 
     def _start_child(self, node: _Node, command: StartChild) -> Event:
+        if command.adopt:
+            return self._adopt(node, command)
         path = f"{node.core.path}/{command.id}"
         spec = command.spec
         if isinstance(spec, Worker):
@@ -279,6 +389,7 @@ class Simulation:
             self.trace.append(("start", path, outcome))
             if outcome == "ok":
                 self._workers[path] = _Running(node, command.id, command.incarnation)
+                self._started[path] = command.incarnation
                 return ChildStarted(command.id)
             if outcome == "ignore":
                 return StartIgnored(command.id)
@@ -346,7 +457,7 @@ class Simulation:
 
 def simulate(
     tree: Supervisor,
-    steps: Iterable[Step] = (),
+    steps: Iterable[ModelStep] = (),
     *,
     start_plans: Mapping[str, Sequence[StartOutcome]] | None = None,
     owned: Owned | None = None,

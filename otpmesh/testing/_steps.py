@@ -56,4 +56,18 @@ class Call:
     spec: ChildSpec | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """The controller dies and a standby takes the running tree over from its journal (the
+    reference model's ``Simulation`` only): each supervisor's child list is rebuilt as the
+    journal kept it, what runs is adopted, and the workers at `lost` (each running when the
+    controller died) died while none ran: their exits, with `reason`, are reported once the
+    tree is resumed, in that order. OTP, which has no controller, sees only those exits."""
+
+    lost: tuple[str, ...] = ()
+    reason: object = "killed"
+
+
 Step: TypeAlias = Crash | StopSupervisor | KillSupervisor | Advance | Call
+ModelStep: TypeAlias = Step | Takeover
+"""What the reference model applies: a fault schedule's steps, and takeovers."""
