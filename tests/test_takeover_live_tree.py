@@ -1,0 +1,127 @@
+"""A takeover resumes the tree that was running, not the one the program declares: real
+processes, a real SIGKILL of the controller, a standby from the journal. The reference model's
+takeover (tests/test_takeover_model.py) and the real OTP 25 supervisor across takeovers
+(tests/test_supervisor_erlang.py) check every rule; this checks that the trio driver, the
+journal and the placement carry them out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.test_takeover import Program, start_job
+
+LIVE_TREE_JOB = """
+import argparse, contextlib, json, os
+import trio
+import otpmesh
+from otpmesh import TEMPORARY, TRANSIENT, Supervisor, Worker
+from tests.actors import Member
+
+FLAGS = os.environ["FLAGS"]
+
+
+class Flagged(Member):
+    \"\"\"Its start fails while FLAGS/fail exists, and is ignored while FLAGS/ignore does.\"\"\"
+
+    def __init__(self) -> None:
+        if os.path.exists(os.path.join(FLAGS, "fail")):
+            raise RuntimeError("set to fail")
+        super().__init__()
+
+    async def on_start(self) -> None:
+        if os.path.exists(os.path.join(FLAGS, "ignore")):
+            raise otpmesh.Ignore()
+
+
+TREE = Supervisor(
+    "job",
+    intensity=5,
+    period=600.0,
+    children=[
+        Worker("keep", Member),
+        Worker("stopped", Member),
+        Worker("deleted", Member),
+        Worker("tmp", Member, restart=TEMPORARY),
+        Worker("tr", Flagged, restart=TRANSIENT),
+        Worker("ign", Flagged),
+    ],
+)
+
+
+def flag(name: str) -> None:
+    open(os.path.join(FLAGS, name), "w").close()
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        if not standby:
+            await app.start_child("job", Worker("dyn", Member))
+            await app.actor("job/keep").ping()  # state: a count the standby must find
+            await app.terminate_child("job/stopped")
+            await app.terminate_child("job/deleted")
+            await app.delete_child("job/deleted")
+            with contextlib.suppress(otpmesh.ActorError):
+                await app.actor("job/tmp").crash()
+            await app.actor("job/tr").quit("normal")  # transient, a normal exit: not restarted
+            flag("ignore")
+            with contextlib.suppress(otpmesh.ActorError):
+                await app.actor("job/ign").crash()  # restarted, and its start is ignored
+            await app.settled()
+            flag("fail")  # a standby that started tr again would fail there
+            os.remove(os.path.join(FLAGS, "ignore"))
+            await app.settled()
+            print("dyn pid", await app.actor("job/dyn").pid(), flush=True)
+            await trio.sleep_forever()
+        await app.settled()
+        rows = [[c.id, c.status.value, c.incarnation] for c in app.which_children("job")]
+        print("children", json.dumps(rows), flush=True)
+        try:
+            await app.restart_child("job/dyn")
+        except otpmesh.ChildError as exc:
+            print("restart_child dyn:", exc.outcome.value, flush=True)
+        print("keep count", await app.actor("job/keep").count(), flush=True)
+        kinds = [(e.kind.value, e.child) for e in app.events if e.child is not None]
+        print("events", json.dumps(kinds), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_standby_resumes_the_running_tree_as_otp_left_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38's cases in one tree, one SIGKILL: a child added by start_child is there (and
+    running: restart_child says so), terminated and ignored children stay stopped, deleted and
+    temporary ones stay gone, a transient one that exited normally is not started (its start
+    would fail now: the takeover goes on), a child whose process died in the gap is restarted
+    by its supervisor, and the rest are adopted with their state, logged as adopted."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    monkeypatch.setenv("FLAGS", str(flags))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent.parent))
+    job, state, active = start_job(tmp_path, LIVE_TREE_JOB)
+    dyn_pid = int(active.wait_for("dyn pid").split()[-1])
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    os.kill(dyn_pid, signal.SIGKILL)  # died while no controller ran
+    standby = Program(state, "--standby", program=job)
+    lines = standby.finish()
+    rows = json.loads(next(line for line in lines if line.startswith("children "))[9:])
+    assert rows == [
+        ["dyn", "running", 2],  # lost in the gap, restarted: permanent
+        ["ign", "undefined", 1],
+        ["tr", "undefined", 1],
+        ["stopped", "undefined", 1],
+        ["keep", "running", 1],
+    ], lines
+    assert "restart_child dyn: running" in lines
+    assert "keep count 2" in lines  # its ping before, and this call
+    events = [tuple(e) for e in json.loads(next(x for x in lines if x.startswith("events "))[7:])]
+    assert ("child_adopted", "keep") in events and ("child_adopted", "dyn") not in events
+    assert not any(kind == "child_started" and child != "dyn" for kind, child in events), events
+    assert ("child_exited", "dyn") in events
