@@ -262,30 +262,52 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(120)
-def test_a_standby_names_the_owned_subtrees_it_does_not_take_over(tmp_path: Path) -> None:
-    """Owned subtrees are not taken over yet: the standby says which, in one line, at start.
-    Before, they were left unsupervised without a word."""
+def test_a_standby_resumes_owned_subtrees_and_names_those_whose_owner_died(
+    tmp_path: Path,
+) -> None:
+    """A router's engines (a tree it owns) are resumed with it; killed with its process in
+    the gap, the router is restarted and starts engines of its own, and the standby says in
+    one line that the old ones were not taken over (their actors are stopped). Before, no
+    owned subtree was taken over, and their actors ran on unsupervised."""
     script = tmp_path / "owner_job.py"
     script.write_text(OWNER_JOB)
     env = dict(
         os.environ, STATE=str(tmp_path / "state"), PYTHONPATH=str(Path(__file__).parent.parent)
     )
-    active = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert active.stdout is not None and active.stdout.readline() == "running False\n"
-    finally:
-        active.send_signal(signal.SIGKILL)
-        active.wait(10)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        env=dict(env, STANDBY="1"),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+
+    def killed_active() -> None:
+        active = subprocess.Popen(
+            [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert active.stdout is not None and active.stdout.readline() == "running False\n"
+        finally:
+            active.send_signal(signal.SIGKILL)
+            active.wait(10)
+
+    def standby() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script)],
+            env=dict(env, STANDBY="1"),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    killed_active()
+    done = standby()
+    assert done.returncode == 0, done.stderr
+    assert "running True" in done.stdout
+    assert "not taken over" not in done.stderr, done.stderr
+
+    killed_active()
+    records = _journal(tmp_path / "state")
+    proc = next(r["proc"] for r in records if r.get("actor") == "svc/router")
+    os.kill(next(r["pid"] for r in records if r.get("proc") == proc and "pid" in r), 9)
+    done = standby()
     assert done.returncode == 0, done.stderr
     assert "running True" in done.stdout
     said = [line for line in done.stderr.splitlines() if "not taken over" in line]
-    assert len(said) == 1 and "svc/router/engines" in said[0], done.stderr
+    assert len(said) == 1 and "svc/router/engines (its owner svc/router did not" in said[0], (
+        done.stderr
+    )

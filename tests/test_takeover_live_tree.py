@@ -125,3 +125,69 @@ def test_a_standby_resumes_the_running_tree_as_otp_left_it(
     assert ("child_adopted", "keep") in events and ("child_adopted", "dyn") not in events
     assert not any(kind == "child_started" and child != "dyn" for kind, child in events), events
     assert ("child_exited", "dyn") in events
+
+
+OWNED_JOB = """
+import json
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+
+
+class Level(otpmesh.Actor):
+    \"\"\"Owns a subtree with one Level one deeper, down to `depth` 0.\"\"\"
+
+    def __init__(self, depth: int) -> None:
+        self.depth, self.count, self.sub = depth, 0, None
+
+    async def on_start(self) -> None:
+        if self.depth:
+            spec = Supervisor("sub", children=[Worker("n", Level, args=(self.depth - 1,))])
+            self.sub = await otpmesh.context().start(spec)
+
+    @otpmesh.endpoint
+    async def bump(self) -> list[list[object]]:
+        \"\"\"Count one here and below; each level's path, pid and count.\"\"\"
+        self.count += 1
+        below = await self.sub.actor(self.sub.root + "/n").bump() if self.sub else []
+        import os
+        return [[otpmesh.context().path, os.getpid(), self.count], *below]
+
+
+TREE = Supervisor("job", children=[Worker("top", Level, args=(3,))])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        for _ in range(4 if not standby else 1):
+            levels = await app.actor("job/top").bump()
+        print("levels", json.dumps(levels), flush=True)
+        if not standby:
+            await trio.sleep_forever()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_owned_subtree_three_levels_deep_survives_a_takeover_with_its_state_and_pids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the standby adopted the owner and said its subtrees were not taken over: their
+    actors ran on unsupervised until the grace period ended."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent.parent))
+    job, state, active = start_job(tmp_path, OWNED_JOB)
+    before = json.loads(active.wait_for("levels")[7:])
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    standby = Program(state, "--standby", program=job)
+    lines = standby.finish()
+    after = json.loads(next(line for line in lines if line.startswith("levels "))[7:])
+    assert [path for path, _, _ in before] == [
+        "job/top",
+        "job/top/sub/n",
+        "job/top/sub/n/sub/n",
+        "job/top/sub/n/sub/n/sub/n",
+    ]
+    # The same processes, each count one past where the dead controller left it.
+    assert after == [[path, pid, count + 1] for path, pid, count in before], lines
+    assert not any("not taken over" in line for line in lines), lines

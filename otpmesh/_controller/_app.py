@@ -234,6 +234,8 @@ async def run_tree(
     ctx.runtime_node = rt.node
     if resumed is not None:
         resumed.seed(ctx)
+    elif rt.live_journal is not None:  # a tree an actor owns, in an app with a takeover
+        ctx.live_journal = rt.live_journal
     try:
         with stop_watched(ctx.waiting_for):  # a slow Ctrl-C names what it waits for
             # listed for otpmesh watch (and otpmesh run file.py:main) while it runs
@@ -258,11 +260,15 @@ async def run_tree(
                 nursery.start_soon(serve_signal, rt)  # otpmesh stacks PID
                 await ctx.root.started.wait()
                 if resumed is not None and ctx.root.init_failure is None:
-                    await resumed.resumed(ctx)
+                    await resumed.resumed(ctx, beat_timeout)
+                elif ctx.root.init_failure is None:  # a tree an actor owns, resumed
+                    ctx.reported_lost = ctx.report_lost()
                 try:
                     if ctx.root.init_failure is None:
                         with trio.CancelScope() as scope:
                             ctx.body_scope = scope
+                            if ctx.root_failure is not None:  # gave up in a takeover's resume
+                                scope.cancel()
                             yield App(ctx)
                 finally:
                     with trio.CancelScope(shield=True):

@@ -85,6 +85,13 @@ class LiveJournal:
         """The incarnations the journal gave past the rows of the supervisor at `path`."""
         return self._live.given(path) if self._live is not None else {}
 
+    def forget(self, root: str) -> None:
+        """Resume nothing at or under `root` (a tree whose owner died in the gap: the
+        owner's restart starts a new one)."""
+        if self._live is not None:
+            for path in [p for p in self._live.sups if p == root or p.startswith(root + "/")]:
+                del self._live.sups[path]
+
     def resume(
         self, path: str, incarnation: int, declared: Sequence[ChildSpec]
     ) -> list[ChildInfo] | None:

@@ -23,7 +23,9 @@ from .._runtime import _controller_runtime, _run
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
 from ._app import PlacementName, context, endpoints_of
+from ._ownedover import journal_owned, journal_owned_done
 from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
+from ._placement import ProcsPlacement
 from ._procmesh import ProcMesh, start_procs
 from ._specwire import spec_from_wire, spec_to_wire
 from ._subtree import OwnedTree, start_owned
@@ -236,6 +238,22 @@ class Service:
         placement: PlacementName = "local" if conn is None and owner is not None else "procs"
         tree = await start_owned(self.rt, spec, owner, placement)
         key = secrets.token_hex(16)
+        if owner is not None and not local:  # a takeover's standby starts it again
+            journal_owned(self.rt, tree.label, owner, spec, key)
+        return self._serve(tree, spec, owner, key)
+
+    async def resume_subtree(
+        self, owner: str, spec: Supervisor | Mesh, key: str, placement: ProcsPlacement
+    ) -> None:
+        """A takeover's: the subtree `owner` started under the controller it took over from,
+        started again in resume mode in `placement` (its adopted processes), with its key."""
+        tree = await start_owned(self.rt, spec, owner, placement)
+        journal_owned(self.rt, tree.label, owner, spec, key)
+        self._serve(tree, spec, owner, key)
+
+    def _serve(
+        self, tree: OwnedTree, spec: Supervisor | Mesh, owner: str | None, key: str
+    ) -> dict[str, Any]:
         self.subtrees[key] = tree
         assert self.rt.nursery is not None and tree.app is not None  # start_owned checked both
         self.rt.nursery.start_soon(self._forget, key, tree)
@@ -252,6 +270,8 @@ class Service:
         # an owner restarted a thousand times leaves no thousand dead trees behind.
         await tree.done.wait()
         self.subtrees.pop(key, None)
+        if tree.owner is not None:
+            journal_owned_done(self.rt, tree.label)
 
     async def subtree_stop(self, conn: Connection | None, p: dict[str, Any]) -> None:
         tree = self.subtrees.pop(p.get("key"), None)  # type: ignore[arg-type]
@@ -324,7 +344,7 @@ def _in_mesh(tree: OwnedTree, path: str) -> bool:
 
 
 def install(rt: Runtime) -> None:
-    Service(rt)
+    rt.service = Service(rt)
 
 
 _controller_runtime.SERVICES.append(install)

@@ -38,6 +38,7 @@ from .._runtime._run import run_is_standby
 from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, open_state_dir
 from ._fingerprint import differences, fingerprint
 from ._livejournal import LiveJournal
+from ._ownedover import owned_by, resume_owned
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
@@ -172,6 +173,8 @@ class Resumed:
     live: LiveTree | None = None
     #: Actor path -> the pid of the process the journal saw it start in.
     pids: dict[str, int] = field(default_factory=dict)
+    #: The trees that actors owned, running, in the order they were started.
+    owned: list[dict[str, Any]] = field(default_factory=list)
     hosts: Hosts | None = None
     #: The boot of the host the journal's monotonic times were taken on.
     boot: str = ""
@@ -186,14 +189,8 @@ class Resumed:
         state = self.rt.takeover
         if state is not None:
             ctx.live_journal = LiveJournal(state, self.live, self.journalled, self.pids)
+            self.rt.live_journal = ctx.live_journal  # the trees its actors own journal there too
         if self.resumption is not None:
-            lost = _not_taken_over(self.journalled, ctx.specs)
-            if lost:
-                log.warning(
-                    "takeover: not taken over (trees that actors own are not yet): %s; their "
-                    "owners' actors are, and their workers exit at the end of their grace",
-                    ", ".join(lost),
-                )
             ctx.resumption = self.resumption
         for path, incarnation in self.journalled.items():
             sup, _, child = path.rpartition("/")
@@ -214,17 +211,35 @@ class Resumed:
                 len(window),
             )
 
-    async def resumed(self, ctx: TreeContext) -> None:
-        """The tree is resumed: report what died in the gap (OTP's rules decide), stop what
-        runs that no supervisor took over (a start the old controller had under way), and
+    async def resumed(self, ctx: TreeContext, heartbeat_timeout: float) -> None:
+        """The tree is resumed: start again the trees its running actors own (resumed too),
+        report what died in the gap (OTP's rules decide), stop what runs that no supervisor
+        took over (a start the old controller had under way, a tree whose owner died), and
         say that it took over (one line, and the event log's ``takeover``)."""
         if self.resumption is None:
             return
-        lost = ctx.report_lost()
+        roots = [str(r["owned"]) for r in self.owned]
+        owned, skipped = await resume_owned(
+            self.rt, self.rt.service, self.owned, self.procs, self.running, heartbeat_timeout
+        )
+        for path in _not_taken_over(self.journalled, ctx.specs):
+            if owned_by(path, roots) is None and path not in roots:
+                skipped[path] = "its spec was not journalled (it could not travel)"
+        if skipped:
+            log.warning(
+                "takeover: not taken over: %s; their workers' actors are stopped",
+                "; ".join(f"{root} ({why})" for root, why in sorted(skipped.items())),
+            )
+
+        def ours(path: str) -> bool:
+            root = owned_by(path, roots)
+            return path.rpartition("/")[0] in ctx.specs if root is None else root not in owned
+
+        # Before any exit is reported: a restarted owner's new tree must not hear these.
         stop_unadopted = getattr(ctx.placement, "stop_unadopted", None)
-        unadopted = []
-        if stop_unadopted is not None:  # not those of trees its actors own: see `seed`
-            unadopted = await stop_unadopted(lambda path: path.rpartition("/")[0] in ctx.specs)
+        unadopted = await stop_unadopted(ours) if stop_unadopted is not None else []
+        lost = ctx.report_lost() + sum(sub.reported_lost for sub in ctx.subtrees)
+        await ctx.settled()  # the driver starts on a tree whose supervisors handled them
         journal = ctx.live_journal
         if journal is not None and journal.not_resumed:
             log.warning(
@@ -344,6 +359,7 @@ async def _take(
         live.update(await hosts.adopt(rt, rt.takeover, on_hosts))
     boot = str(run.app.get("boot", ""))
     resumed = Resumed(rt, lease, restarts=run.restarts, live=run.live, hosts=hosts, boot=boot)
+    resumed.owned = list(run.owned.values())
     for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
         if proc_id in run.procs:
@@ -446,6 +462,8 @@ class LastRun:
     tokens: dict[int, tuple[bytes, bytes | None]] = field(default_factory=dict)
     #: Each supervisor's child list.
     live: LiveTree = field(default_factory=LiveTree)
+    #: The trees that actors own, running, by root path.
+    owned: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def last_run(records: list[dict[str, Any]]) -> LastRun:
@@ -458,7 +476,7 @@ def last_run(records: list[dict[str, Any]]) -> LastRun:
         rank: (bytes.fromhex(str(r["next"])), _hex(r.get("presented")))
         for rank, r in state.tokens.items()
     }
-    return LastRun(state.app, state.procs, actors, state.restarts, tokens, state.live)
+    return LastRun(state.app, state.procs, actors, state.restarts, tokens, state.live, state.owned)
 
 
 def _hex(text: object) -> bytes | None:

@@ -96,6 +96,7 @@ class TreeContext:
         self.live_journal: LiveJournal | None = None
         #: What a takeover's resume found gone: (driver, child id, incarnation, reason).
         self._lost: list[tuple[SupervisorDriver, str, int, object]] = []
+        self.reported_lost = 0  # how many that was, for a tree its actor owns
         self._failing_starts: dict[str, int] = {}
         self.runtime_node: Node
         self._idle = trio.Event()

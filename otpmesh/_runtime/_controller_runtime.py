@@ -116,6 +116,10 @@ class Runtime:
         self.nursery: trio.Nursery | None = None
         #: What actors own, by path (otpmesh._controller._owners; the layer above keeps it).
         self.owners: Any = None
+        #: What it answers any process of the app (otpmesh._controller._owned's Service).
+        self.service: Any = None
+        #: A takeover's journal of every tree's child lists (otpmesh._controller._livejournal).
+        self.live_journal: Any = None
         for install in SERVICES:
             install(self)
 

@@ -13,6 +13,8 @@ reads the file). The records, by the key that names their kind:
   rank's agent only with one of them (docs/security.md).
 - ``tree`` / ``changed``: a supervisor's child list, whole / what changed in it, at the end of
   each of its operations (_core/_livetree.py): what a standby resumes each supervisor from.
+- ``owned`` / ``owned_done``: a tree an actor started (its root's path, owner, spec and key:
+  _controller/_ownedover.py) / its end.
 - ``group``: a process group's epoch. ``chaos``: a controller kill ``otpmesh.chaos`` threw.
 - ``stopped``: the run stopped in order: nothing to take over.
 - ``gap``: the run could not journal everything (``why``: a full disk, an I/O error): it
@@ -52,6 +54,8 @@ KINDS = (
     "agent_token",
     "tree",
     "changed",
+    "owned_done",
+    "owned",
     "group",
     "chaos",
 )
@@ -126,6 +130,13 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
         "deleted": (IDS, True),
         "given": (GIVEN, False),
     },
+    "owned": {
+        "owned": (TEXT, True),
+        "owner": (TEXT, True),
+        "spec": (TEXT, True),
+        "key": (HEX, True),
+    },
+    "owned_done": {"owned_done": (TEXT, True)},
     "group": {"group": (TEXT, True), "epoch": (INT, True)},
     "chaos": {
         "chaos": (TEXT, True),
@@ -201,6 +212,8 @@ class JournalState:
     tokens: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: The last run's supervisors' child lists.
     live: LiveTree = field(default_factory=LiveTree)
+    #: The last run's trees that actors own, running, by root path, in the order started.
+    owned: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Every run's last epoch of each process group, by path, and chaos's marks.
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     marks: list[dict[str, Any]] = field(default_factory=list)
@@ -210,7 +223,7 @@ class JournalState:
         if kind in RUNS:
             self.app, self.stopped, self.gap = (record if kind == k else None for k in RUNS)
             self.procs, self.actors, self.restarts, self.tokens = {}, {}, {}, {}
-            self.live = LiveTree()
+            self.live, self.owned = LiveTree(), {}
         elif kind == "actor":
             self.actors[str(record["actor"])] = record
         elif kind == "proc":
@@ -228,6 +241,11 @@ class JournalState:
             self.tokens[int(record["agent_token"])] = record
         elif kind in ("tree", "changed"):
             self.live.add(record)
+        elif kind == "owned":
+            self.owned.pop(str(record["owned"]), None)  # started again: last in the order
+            self.owned[str(record["owned"])] = record
+        elif kind == "owned_done":
+            self.owned.pop(str(record["owned_done"]), None)
         elif kind == "group":
             self.groups[str(record["group"])] = record
         else:
@@ -238,7 +256,7 @@ class JournalState:
         out = [*self.marks, *self.groups.values()]
         out += [r for r in (self.app, self.stopped, self.gap) if r is not None]  # one at most
         out += [*self.procs.values(), *self.actors.values(), *self.tokens.values()]
-        out += self.live.records()
+        out += [*self.owned.values(), *self.live.records()]
         for sup, times in self.restarts.items():
             for at, mono in times:
                 out.append({"restart": sup, "at": at, **({} if mono is None else {"mono": mono})})
