@@ -196,6 +196,11 @@ class Resumed:
             sup, _, child = path.rpartition("/")
             alive = self.running.get(path) == incarnation
             ctx.incarnations(sup)[child] = incarnation - 1 if alive else incarnation
+        for sup, counters in self.live.counters().items() if self.live is not None else ():
+            given = ctx.incarnations(sup)  # a supervisor started again later goes on from here
+            for child, number in counters.items():
+                if self.running.get(f"{sup}/{child}") != number:  # a running one: see above
+                    given[child] = max(given.get(child, 0), number)
         now, wall, mono = trio.current_time(), time.time(), time.monotonic()
         same_boot = bool(self.boot) and self.boot == boot_id()
         for sup, stamps in self.restarts.items():

@@ -104,6 +104,18 @@ class LiveTree:
             out.append(row)
         return out
 
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The last incarnation given to each child of each supervisor the records hold,
+        by the supervisor's path: where a standby's supervisors go on counting from, those
+        it resumes and those it starts again later alike."""
+        out: dict[str, dict[str, int]] = {}
+        for path, sup in self.sups.items():
+            given = {i: int(row[2]) for i, row in sup.rows.items()}
+            for child_id, number in sup.given.items():
+                given[child_id] = max(given.get(child_id, 0), int(number))
+            out[path] = given
+        return out
+
     def given(self, path: str) -> dict[str, int]:
         """The last incarnation given to children of the supervisor at `path`, where that is
         past their rows' or they have none (the module's docstring)."""

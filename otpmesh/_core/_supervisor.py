@@ -260,9 +260,8 @@ class SupervisorCore:
         None: what a takeover journals (_livetree.py). Call it when the core is idle, between
         operations: a list taken in the middle of one (a group half restarted) is no state a
         standby could resume."""
-        changes, self._reported = changes_since(
-            self._reported, self.which_children()[::-1], self._incarnations
-        )
+        rows = ((c.source.id, c.status, c.incarnation, c.source) for c in self._children)
+        changes, self._reported = changes_since(self._reported, rows, self._incarnations)
         return changes
 
     @property

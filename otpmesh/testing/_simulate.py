@@ -206,8 +206,10 @@ class Simulation:
         for path, incarnation in self._started.items():
             sup, _, child = path.rpartition("/")
             self._counters.setdefault(sup, {})[child] = incarnation
-        for sup in live.sups:
-            self._counters.setdefault(sup, {}).update(live.given(sup))
+        for sup, counters in live.counters().items():
+            mine = self._counters.setdefault(sup, {})
+            for child_id, number in counters.items():
+                mine[child_id] = max(mine.get(child_id, 0), number)
         self._lost = {p: workers[p] for p in step.lost if p in workers}
         self._live = live
         try:
