@@ -20,8 +20,8 @@ from ._controller._owned import singleton as singleton
 from ._controller._procmesh import ProcMesh as ProcMesh
 from ._controller._procmesh import proc_mesh as proc_mesh
 from ._controller._procref import ProcMeshRef as ProcMeshRef
-from ._controller._takeover import Resumption as Resumption
-from ._controller._takeover import Takeover as Takeover
+from ._controller._takeoverspec import Resumption as Resumption
+from ._controller._takeoverspec import Takeover as Takeover
 from ._core._actor import UNANSWERED as UNANSWERED
 from ._core._actor import Actor as Actor
 from ._core._actor import ActorContext as ActorContext

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otpmesh import Supervisor, TakeoverError, Worker
-from otpmesh._controller._takeover import carried_times, last_run
+from otpmesh._controller._lastrun import last_run
+from otpmesh._controller._takeover import carried_times
 from otpmesh._core._supervisor import SupervisorCore
 from otpmesh._core._supevents import ChildExited, ChildStarted, StartChild
 from otpmesh._runtime._journal import Journal, read_journal

@@ -23,7 +23,7 @@ import trio
 import trio.testing
 
 from otpmesh import TakeoverError
-from otpmesh._controller._takeover import last_run
+from otpmesh._controller._lastrun import last_run
 from otpmesh._runtime._journal import RETRY_FIRST, Journal, read_journal, room
 from otpmesh._runtime._journalstate import fold
 from otpmesh._runtime._statedir import JOURNAL, bump_epoch, open_state_dir

@@ -252,7 +252,7 @@ def test_a_standby_registers_only_the_agents_holding_the_journalled_tokens(
     checks tokens, it does not refuse every agent). Before, a standby checked the secret
     alone: the actor registered, as a host the standby would count, relay through and spawn
     on (docs/security.md)."""
-    from otpmesh._controller._takeover import last_run
+    from otpmesh._controller._lastrun import last_run
     from otpmesh._runtime._journal import read_journal
 
     tree = Supervisor("job", children=[Mesh("forger", Forger, shape={"hosts": 1, "procs": 1})])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from otpmesh._controller._takeover import last_run
+from otpmesh._controller._lastrun import last_run
 from otpmesh._runtime._journal import read_journal
 from tests.test_takeover import JOB_ENTRY, Program
 

@@ -32,7 +32,8 @@ from ._inspect import Stacks, collect, serve_signal, under
 from ._owners import owners
 from ._pgplacement import with_process_groups
 from ._placement import LocalPlacement, ProcsPlacement
-from ._takeover import Resumption, Takeover, resume
+from ._takeover import resume
+from ._takeoverspec import Resumption, Takeover
 from ._tree import TreeContext
 from ._view import view
 from ._watch import watchable

@@ -14,12 +14,10 @@ by child. docs/guides/takeover.md tells the story.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -30,129 +28,23 @@ from .._core._supevents import LogEntry, LogKind
 from .._runtime._adoption import adopt
 from .._runtime._appkey import takeover_key, unwrap
 from .._runtime._controller_runtime import _RUNTIME, Runtime, runtime
-from .._runtime._journal import COMPACT_BYTES, Journal, read_journal
-from .._runtime._journalstate import Stamp, fold
-from .._runtime._lease import Lease, describe, holders
+from .._runtime._journal import Journal, read_journal
+from .._runtime._journalstate import Stamp
+from .._runtime._lease import Lease
 from .._runtime._proc import Proc
 from .._runtime._run import run_is_standby
 from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, open_state_dir
 from ._fingerprint import differences, fingerprint
+from ._lastrun import last_run
 from ._livejournal import LiveJournal
 from ._ownedover import owned_by, resume_owned
+from ._standbywait import wait_for_lease
+from ._takeoverspec import Hosts, Resumption, Takeover
 
 if TYPE_CHECKING:
     from ._tree import TreeContext
 
 log = logging.getLogger("otpmesh.takeover")
-
-#: How often a waiting standby looks at who holds the lease (it waits for the lease itself
-#: in the kernel's queue), and how often it says so again while a stranger holds it.
-HOLDER_POLL = 0.5
-SQUATTER_REPEAT = 5.0
-#: How often a standby on hosts reads the journal again for the run's hosts.
-JOURNAL_POLL = 0.5
-
-
-class Hosts(Protocol):
-    """The hosts part of a takeover (``otpmesh.TakeoverHosts``, _hosts/_hostover.py)."""
-
-    async def attach(self, rt: Runtime) -> None: ...
-    def witnesses(self) -> set[int]: ...
-    def expect_tokens(self, tokens: dict[int, tuple[bytes, bytes | None]]) -> None: ...
-    async def start_fresh(self, rt: Runtime, state: TakeoverState) -> None: ...
-    async def adopt(
-        self, rt: Runtime, state: TakeoverState, procs: list[dict[str, Any]]
-    ) -> dict[str, Proc]: ...
-    async def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Takeover:
-    """Run a tree so that a standby controller can take it over when this one dies.
-
-    `dir` is the state directory (made 0700, this user's alone). `grace` is how long, in
-    seconds, workers and the fork server keep running (and keep their actors' state) without a
-    controller before they exit. With `standby`, a start whose lease another controller holds
-    waits for it instead of failing. `key` is what the app's secret is kept under in the
-    journal (never in the clear): by default the user's otpmesh secret (``OTPMESH_SECRET``,
-    ``OTPMESH_SECRET_FILE`` or ``~/.otpmesh/secret``, made if missing); the active controller
-    and its standby need the same one.
-    """
-
-    dir: str | os.PathLike[str]
-    grace: float = 30.0
-    standby: bool = False
-    #: The tree runs on host agents, which a standby on another host takes over too
-    #: (``otpmesh.TakeoverHosts(launcher, listen=..., port=...)``; docs/guides/takeover.md).
-    hosts: Hosts | None = None
-    #: The journal is compacted to what is still true once it has grown this many bytes
-    #: (docs/guides/takeover.md); the default suits any tree, a test may make it small.
-    journal_bytes: int = COMPACT_BYTES
-    key: bytes | None = field(default=None, repr=False)
-    #: Take a running tree over even when this program's tree or actor code differs from the
-    #: running controller's (by default it refuses and says what differs): adopted actors keep
-    #: running the old code until they restart (docs/guides/takeover.md, "Running other code").
-    upgrade: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dir, str | os.PathLike) or not str(self.dir):
-            raise TypeError(
-                f"Takeover(dir=...) needs a directory path, not {self.dir!r}; e.g. "
-                "Takeover(dir=os.path.expanduser('~/otpmesh-state/myjob')), a directory of your own"
-            )
-        grace = self.grace
-        if (
-            isinstance(grace, bool)
-            or not isinstance(grace, int | float)
-            or not (math.isfinite(grace) and grace > 0)
-        ):
-            raise ValueError(
-                f"Takeover(grace=...) is how many seconds workers wait for a standby: a positive "
-                f"number, not {grace!r}; e.g. grace=30.0"
-            )
-        if not isinstance(self.standby, bool):
-            raise TypeError(f"Takeover(standby=...) is True or False, not {self.standby!r}")
-        if not isinstance(self.upgrade, bool):
-            raise TypeError(f"Takeover(upgrade=...) is True or False, not {self.upgrade!r}")
-        key = self.key
-        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
-            raise ValueError(
-                "Takeover(key=...) is the bytes the app's secret is kept under (16 or more, the "
-                f"same for the active controller and its standby), not {_brief(key)}; e.g. "
-                "key=open('/run/secrets/job-key', 'rb').read(), or leave it out to use "
-                "~/.otpmesh/secret"
-            )
-        size = self.journal_bytes
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(
-                f"Takeover(journal_bytes=...) is how many bytes the journal grows before it is "
-                f"compacted: a positive int, not {size!r}; e.g. journal_bytes={COMPACT_BYTES}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class Resumption:
-    """What ``app.resumed`` says when the app's start took a running tree over (None when it
-    started afresh): this controller's fencing `epoch`, the pid of the controller it took over
-    from (`previous_pid`), how many actors it found running and kept, state and all
-    (`adopted`), how many children had died in the gap (`lost`: their exits went to their
-    supervisors, whose rules restarted them or not), how many worker processes it adopted,
-    and the `gap`: seconds from the previous controller's last journal write to this
-    takeover (about how long the tree ran without a controller)."""
-
-    epoch: int
-    previous_pid: int
-    adopted: int
-    lost: int
-    processes: int
-    gap: float
-
-    def __str__(self) -> str:
-        return (
-            f"epoch {self.epoch} took the tree over from pid {self.previous_pid} after "
-            f"{self.gap:.2f} s: {self.adopted} actors adopted in {self.processes} processes, "
-            f"{self.lost} lost in the gap"
-        )
 
 
 @dataclass(eq=False)
@@ -297,7 +189,7 @@ async def resume(takeover: Takeover, tree: Supervisor | Mesh) -> Resumed:
                     "one as its standby (Takeover(..., standby=True), otpmesh.run(main, "
                     "standby=True) or otpmesh run --standby job.py:main), or give it another dir"
                 )
-            if not await _wait_for_lease(takeover, root, lease, key):
+            if not await wait_for_lease(takeover, root, lease, key):
                 return await _take(takeover, root, lease, standby, key, prints)  # no lease
         lease.check_held()
         return await _take(takeover, root, lease, standby, key, prints)
@@ -386,108 +278,6 @@ async def _take(
     return resumed
 
 
-async def _wait_for_lease(takeover: Takeover, root: Path, lease: Lease, key: bytes) -> bool:
-    """A standby's wait: for the lease, in the kernel's queue (True once held), or, on hosts,
-    for a majority of the run's hosts to come to it having lost their controller (False: a
-    partitioned controller keeps the lease). Meanwhile a lease held by a process that is
-    neither the journal's active controller nor this one is named, loudly, until it goes."""
-    got = False
-    async with trio.open_nursery() as nursery:
-
-        async def take() -> None:
-            nonlocal got
-            await trio.to_thread.run_sync(lease.acquire, abandon_on_cancel=True)
-            got = True
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(take)
-        nursery.start_soon(_name_squatters, root, lease)
-        if takeover.hosts is not None:
-            await _wait_for_hosts(takeover.hosts, root, key)
-            nursery.cancel_scope.cancel()
-    return got
-
-
-async def _wait_for_hosts(hosts: Hosts, root: Path, key: bytes) -> None:
-    """Until a majority of the journal's hosts came to this standby having lost their
-    controller."""
-    ranks: set[int] = set()
-    while True:
-        # Read again and again: the active controller may still be starting its workers.
-        run = last_run(read_journal(root))
-        ranks = {int(r["coords"]["hosts"]) for r in run.procs.values() if "hosts" in r["coords"]}
-        if run.app is not None:  # its agents come to this address: listen from now on
-            hosts.expect_tokens(run.tokens)
-            await hosts.attach(await runtime(unwrap(key, run.app)))
-        came = hosts.witnesses() & ranks
-        if ranks and 2 * len(came) > len(ranks):
-            log.warning("takeover: %d of %d hosts lost their controller", len(came), len(ranks))
-            return
-        await trio.sleep(JOURNAL_POLL)
-
-
-async def _name_squatters(root: Path, lease: Lease) -> None:
-    """Say which process holds the lease when it is neither the active controller nor this
-    standby (a same-user process can take it and keep it: then this standby cannot take over,
-    and the user must know which process to stop), again every SQUATTER_REPEAT seconds."""
-    said: dict[int, float] = {}
-    active: int | None = None
-    while True:
-        for pid in holders(lease.path):
-            if pid in (active, os.getpid()) or trio.current_time() < said.get(pid, -math.inf):
-                continue
-            run = last_run(read_journal(root))  # only for a holder it does not know yet
-            active = int(run.app["app"]) if run.app is not None else None
-            if pid == active:
-                continue
-            said[pid] = trio.current_time() + SQUATTER_REPEAT
-            log.error(
-                "takeover: the lease %s is held by %s, which is neither the active controller "
-                "(%s) nor this standby: this standby cannot take the run over while it holds it; "
-                "stop that process",
-                lease.path,
-                describe(pid),
-                f"pid {active}" if active is not None else "none in the journal",
-            )
-        await trio.sleep(HOLDER_POLL)
-
-
-@dataclass
-class LastRun:
-    """The journal's last run: its app record, processes, actor starts and restarts."""
-
-    app: dict[str, Any] | None = None
-    procs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: Actor path -> (its last incarnation, the id of the process it started in).
-    actors: dict[str, tuple[int, str]] = field(default_factory=dict)
-    #: Supervisor path -> the times, oldest first, of its restarts that a later intensity
-    #: check may still count.
-    restarts: dict[str, list[Stamp]] = field(default_factory=dict)
-    #: Rank -> its agent's registration tokens: (the next it holds, the one it presented last).
-    tokens: dict[int, tuple[bytes, bytes | None]] = field(default_factory=dict)
-    #: Each supervisor's child list.
-    live: LiveTree = field(default_factory=LiveTree)
-    #: The trees that actors own, running, by root path.
-    owned: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def last_run(records: list[dict[str, Any]]) -> LastRun:
-    """The journal's last run; an empty one if it stopped in order (or there was none)."""
-    state = fold(records)
-    if state.app is None:
-        return LastRun()
-    actors = {path: (int(r["incarnation"]), str(r["proc"])) for path, r in state.actors.items()}
-    tokens = {
-        rank: (bytes.fromhex(str(r["next"])), _hex(r.get("presented")))
-        for rank, r in state.tokens.items()
-    }
-    return LastRun(state.app, state.procs, actors, state.restarts, tokens, state.live, state.owned)
-
-
-def _hex(text: object) -> bytes | None:
-    return None if text is None else bytes.fromhex(str(text))
-
-
 def carried_times(
     stamps: list[Stamp], same_boot: bool, now: float, wall: float, mono: float
 ) -> tuple[float, ...]:
@@ -521,12 +311,6 @@ def journal_marks(state: TakeoverState, key: str) -> list[dict[str, Any]]:
     """The records holding `key` in this app's journal, oldest first (a fresh run truncates it,
     so they are all this app's, across its takeovers)."""
     return [record for record in read_journal(state.root) if key in record]
-
-
-def _brief(value: object) -> str:
-    if isinstance(value, bytes):
-        return f"{len(value)} bytes"
-    return f"a {type(value).__name__}"
 
 
 def _check_same_code(app: dict[str, Any], prints: dict[str, Any], upgrade: bool) -> None:

@@ -40,7 +40,7 @@ import trio
 
 import otpmesh
 from otpmesh import launchers
-from otpmesh._controller._takeover import last_run
+from otpmesh._controller._lastrun import last_run
 from otpmesh._runtime._journal import COMPACT_BYTES, Journal, read_journal
 from otpmesh._runtime._statedir import bump_epoch, open_state_dir
 from otpmesh.testing import netns
