@@ -26,7 +26,7 @@ from otpmesh._runtime._controller_runtime import runtime
 from otpmesh._wire._handshake import HANDSHAKE, dial
 from otpmesh._wire._unproven import PER_LISTENER, PER_PEER, Unproven
 from otpmesh.bench.flood import FloodedApp, Flooder
-from otpmesh.rdma import _tcp
+from otpmesh.rdma import _tcpwire
 from tests.actors import Echo, Member
 from tests.conftest import no_descriptor_left, other_user, run_trio
 from tests.rdma.test_tcp_backend import _read, _served
@@ -76,7 +76,7 @@ def test_the_tcp_backend_holds_a_bounded_share_of_half_sent_requests_per_host(
         flood = []
         for n in range(PER_PEER * 4):
             sock = socket.create_connection(address)
-            sock.sendall(b"\x00" if n % 2 else _tcp._LEN.pack(60) + b"\x85")  # half a request
+            sock.sendall(b"\x00" if n % 2 else _tcpwire.LEN.pack(60) + b"\x85")  # half a request
             flood.append(sock)
         with trio.fail_after(20):
             while owner.unproven.evicted < PER_PEER * 3:
@@ -103,7 +103,7 @@ def test_a_non_ascii_token_is_refused_without_a_traceback(caplog: pytest.LogCapt
 
         def ask() -> bytes:
             with socket.create_connection(address, timeout=10) as sock:
-                sock.sendall(_tcp._LEN.pack(len(request)) + request)
+                sock.sendall(_tcpwire.LEN.pack(len(request)) + request)
                 return sock.recv(100)
 
         for _ in range(20):

@@ -51,7 +51,7 @@ def test_silence_while_starting_is_judged_at_the_starts_deadline_then_at_the_hea
     the start's answer."""
     import trio.testing
 
-    from otpmesh._runtime._forkclient import BeatReader, watch_heartbeat
+    from otpmesh._runtime._workerpipes import BeatReader, watch_heartbeat
 
     async def silent_for(started_at: float | None) -> tuple[float, str]:
         read_end, write_end = os.pipe()
@@ -93,7 +93,7 @@ def test_beats_keep_a_worker_alive_and_their_end_starts_the_silence() -> None:
     one, running, started) is called hung HARD_FACTOR timeouts after its last beat, not before."""
     import trio.testing
 
-    from otpmesh._runtime._forkclient import BeatReader, watch_heartbeat
+    from otpmesh._runtime._workerpipes import BeatReader, watch_heartbeat
 
     async def main() -> None:
         read_end, write_end = os.pipe()

@@ -197,8 +197,8 @@ def test_an_agent_waiting_for_a_standby_serves_only_a_higher_epoch() -> None:
     control pipe (no network needed): the same epoch is hung up on and its workers are not
     touched; a higher one is served, and each worker is told to drop the old controller."""
     from otpmesh._hosts._agent import Agent, _Proc
-    from otpmesh._runtime._forkclient import WorkerPipes
     from otpmesh._runtime._watchdog import fence_request
+    from otpmesh._runtime._workerpipes import WorkerPipes
 
     class Conn:
         reason: str | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._core._errors import EncodeError, ProtocolError
 from .._core._spec import Mesh, Supervisor
@@ -27,8 +27,14 @@ from .._wire._codec import pack, unpack
 from ._placement import ProcsPlacement
 from ._specwire import spec_from_wire, spec_to_wire
 
-if TYPE_CHECKING:
-    from ._owned import Service
+
+class ResumesSubtrees(Protocol):
+    """What starts an owned tree again for a takeover (_owned.py's ``Service``)."""
+
+    async def resume_subtree(
+        self, owner: str, spec: Supervisor | Mesh, key: str, placement: ProcsPlacement
+    ) -> None: ...
+
 
 log = logging.getLogger("otpmesh.takeover")
 
@@ -55,7 +61,7 @@ def journal_owned_done(rt: Runtime, root: str) -> None:
 
 async def resume_owned(
     rt: Runtime,
-    service: Service,
+    service: ResumesSubtrees,
     records: list[dict[str, Any]],
     procs: dict[str, Proc],
     running: dict[str, int],

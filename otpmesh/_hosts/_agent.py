@@ -36,13 +36,8 @@ from .._core._dumpable import make_undumpable
 from .._core._errors import ProtocolError
 from .._node._node import Node
 from .._node._relay import Relay
-from .._runtime._forkclient import (
-    BeatReader,
-    ForkServer,
-    WorkerPipes,
-    forward_lines,
-    watch_heartbeat,
-)
+from .._runtime._forkclient import ForkServer
+from .._runtime._workerpipes import BeatReader, WorkerPipes, forward_lines, watch_heartbeat
 from .._wire import _codec
 from .._wire._connection import Connection
 from .._wire._frames import HELLO, decode_frame

@@ -15,9 +15,9 @@ import trio
 
 from .._core._errors import ActorDiedError, ActorError, FencedError, OtpmeshError, ProtocolError
 from ._controller_runtime import Runtime
-from ._forkclient import worker_pipes
 from ._proc import Proc
 from ._statedir import FORKSERVER_SOCKET
+from ._workerpipes import worker_pipes
 
 log = logging.getLogger("otpmesh.takeover")
 

@@ -29,7 +29,7 @@ from .._wire._owntasks import spawn as spawn_own
 from ..rdma._channel import Channel
 from . import _spare
 from ._deaths import Deaths
-from ._forkclient import BeatReader, ForkServer, WorkerPipes, forward_lines, watch_heartbeat
+from ._forkclient import ForkServer
 from ._liveness import HARD_FACTOR
 from ._proc import (
     HEARTBEAT_INTERVAL,
@@ -43,6 +43,7 @@ from ._proc import (
 )
 from ._statedir import TakeoverState
 from ._watchdog import Watchdog, hung_reason
+from ._workerpipes import BeatReader, WorkerPipes, forward_lines, watch_heartbeat
 
 log = logging.getLogger("otpmesh.runtime")
 

@@ -17,7 +17,7 @@ import trio
 
 from .._wire._connection import Connection
 from .._wire._refusals import describe_peer
-from ._forkclient import WorkerPipes
+from ._workerpipes import WorkerPipes
 
 #: Workers beat at most this often (see beat_interval); one silent for its heartbeat timeout
 #: (HEARTBEAT_TIMEOUT unless set) is hung (SIGSTOP, wedged) and killed.

@@ -45,8 +45,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -58,7 +57,9 @@ from . import _corevalues
 from ._arrays import MAX_DIMS, decode_array
 from ._brief import brief
 from ._corevalues import CoreValue
+from ._framesize import SCAN_LEVELS, blob_bytes, too_big
 from ._framing import MAX_FRAME_SIZE
+from ._packers import KEEP_PACKER_BELOW, Packer, ThreadPackers
 from ._tensors import (
     AUTOGRAD_FLAGS,
     CHANNEL_THRESHOLD,
@@ -106,11 +107,6 @@ EXT_PORT = 16
 MAX_NESTING = 8
 #: Most dimensions a tensor on the wire may have (torch itself caps tensors at 64 dims).
 MAX_TENSOR_DIMS = MAX_DIMS
-# The cheap size check before packing looks this many containers deep (a call's [method, args,
-# kwargs], its arguments, their items), into containers of at most this many items: a bound on
-# its cost on the hot path. The size after packing is checked too, for what this misses.
-_SCAN_LEVELS = 3
-_SCAN_ITEMS = 32
 # How deep in lists, tuples and dicts a large bytes-like is found for the channel (deeper ones
 # travel inline): a bound on the walk's recursion.
 _LIFT_LEVELS = 32
@@ -286,42 +282,18 @@ def _ext_hook(level: int, pending: list[PendingTensor], code: int, data: bytes) 
     return cls._from_wire(_unpack(data, level + 1, pending))
 
 
-class _Packer:
-    """A msgpack packer kept for one nesting level in one thread, and the packing it serves
-    now. ``msgpack.packb`` makes a packer per call, and each allocates a 256 KiB buffer: that
-    was the largest single cost of a call on the hot path (docs/architecture.md, "What a call
-    costs"); a kept one costs a tenth of it."""
-
-    __slots__ = ("busy", "how", "level", "pack")
-
-    def __init__(self, level: int) -> None:
-        self.level = level
-        self.how = PLAIN
-        self.busy = False  # packing now: a hook packing again at this level gets its own
-        self.pack = msgpack.Packer(default=self.default, strict_types=True, use_bin_type=True).pack
-
-    def default(self, obj: Any) -> Any:
-        return _default(self.level, self.how, obj)
+def _hook(packer: Packer, obj: Any) -> Any:
+    return _default(packer.level, packer.how, obj)
 
 
-# A packer's buffer keeps the size of the largest value it packed: one that grew past msgpack's
-# initial 256 KiB is dropped, so no thread holds a frame's worth of memory after a big message.
-_KEEP_PACKER_BELOW = 256 << 10
-
-
-class _ThreadPackers(threading.local):
-    def __init__(self) -> None:
-        self.by_level = [_Packer(level) for level in range(MAX_NESTING + 1)]
-
-
-_PACKERS = _ThreadPackers()
+_PACKERS = ThreadPackers(MAX_NESTING, _hook)
 
 
 def _pack(obj: Any, level: int, how: Packing) -> bytes:
     packers = _PACKERS.by_level
     packer = packers[level]
     if packer.busy:  # re-entered (a hook packing at its own level): never share its buffer
-        packer = _Packer(level)
+        packer = Packer(level, _hook)
     packer.busy, packer.how = True, how
     try:
         packed: bytes = packer.pack(obj)  # on an error, msgpack empties its buffer
@@ -333,50 +305,14 @@ def _pack(obj: Any, level: int, how: Packing) -> bytes:
         raise EncodeError(f"cannot encode message: nested too deeply ({exc})") from exc
     finally:
         packer.busy, packer.how = False, PLAIN  # let go of this call's offer and handles
-    if len(packed) >= _KEEP_PACKER_BELOW and packers[level] is packer:
-        packers[level] = _Packer(level)
+    if len(packed) >= KEEP_PACKER_BELOW and packers[level] is packer:
+        packers[level] = Packer(level, _hook)
     return packed
 
 
 def _unpack(data: bytes, level: int, pending: list[PendingTensor]) -> Any:
     hook = partial(_ext_hook, level, pending)
     return msgpack.unpackb(data, ext_hook=hook, raw=False, strict_map_key=False)
-
-
-def _too_big(size: int, exact: bool) -> EncodeError:
-    what = f"{size} bytes" if exact else f"more than {size} bytes"
-    return EncodeError(
-        f"cannot send a message of {what}: a frame carries at most {MAX_FRAME_SIZE} bytes; "
-        "send large data as a torch tensor (large tensors go over the tensor channel) or as an "
-        "otpmesh.rdma.RDMABuffer"
-    )
-
-
-def _blob_bytes(obj: Any, levels: int) -> int:
-    """A cheap lower bound of obj's encoded size: the bytes and strings in its top `levels`
-    levels of containers (exact types only; the check after packing catches what this misses)."""
-    kind = type(obj)
-    if kind is bytes or kind is str or kind is bytearray:
-        return len(obj)
-    if kind is memoryview:
-        return int(obj.nbytes)
-    items: Collection[Any]
-    if kind is list or kind is tuple:
-        items = obj
-    elif kind is dict:
-        items = obj.values()
-    else:
-        return 0
-    if len(items) > _SCAN_ITEMS:
-        return 0
-    total = 0
-    for item in items:
-        kind = type(item)
-        if kind is bytes or kind is str or kind is bytearray:
-            total += len(item)
-        elif levels > 1 and (kind is list or kind is tuple or kind is dict or kind is memoryview):
-            total += _blob_bytes(item, levels - 1)
-    return total
 
 
 #: Values with nothing in them for the tensor channel to take: a message of these alone is
@@ -393,15 +329,15 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
     how = PLAIN if offer is None and not local else Packing(None if local else offer, local)
     if local:
         return _pack(obj, 0, how)
-    blobs = _blob_bytes(obj, _SCAN_LEVELS)
+    blobs = blob_bytes(obj, SCAN_LEVELS)
     if how.offer is not None:
         if blobs >= CHANNEL_THRESHOLD:  # large bytes-likes near the top: to the channel
             obj = lift(obj, _LIFT_LEVELS)
-            blobs = _blob_bytes(obj, _SCAN_LEVELS)
+            blobs = blob_bytes(obj, SCAN_LEVELS)
         else:  # maybe deeper: the packed size says (then pack again, offering nothing twice)
             how.offered = {}
     if blobs > MAX_FRAME_SIZE:
-        raise _too_big(blobs, exact=False)
+        raise too_big(blobs, exact=False)
     packed = _pack(obj, 0, how)
     if how.offered is not None and len(packed) >= CHANNEL_THRESHOLD:
         lifted = lift(obj, _LIFT_LEVELS)
@@ -409,7 +345,7 @@ def pack(obj: Any, offer: Offer | None = None, *, local: bool = False) -> bytes:
             how.replays, how.offered = how.offered, None
             packed = _pack(lifted, 0, how)
     if len(packed) > MAX_FRAME_SIZE:
-        raise _too_big(len(packed), exact=True)
+        raise too_big(len(packed), exact=True)
     return packed
 
 
@@ -418,7 +354,7 @@ def pack_plain(obj: Any) -> bytes:
     offer and no scan ahead of packing, only the size check (the hot path's call and reply)."""
     packed = _pack(obj, 0, PLAIN)
     if len(packed) > MAX_FRAME_SIZE:
-        raise _too_big(len(packed), exact=True)
+        raise too_big(len(packed), exact=True)
     return packed
 
 

@@ -1,9 +1,9 @@
 """A connection: length-prefixed msgpack frames (_framing.py) over a non-blocking socket that
 ``dial`` or ``accept`` opened and proved (_handshake.py), both directions at once.
 
-On a Unix socket a frame may also carry file descriptors (``SCM_RIGHTS``, ``Connection.pass_fd``):
-how the tensor channel hands a reader its snapshot file without the reader touching the owner's
-process (which may not let it: docs/security.md).
+On a Unix socket a frame may also carry file descriptors (``SCM_RIGHTS``, ``Connection.pass_fd``,
+_fdpassing.py). A caller may read in the reader's place (``read_for``, ``read_waiting``,
+_inplace.py).
 
 A broken frame closes that one connection; nothing else is affected.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import array
 import contextvars
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -22,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._errors import ProtocolError
+from ._fdpassing import FD_SPACE, PassesFds
 from ._framemac import FrameMac
 from ._framing import FrameDecoder, frame_header
+from ._inplace import STREAK, ReadsInPlace
 
 if TYPE_CHECKING:
     from ._refusals import RefusalLog
@@ -31,17 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("otpmesh.wire")
 
 _RECV_CHUNK = 1 << 18
-# Reads in a row, the socket never found empty, before the reading task lets others run.
-_STREAK = 8
 # Frames smaller than this are coalesced into one write; bigger ones are written as they are.
 _COALESCE_LIMIT = 1 << 18
 # A caller waits for the writer once this much is queued on one connection (backpressure).
 _HIGH_WATER = 16 << 20
-#: Descriptors passed in one write, and kept received but not yet taken, per connection. Only a
-#: tensor channel owner sends them, one per pin answered; a peer that sends more than a reader
-#: takes cannot fill this process's descriptor table: the oldest are closed.
-MAX_PASSED_FDS = 16
-_FD_SPACE = socket.CMSG_SPACE(MAX_PASSED_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
 
 class _HandedOver:
@@ -49,13 +43,12 @@ class _HandedOver:
 
 
 _HANDED_OVER = _HandedOver()
-_ENDED = object()  # a caller reading in the reader's place met the end of stream
 
 #: Called with the connection, the message and the channel tensors its frame named.
 MessageHandler = Callable[["Connection", Any, Any], "Awaitable[None] | None"]
 
 
-class Connection:
+class Connection(PassesFds, ReadsInPlace):
     """One framed, bidirectional connection over a non-blocking socket.
 
     A frame is written straight to the socket by the task that sends it when nothing is queued
@@ -100,7 +93,7 @@ class Connection:
         #: Where a protocol error the peer caused is logged, rate-limited (the node's); None:
         #: at ERROR, each time.
         self.refusals: RefusalLog | None = None
-        self._unix = sock.family == socket.AF_UNIX and _FD_SPACE > 0
+        self._unix = sock.family == socket.AF_UNIX and FD_SPACE > 0
         self._fds_out: list[int] = []  # our duplicates, sent with the next bytes written
         self._fds_in: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> descriptor
         # The read side: bytes to frames, frames handled in order, by the reader task or by a
@@ -157,41 +150,6 @@ class Connection:
             self._out_bytes += len(data) - sent
             self._writer_lot.unpark()
 
-    @property
-    def passes_fds(self) -> bool:
-        """Whether descriptors can travel on this connection (a Unix socket: the same host)."""
-        return self._unix
-
-    def pass_fd(self, fd: int) -> tuple[int, int]:
-        """Send (a duplicate of) descriptor `fd` to the peer with the next bytes written on this
-        connection, so it arrives no later than the next frame sent; return the key the peer
-        takes it by (``take_fd``): the file's (st_dev, st_ino). Unix sockets only."""
-        if not self._unix:
-            raise ValueError(f"connection to {self.peer} cannot pass descriptors (not Unix)")
-        if self.closed:  # nothing would send (or close) the duplicate
-            raise trio.ClosedResourceError(f"connection to {self.peer} is closed")
-        st = os.fstat(fd)
-        self._fds_out.append(os.dup(fd))
-        return st.st_dev, st.st_ino
-
-    def take_fd(self, key: Any) -> int | None:
-        """The descriptor the peer passed for file `key` (``pass_fd``'s answer there), now this
-        caller's to close; None if none arrived (or it was closed, being too old)."""
-        if type(key) is not list or len(key) != 2 or not all(type(k) is int for k in key):
-            return None
-        return self._fds_in.pop((key[0], key[1]), None)
-
-    def _send(self, data: bytes | bytearray | memoryview) -> int:
-        if not self._fds_out:
-            return self.sock.send(data)
-        fds = self._fds_out[:MAX_PASSED_FDS]
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-        sent = self.sock.sendmsg([data], rights)  # BlockingIOError: nothing went, fds stay
-        del self._fds_out[: len(fds)]
-        for fd in fds:  # the peer holds its own now
-            os.close(fd)
-        return sent
-
     async def _send_all(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:
@@ -204,7 +162,7 @@ class Connection:
         if not self._unix:
             return self.sock.recv(_RECV_CHUNK)
         data, ancillary, _flags, _addr = self.sock.recvmsg(
-            _RECV_CHUNK, _FD_SPACE, socket.MSG_CMSG_CLOEXEC
+            _RECV_CHUNK, FD_SPACE, socket.MSG_CMSG_CLOEXEC
         )
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -213,25 +171,6 @@ class Connection:
                 for fd in fds:
                     self._keep_fd(fd)
         return data
-
-    def _keep_fd(self, fd: int) -> None:
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            os.close(fd)
-            return
-        old = self._fds_in.pop((st.st_dev, st.st_ino), None)
-        if old is not None:
-            os.close(old)
-        self._fds_in[st.st_dev, st.st_ino] = fd
-        while len(self._fds_in) > MAX_PASSED_FDS:  # a peer passing what nobody takes
-            os.close(self._fds_in.pop(next(iter(self._fds_in))))
-
-    def _close_fds(self) -> None:
-        for fd in [*self._fds_out, *self._fds_in.values()]:
-            os.close(fd)
-        self._fds_out.clear()
-        self._fds_in.clear()
 
     @property
     def backed_up(self) -> bool:
@@ -327,30 +266,9 @@ class Connection:
                 await waiting
                 continue
             streak += 1
-            if streak >= _STREAK:  # a busy peer must not starve this process's other tasks
+            if streak >= STREAK:  # a busy peer must not starve this process's other tasks
                 streak = 0
                 await trio.lowlevel.checkpoint()
-
-    def _lent_out(self) -> bool:
-        """Whether a caller reads in the reader's place now (``read_for``)."""
-        return self._lent
-
-    async def _step_aside(self) -> None:
-        """The reader waits while a caller reads in its place, until it hands the socket back
-        (or takes it again before the reader ran: then it waits again, at once)."""
-        while self._lent:
-            self._aside = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort_aside)
-
-    def _abort_aside(self, _: Any) -> trio.lowlevel.Abort:
-        self._aside = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def _hand_back(self) -> None:
-        self._lent = False
-        task, self._aside = self._aside, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
 
     @trio.lowlevel.enable_ki_protection  # in a caller's task too: a stop signal waits for main
     def _read(self) -> bool:
@@ -391,92 +309,6 @@ class Connection:
             if waiting is not None:
                 return waiting
         return None
-
-    async def read_for(self, done: Callable[[], bool]) -> None:
-        """Until `done()`: read and handle what comes on this connection in its reader's place
-        (a reply, and whatever else arrives, exactly as the reader would), then hand the socket
-        back. The one caller waiting on a connection is then woken by the socket itself, not
-        by the reader rescheduling it a scheduler pass later: a unicast round trip takes one
-        pass, as a bare echo does (the reader's own pass, to step aside and to take the socket
-        back, comes while the peer works). Returns at once, leaving the reader to deliver,
-        when the reader is busy, another caller reads, other calls are out on this connection
-        (pipelined: their replies come together, and the reader delivers them in one pass),
-        or what it read waits to be handled."""
-        if (
-            not self._idle
-            or self._lent
-            or self.closed
-            or self._handed is not None
-            or len(self.pending) > 1
-        ):
-            return
-        sock = self.sock
-        self._lent = True
-        if self._reader_waits:
-            if self._writing:  # it may wait for the socket too: a kick would wake it as well
-                self._lent = False
-                return
-            self._kick_reader()  # it leaves its wait at once, and steps aside
-        streak = 0
-        try:
-            while not done():
-                if self._drained:
-                    streak = 0
-                    await trio.lowlevel.wait_readable(sock)
-                elif streak >= _STREAK:  # a peer that keeps the socket full: as the reader does
-                    streak = 0
-                    await trio.lowlevel.checkpoint()
-                streak += 1
-                left = self._in_readers_place()
-                if left is not None:
-                    if left is not _ENDED:
-                        self._handed = left  # the reader goes on from there
-                    return  # at the end of stream, the reader reads it too and ends
-        except trio.ClosedResourceError:
-            pass  # the connection is closing: its calls fail as it closes
-        except Exception as exc:  # waiting for the socket failed: the reader's to end
-            self._handed = exc
-        finally:
-            self._hand_back()
-
-    def read_waiting(self) -> None:
-        """Handle, in the reader's stead, what already waits on the socket while the reader
-        waits for it: a broadcast's caller sweeping its connections once its frames are out
-        takes the replies already there in its own pass, and no reader is woken for them (a
-        level-triggered epoll does not report a socket emptied before it was asked). What it
-        cannot finish (a full mailbox, a broken frame) is left to the reader, woken for it."""
-        if (
-            not self._reader_waits
-            or self._lent
-            or self._writing  # a kick would wake the writer too: leave it all to the reader
-            or self._handed is not None
-            or self.closed
-        ):
-            return
-        left = self._in_readers_place()
-        if left is not None and left is not _ENDED:  # the end: the reader, woken by it, reads it
-            self._handed = left
-            self._kick_reader()
-
-    def _in_readers_place(self) -> object:
-        """One read, and the frames it brought handled, by a caller in the reader's stead and
-        in the reader's context (what a handler sets there is not the caller's): None when
-        all were handled (or nothing was there); _ENDED at the end of stream; otherwise what
-        the reader must go on from: the awaitable of a handler that must wait, _HANDED_OVER,
-        or the error (a broken frame, a lost connection) it ends the connection with."""
-        context = self._context
-        try:
-            if not context.run(self._read):
-                return _ENDED
-            return context.run(self._take_frames)
-        except Exception as exc:
-            return exc
-
-    def _kick_reader(self) -> None:
-        """Wake the reader from its wait for the socket, at once (it looks for what a caller
-        left it, or steps aside while one reads)."""
-        self._kicked = True
-        trio.lowlevel.notify_closing(self.sock)
 
     async def _write_loop(self) -> None:
         while not self.closed:

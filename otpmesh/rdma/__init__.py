@@ -15,8 +15,8 @@ once.
 """
 
 from ._buffer import RDMABuffer as RDMABuffer
+from ._error import RDMAError as RDMAError
 from ._params import flat_parameters as flat_parameters
-from ._registry import PREFERENCE as PREFERENCE
-from ._registry import RDMAError as RDMAError
-from ._registry import allowed_backends as allowed_backends
+from ._preference import PREFERENCE as PREFERENCE
+from ._preference import allowed_backends as allowed_backends
 from ._registry import backends as backends

@@ -5,47 +5,36 @@ owner, buffer id, token, size) travels in messages; any process holding it reads
 bytes one-sidedly through the best backend both ends can use. Before a transfer the reader pins
 the buffer with its owner, presenting the token (so a ``drop`` or the owner's garbage collector
 cannot free the memory mid-copy); the owner's answer, not the handle, says which process and
-which memory the copy touches. Pins die with the reader's connection, so a SIGKILLed reader
-leaves nothing behind.
+which memory the copy touches, and the backend is chosen (``_preference.choose``). Pins die with
+the reader's connection, so a SIGKILLed reader leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import trio
 
 from .._core._errors import ActorDiedError, OtpmeshError
-from .._core._sandbox import confined
-from .._node._hostid import boot_id, pid_namespace
 from .._node._node import Node, current_node
 from .._wire import _codec
 from .._wire._connection import Connection
-from ._backend import Backend, Peer, Region
+from ._backend import Peer, Region
 from ._error import RDMAError
 from ._handle import Grant, Handle, check_grant, check_matches, peer_pid
 from ._pool import from_any_thread
-from ._registry import allowed_backends, registry
+from ._preference import allowed_backends, choose
+from ._registry import registry
+from ._target import describe_target
 
 #: A reader's way to take a channel tensor without copying it: (backend, its entry in the grant,
 #: the snapshot file the owner passed over the connection (this process's descriptor; the
 #: caller closes it), what to call from any thread once the mapping is gone) -> the tensor, or
 #: None to copy it.
 Mapper = Callable[[str, dict[str, Any], int, Callable[[bool], None]], Any]
-
-log = logging.getLogger("otpmesh.rdma")
-#: Backends that act on the pid a grant names (process_vm_readv): used only when the kernel
-#: vouched for that pid.
-_PID_BACKENDS = frozenset({"shm"})
-
-# Fallbacks already said once: (best backend, backend used).
-_warned: set[tuple[str, str]] = set()
-
 
 # ---------------------------------------------------------------- memory
 
@@ -59,45 +48,6 @@ def _unmapped(node: Node, conn: Connection, h: Handle) -> Callable[[bool], None]
         node.sys_cast(conn, "rdma", unmapped)
 
     return end_lease
-
-
-def _torch() -> Any:
-    return sys.modules.get("torch")
-
-
-def _describe_target(obj: Any) -> tuple[Region, str | None, list[int] | None]:
-    """The memory of a tensor or writable buffer, with its dtype and shape (tensors only)."""
-    torch = _torch()
-    if torch is not None and isinstance(obj, torch.Tensor):
-        if obj.device.type == "cuda":
-            raise RDMAError(
-                "a cuda tensor needs the cuda_ipc backend, which this build does not provide "
-                "yet; register a CPU copy (tensor.cpu()) instead"
-            )
-        if obj.device.type != "cpu":
-            raise RDMAError(
-                f"a {obj.device.type} tensor: RDMABuffer takes CPU tensors; register "
-                "tensor.cpu() instead"
-            )
-        if not obj.is_contiguous():
-            raise RDMAError("RDMABuffer needs a contiguous tensor: call .contiguous() first")
-        nbytes = obj.numel() * obj.element_size()
-        return (
-            Region(obj.data_ptr(), nbytes),
-            str(obj.dtype).removeprefix("torch."),
-            list(obj.shape),
-        )
-    try:
-        view = memoryview(obj).cast("B")
-    except TypeError:
-        raise RDMAError(
-            f"cannot register a {type(obj).__name__}: give a CPU tensor or a "
-            "writable buffer (bytearray, numpy array, mmap)"
-        ) from None
-    if view.readonly:
-        raise RDMAError(f"cannot register a read-only {type(obj).__name__}: it must be writable")
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view)) if len(view) else 0
-    return Region(address, len(view)), None, None
 
 
 # ---------------------------------------------------------------- the handle
@@ -149,7 +99,7 @@ class RDMABuffer:
         return buf
 
     def _register_on(self, node: Node, data: Any) -> None:
-        region, dtype, shape = _describe_target(data)
+        region, dtype, shape = describe_target(data)
         dims = None if shape is None else tuple(shape)
         buffer_id, reg = registry(node).register(data, region, dtype, dims)
         self._adopt(node, buffer_id, reg.token, region.nbytes, dtype, dims, reg.grant)
@@ -242,7 +192,7 @@ class RDMABuffer:
     # ---------------------------------------------------------------- transfers
 
     def _check(self, local: Any) -> Region:
-        region, dtype, shape = _describe_target(local)
+        region, dtype, shape = describe_target(local)
         h = self._handle
         held = None if h.shape is None else list(h.shape)
         if dtype is not None and h.dtype is not None and (dtype, shape) != (h.dtype, held):
@@ -345,7 +295,7 @@ class RDMABuffer:
                     mapped_it = True
                     self.backend = "shm"
                     return taken
-            name, backend = self._choose(node, grant, peer, verified)
+            name, backend = choose(registry(node).usable, grant, peer, verified, h.buffer)
             entry = grant.entries[name]
             local = make()
             region = self._check(local)
@@ -380,47 +330,3 @@ class RDMABuffer:
         except OtpmeshError as exc:
             message = getattr(exc, "message", str(exc))
             raise RDMAError(message) from None
-
-    def _choose(self, node: Node, grant: Grant, peer: Peer, verified: bool) -> tuple[str, Backend]:
-        usable = registry(node).usable
-        allowed = allowed_backends()
-        for name in allowed:
-            if name in _PID_BACKENDS and not verified:
-                continue
-            backend = usable.get(name)
-            entry = grant.entries.get(name)
-            if backend is not None and entry is not None and backend.reaches(entry, peer):
-                self._note_fallback([n for n in allowed if n in usable], name, peer)
-                return name, backend
-        why = ""
-        if "shm" in grant.entries and confined():
-            why = (
-                "; this worker is sandboxed (docs/security.md), so shm reaches no other "
-                "worker: allow tcp too (OTPMESH_RDMA_BACKENDS=shm,tcp) or set OTPMESH_SANDBOX=0"
-            )
-        raise RDMAError(
-            f"no backend reaches the owner of buffer {self._handle.buffer}: it offers "
-            f"{sorted(grant.entries)}, this process can use {sorted(usable)} "
-            f"(allowed: {allowed}){why}"
-        )
-
-    @staticmethod
-    def _note_fallback(allowed: Iterable[str], used: str, peer: Peer) -> None:
-        best = next(iter(allowed))
-        if used != best and (best, used) not in _warned:
-            _warned.add((best, used))
-            here = (boot_id(), pid_namespace())
-            if best == "shm" and confined() and (peer.boot_id, peer.pid_namespace) == here:
-                # The sandbox's doing, as it is by default: said, not warned about.
-                log.info(
-                    "tensor channel: using %s, not shm: this worker is sandboxed, so shm "
-                    "reaches no other worker (docs/security.md); said once",
-                    used,
-                )
-                return
-            log.warning(
-                "tensor channel: using %s, not %s (not usable or not reaching the "
-                "owner); said once",
-                used,
-                best,
-            )

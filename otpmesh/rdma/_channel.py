@@ -43,7 +43,7 @@ from ._buffer import RDMABuffer
 from ._error import RDMAError
 from ._handle import Handle, check_matches
 from ._pool import LOCAL, from_any_thread
-from ._registry import Registry
+from ._requests import ServingRegistry
 from ._snapshot import available as snapshots_available
 from ._snapshot import end_when_freed, map_private
 
@@ -205,14 +205,14 @@ class Channel:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._registry: Registry | None = None
+        self._registry: ServingRegistry | None = None
 
     @property
-    def registry(self) -> Registry:
+    def registry(self) -> ServingRegistry:
         """The node's buffers and backends (made on first use: a process that never moves a
         large tensor never looks for RDMA devices)."""
         if self._registry is None:
-            self._registry = Registry(self.node)
+            self._registry = ServingRegistry(self.node)
         return self._registry
 
     def offer(self, value: Any, collect: list[int] | None) -> Any:

@@ -1,10 +1,10 @@
 """One node's tensor-channel state: the backends this process can use, the buffers it owns, and
 the pins readers hold on them (tied to their connections, so a dead reader leaves none).
 
-Every request about a buffer presents its token: the owner answers a pin with a ``Grant`` (where
-the buffer really is) only for the token it issued, so a forged or stale handle learns nothing
-and moves nothing. A pin says whether it is for writing; a read-only buffer (a value sent in a
-message) refuses that.
+Every request about a buffer presents its token (``check``): the owner answers a pin with a
+``Grant`` (where the buffer really is) only for the token it issued, so a forged or stale handle
+learns nothing and moves nothing. A pin says whether it is for writing; a read-only buffer (a
+value sent in a message) refuses that. The requests are answered in ``_requests.py``.
 
 Temporary buffers (large values of messages) go when their readers are done: after as many
 reads as the sender expects (``release_after``), or when the sender drops them, and at the
@@ -17,13 +17,9 @@ reader still maps, so that reader's ``unmapped`` can still be checked."""
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -31,73 +27,14 @@ import trio
 from .._node._hostid import boot_id, pid_namespace
 from .._node._node import Node, current_node
 from .._wire._connection import Connection
-from ._backend import Backend, Caller, Region
-from ._error import RDMAError as RDMAError
-from ._handle import Grant, new_token, peer_pid, tokens_match
+from ._backend import Region
+from ._error import RDMAError
+from ._handle import Grant, new_token, tokens_match
 from ._pool import SnapshotPool
+from ._preference import allowed_backends, make_backends
 from ._receive import ReceivePool
-from ._shm import ShmBackend
+from ._registered import Registered, RegistryStatistics
 from ._snapshot import Snapshot
-from ._tcp import TcpBackend
-
-#: Preference order: the first backend both ends can use wins.
-PREFERENCE = ("cuda_ipc", "shm", "ibverbs", "tcp")
-
-
-def allowed_backends() -> list[str]:
-    """The backends this process may use, in preference order (OTPMESH_RDMA_BACKENDS)."""
-    configured = os.environ.get("OTPMESH_RDMA_BACKENDS")
-    if not configured:
-        return list(PREFERENCE)
-    names = [n.strip() for n in configured.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PREFERENCE]
-    if unknown:
-        raise RDMAError(
-            f"OTPMESH_RDMA_BACKENDS names unknown backends {unknown}; "
-            f"known: {', '.join(PREFERENCE)}"
-        )
-    return names
-
-
-def _make_backends() -> dict[str, Backend]:
-    made: dict[str, Backend] = {"shm": ShmBackend(), "tcp": TcpBackend()}
-    try:  # imported by name: the ibverbs backend is optional (pyverbs, a device)
-        ibverbs = importlib.import_module("otpmesh.rdma._ibverbs")
-    except ImportError:
-        pass
-    else:
-        made["ibverbs"] = ibverbs.IbverbsBackend()
-    return made
-
-
-@dataclass
-class _Registered:
-    obj: Any  # keeps the memory alive while registered or pinned
-    region: Region
-    token: str
-    dtype: str | None
-    shape: tuple[int, ...] | None
-    grant: dict[str, Any]  # the answer to a pin: the only way the backends' entries leave
-    pins: dict[int, int] = field(default_factory=dict)  # id(conn) -> count
-    dropped: bool = False
-    snapshot: Snapshot | None = None  # a channel tensor's copy (closed when forgotten)
-    writable: bool = True  # False: a value sent in a message, which readers only read
-    readers: int | None = None  # reads left before it is dropped (None: not counted)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RegistryStatistics:
-    """What a node's tensor channel holds now (``Registry.statistics()``)."""
-
-    buffers: int  # registered, dropped but still pinned included
-    pinned: int  # buffers some reader has pinned
-    expiring: int  # temporary buffers waiting for their readers or their deadline
-    snapshots: int  # memory files of registered buffers (each one descriptor, two mappings)
-    mapped: int  # memory files of forgotten buffers that readers may still map
-    pooled: int  # free memory files kept warm for the next value (``SnapshotPool``)
-    reused: int  # values copied into a warm file, not a new one, since the node started
-    receive_pooled: int  # free blocks of warm memory for values read from other hosts
-    receive_reused: int  # values read into such a warm block since the node started
 
 
 class Registry:
@@ -105,11 +42,13 @@ class Registry:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.backends = _make_backends()
+        self.backends = make_backends()
         self.usable = {n: b for n, b in self.backends.items() if b.unavailable() is None}
-        self.buffers: dict[int, _Registered] = {}
+        self.buffers: dict[int, Registered] = {}
         self._ids = itertools.count(1)
-        self._holds = itertools.count(-1, -1)  # keys of the owner's own holds (_held)
+        self.holds = itertools.count(
+            -1, -1
+        )  # keys of the owner's own holds (``ServingRegistry._held``)
         self._issued = 0  # the highest buffer id handed out
         self._host = (boot_id(), pid_namespace())  # read once: a pin must stay cheap
         self._expiring: dict[int, float] = {}  # buffer id -> deadline (trio's clock)
@@ -118,8 +57,7 @@ class Registry:
         self._changed = trio.Event()  # set (and replaced): a buffer forgotten, a lease ended
         self.pool = SnapshotPool()
         self.receive = ReceivePool(self._wake_expiry)
-        self._mapped: dict[int, _Registered] = {}  # forgotten, but some reader maps its file
-        node.sys_handlers["rdma"] = self._serve
+        self._mapped: dict[int, Registered] = {}  # forgotten, but some reader maps its file
         node.close_hooks.append(self._release_pins)
 
     def register(
@@ -131,7 +69,7 @@ class Registry:
         *,
         snapshot: Snapshot | None = None,
         writable: bool = True,
-    ) -> tuple[int, _Registered]:
+    ) -> tuple[int, Registered]:
         """Register `region` (the memory of `obj`), for reads only unless `writable`. With
         `snapshot` (a channel tensor's copy, whose ``region`` this is), readers of this host may
         map it instead of copying it."""
@@ -156,7 +94,7 @@ class Registry:
             shape=shape,
             entries=entries,
         )
-        reg = _Registered(
+        reg = Registered(
             obj,
             region,
             new_token(),
@@ -169,7 +107,7 @@ class Registry:
         self.buffers[buffer_id] = reg
         return buffer_id, reg
 
-    def check(self, buffer_id: Any, token: Any, *, live: bool = True) -> _Registered:
+    def check(self, buffer_id: Any, token: Any, *, live: bool = True) -> Registered:
         """The buffer `buffer_id` if `token` is the one issued for it (and, when `live`, it is
         not dropped); else an RDMAError that says which."""
         if type(buffer_id) is not int or not isinstance(token, str):
@@ -191,7 +129,7 @@ class Registry:
             )
         return reg
 
-    def check_write(self, buffer_id: int, reg: _Registered) -> None:
+    def check_write(self, buffer_id: int, reg: Registered) -> None:
         """Refuse a write to a read-only buffer (a value sent in a message: other receivers
         may still read it, and its sender's snapshot must stay what was sent)."""
         if not reg.writable:
@@ -258,9 +196,9 @@ class Registry:
         """A reader of this process took the temporary buffer `buffer_id`: one read is over."""
         reg = self.buffers.get(buffer_id)
         if reg is not None:
-            self._count_reads(buffer_id, reg, 1)
+            self.count_reads(buffer_id, reg, 1)
 
-    def _count_reads(self, buffer_id: int, reg: _Registered, done: int) -> None:
+    def count_reads(self, buffer_id: int, reg: Registered, done: int) -> None:
         if reg.readers is not None and not reg.dropped:
             reg.readers -= done
             if reg.readers <= 0:
@@ -291,9 +229,9 @@ class Registry:
             return
         reg.dropped = True
         if not reg.pins:
-            self._forget(buffer_id)
+            self.forget(buffer_id)
 
-    def _forget(self, buffer_id: int) -> None:
+    def forget(self, buffer_id: int) -> None:
         reg = self.buffers.pop(buffer_id, None)
         self._unregister(buffer_id)
         if reg is not None and reg.snapshot is not None:
@@ -328,7 +266,7 @@ class Registry:
             self.pool.trim()
             self.receive.trim()
 
-    def lease(self, reg: _Registered, key: int) -> None:
+    def lease(self, reg: Registered, key: int) -> None:
         """A reader (on connection `key`, or ``LOCAL``) may map `reg`'s snapshot from now."""
         if reg.snapshot is not None:
             reg.snapshot.leases[key] = reg.snapshot.leases.get(key, 0) + 1
@@ -346,9 +284,9 @@ class Registry:
             raise RDMAError(f"buffer {buffer_id}: unmapped with a token its owner did not issue")
         if forked is not False and key in reg.snapshot.leases:
             reg.snapshot.orphaned = True
-        self._end_lease(buffer_id, reg, key)
+        self.end_lease(buffer_id, reg, key)
 
-    def _end_lease(self, buffer_id: int, reg: _Registered, key: int) -> None:
+    def end_lease(self, buffer_id: int, reg: Registered, key: int) -> None:
         snap = reg.snapshot
         if snap is None or key not in snap.leases:
             return
@@ -378,89 +316,9 @@ class Registry:
             if held is None:
                 continue
             if reg.dropped and not reg.pins:
-                self._forget(buffer_id)
+                self.forget(buffer_id)
             else:  # a reader that died mid-read will not read again
-                self._count_reads(buffer_id, reg, held)
-
-    async def _serve(self, conn: Connection | None, p: Any) -> Any:
-        if not isinstance(p, dict):
-            raise RDMAError(f"malformed tensor-channel request: {p!r:.80}")
-        op, token = p.get("op"), p.get("token")
-        buffer_id: Any = p.get("buffer")
-        key = id(conn)
-        if op == "pin":  # the token check: only its issuer's token learns where the buffer is
-            reg = self.check(buffer_id, token)
-            if p.get("write", False) is not False:
-                self.check_write(buffer_id, reg)
-            if p.get("memfd") is True and reg.snapshot is not None and conn is not None:
-                if conn.passes_fds:  # a Unix socket: this host
-                    conn.pass_fd(reg.snapshot.fd)  # arrives no later than this answer
-            reg.pins[key] = reg.pins.get(key, 0) + 1
-            self.lease(reg, key)  # a reader of this host may map its snapshot
-            return reg.grant
-        if op == "backend":  # set-up a backend needs (an ibverbs queue pair): token holders only
-            reg = self.check(buffer_id, token, live=False)
-            name = p.get("backend")
-            backend = self.usable.get(name) if isinstance(name, str) else None
-            if backend is None:
-                raise RDMAError(f"this owner has no tensor-channel backend {name!r:.40}")
-            caller = Caller(
-                pid=None if conn is None else peer_pid(conn.sock),
-                region=reg.region,
-                writable=reg.writable,
-                pinned=key in reg.pins,
-            )
-            request, payload = str(p.get("request")), p.get("payload")
-            if not caller.pinned:
-                return await backend.serve(request, payload, caller)
-            with self._held(buffer_id, reg):  # the owner copies: that pin must outlive it
-                return await backend.serve(request, payload, caller)
-        found = self.buffers.get(buffer_id) if type(buffer_id) is int else None
-        if op == "unpin":  # only this connection's own pins
-            if found is not None and key in found.pins:
-                if p.get("mapped", True) is False:  # it copied: its lease ends with the pin
-                    self._end_lease(buffer_id, found, key)
-                self._unpin(buffer_id, found, key)
-            return True
-        if op == "unmapped":
-            self.unmapped(key, buffer_id, token, p.get("forked", False))
-            return True
-        if op == "drop":
-            if found is not None:  # dropping twice, or after the owner did, is no error
-                self.check(buffer_id, token, live=False)
-                self.drop(buffer_id)
-            return True
-        raise RDMAError(f"unknown tensor-channel request {op!r:.40}")
-
-    @contextmanager
-    def _held(self, buffer_id: int, reg: _Registered) -> Iterator[None]:
-        """A pin and a lease of `reg` of its own while the owner copies for a reader (a push
-        copy runs in threads): the reader's unpin, a drop, or its connection's close meanwhile
-        can neither forget the buffer nor refill or unmap its snapshot under the copy. Its key
-        is no connection's, so nothing but the end of the copy releases it."""
-        hold = next(self._holds)  # negative: never a connection's id(conn) key
-        reg.pins[hold] = 1
-        self.lease(reg, hold)
-        try:
-            yield
-        finally:
-            reg.pins.pop(hold, None)
-            self._end_lease(buffer_id, reg, hold)
-            if reg.dropped and not reg.pins and self.buffers.get(buffer_id) is reg:
-                self._forget(buffer_id)
-
-    def _unpin(self, buffer_id: int, reg: _Registered, key: int) -> None:
-        if key not in reg.pins:
-            return  # not this connection's pin: nothing to release, no read to count
-        left = reg.pins[key] - 1
-        if left > 0:
-            reg.pins[key] = left
-        else:
-            reg.pins.pop(key, None)
-        if reg.dropped and not reg.pins:
-            self._forget(buffer_id)
-        else:
-            self._count_reads(buffer_id, reg, 1)
+                self.count_reads(buffer_id, reg, held)
 
 
 def registry(node: Node) -> Registry:
@@ -480,6 +338,6 @@ def backends() -> list[str]:
     usable = (
         registry(node).usable
         if node is not None
-        else {n: b for n, b in _make_backends().items() if b.unavailable() is None}
+        else {n: b for n, b in make_backends().items() if b.unavailable() is None}
     )
     return [n for n in allowed_backends() if n in usable]

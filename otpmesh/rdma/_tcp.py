@@ -20,21 +20,19 @@ after ``IDLE`` seconds without one (or sooner, the longest-waiting first, when m
 ``_MAX_IDLE`` wait); a reader closes one it kept unused through a whole ``IDLE`` period. When the
 process runs out of descriptors, the owner stops accepting for a moment, never for good, and
 says so once (_wire/_accepting.py).
+
+The requests' framing and the loops that move bytes are ``_tcpwire.py``'s; the reader's idle
+connections ``_tcpidle.py``'s.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import secrets
 import socket
-import struct
-import threading
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import msgpack
 import trio
 
 from .._wire._accepting import Acceptor
@@ -42,16 +40,26 @@ from .._wire._owntasks import spawn as spawn_own
 from .._wire._refusals import RefusalLog
 from .._wire._unproven import Unproven
 from ._backend import Caller, Peer, Region
-from ._handle import tokens_match
+from ._tcpidle import IdleConnections
+from ._tcpwire import (
+    FAIL,
+    LEN,
+    OK,
+    REQUEST_MAX,
+    Refused,
+    Request,
+    ask,
+    granted,
+    receive,
+    recv_exactly,
+    recv_into,
+    send_view,
+    view_of,
+    why_refused,
+)
 
 log = logging.getLogger("otpmesh.rdma")
 
-_LEN = struct.Struct(">I")
-_CHUNK = 4 << 20
-_OK, _FAIL = b"\x00", b"\x01"
-_OPS = ("read", "write")
-#: The longest request a reader of ours sends (its msgpack header), with room to spare.
-_REQUEST_MAX = 1024
 #: Seconds a peer may stall mid-request or mid-transfer before its connection is dropped.
 TIMEOUT = 30.0
 #: Seconds a new connection has to send the first bytes of its first request (a reader sends it
@@ -67,55 +75,6 @@ STREAMS = 2
 _KEEP = STREAMS
 #: Connections an owner keeps waiting for a next request (the longest-waiting goes first).
 _MAX_IDLE = 64
-#: What a write to a read-only buffer is told (the registry says the same at the pin).
-READ_ONLY = (
-    "buffer {} is read-only: it holds a value sent in a message (a snapshot other receivers "
-    "read too); write to an RDMABuffer its owner registered instead"
-)
-
-
-def _view(region: Region, offset: int, nbytes: int) -> memoryview:
-    raw = (ctypes.c_char * nbytes).from_address(region.address + offset)
-    return memoryview(raw).cast("B")
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the connection closed mid-transfer")
-        data += chunk
-    return bytes(data)
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        got = sock.recv_into(view[done : done + _CHUNK])
-        if not got:
-            raise ConnectionError("the connection closed mid-transfer")
-        done += got
-
-
-async def _receive(sock: socket.socket, n: int) -> bytes:
-    """`n` bytes from the non-blocking `sock`, waiting for them in trio (no thread)."""
-    data = bytearray()
-    while len(data) < n:
-        await trio.lowlevel.wait_readable(sock)
-        try:
-            chunk = sock.recv(n - len(data))
-        except BlockingIOError:
-            continue
-        if not chunk:
-            raise ConnectionError("the connection closed mid-request")
-        data += chunk
-    return bytes(data)
-
-
-def _send_view(sock: socket.socket, view: memoryview) -> None:
-    for start in range(0, len(view), _CHUNK):
-        sock.sendall(view[start : start + _CHUNK])
 
 
 def _slices(nbytes: int) -> list[tuple[int, int]]:
@@ -126,130 +85,6 @@ def _slices(nbytes: int) -> list[tuple[int, int]]:
     return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
 
 
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """One transfer a reader asks for, as the owner received it (anyone may have sent it)."""
-
-    buffer: int
-    token: str
-    op: str
-    offset: int
-    nbytes: int
-
-    def pack(self) -> bytes:
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        body: bytes = msgpack.packb(fields)
-        return _LEN.pack(len(body)) + body
-
-    @classmethod
-    def parse(cls, body: bytes) -> _Request:
-        """ValueError unless `body` is a request of ours, with in-range numbers."""
-        req = msgpack.unpackb(body)
-        if not isinstance(req, dict) or set(req) != set(cls.__slots__):
-            raise ValueError("not a transfer request")
-        buffer, token, op, offset, nbytes = (req[name] for name in cls.__slots__)
-        numbers = (buffer, offset, nbytes)
-        if not all(type(n) is int and n >= 0 for n in numbers) or not isinstance(token, str):
-            raise ValueError("a transfer request with fields of the wrong type or sign")
-        if not token.isascii():  # ours are hex; compare_digest refuses other str
-            raise ValueError("a transfer request whose token is not ASCII")
-        if op not in _OPS:
-            raise ValueError(f"a transfer request for {op!r}, not one of {_OPS}")
-        return cls(buffer=buffer, token=token, op=op, offset=offset, nbytes=nbytes)
-
-
-def _ask(sock: socket.socket, request: _Request) -> str | None:
-    """Send `request`; None when the owner accepted it, else the owner's reason (and it closes
-    the connection). OSError when the connection is broken."""
-    sock.sendall(request.pack())
-    if _recv_exactly(sock, 1) == _OK:
-        return None
-    return sock.recv(4096).decode(errors="replace")
-
-
-def _refusal(req: _Request, found: tuple[Region, str, bool] | None) -> str | None:
-    """Why the owner refuses `req` for the buffer it `found` under that id, or None."""
-    if found is None or not tokens_match(req.token, found[1]):
-        return "buffer not registered (dropped?)"
-    region, _, writable = found
-    if req.op != "read" and not writable:
-        return READ_ONLY.format(req.buffer)
-    if req.offset + req.nbytes > region.nbytes:
-        return "transfer runs past the end of the buffer"
-    return None
-
-
-class _Refused(ConnectionError):
-    """Raised by a reader's transfer when the owner refused the request (and said why)."""
-
-
-def _granted(sock: socket.socket, refusal: str | None) -> socket.socket:
-    if refusal is not None:
-        sock.close()
-        raise _Refused(refusal)
-    return sock
-
-
-class _Idle:
-    """A reader's open connections to owners that no transfer is using (any thread), kept
-    while the trio run that kept the first of them runs: a system task closes those left idle
-    for a whole ``IDLE`` period (an owner that went away leaves no descriptor behind), and the
-    rest when the run ends."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._socks: dict[tuple[str, int], list[tuple[socket.socket, int]]] = {}
-        self._period = 0  # sweeps so far: each kept connection notes the one it was kept in
-        self.held = False
-
-    def keep_for_this_run(self) -> None:
-        if not self.held:
-            self.held = True
-            spawn_own(self._hold, name="otpmesh-rdma-tcp-idle")
-
-    async def _hold(self) -> None:
-        try:
-            while True:
-                await trio.sleep(IDLE)
-                self._sweep(everything=False)
-        finally:
-            self._sweep(everything=True)
-
-    def _sweep(self, *, everything: bool) -> None:
-        stale: list[socket.socket] = []
-        with self._lock:
-            self._period += 1
-            for address, kept in list(self._socks.items()):
-                fresh = [(s, p) for s, p in kept if not everything and p >= self._period - 1]
-                stale += [s for s, p in kept if everything or p < self._period - 1]
-                if fresh:
-                    self._socks[address] = fresh
-                else:
-                    del self._socks[address]
-            if everything:
-                self.held = False
-        for sock in stale:
-            sock.close()
-
-    def take(self, address: tuple[str, int]) -> socket.socket | None:
-        with self._lock:
-            socks = self._socks.get(address)
-            return socks.pop()[0] if socks else None
-
-    def give(self, address: tuple[str, int], sock: socket.socket) -> None:
-        with self._lock:
-            socks = self._socks.setdefault(address, [])
-            if self.held and len(socks) < _KEEP:
-                socks.append((sock, self._period))
-                return
-        sock.close()
-
-    def count(self) -> int:
-        """How many connections are kept idle now."""
-        with self._lock:
-            return sum(len(kept) for kept in self._socks.values())
-
-
 class TcpBackend:
     name: ClassVar[str] = "tcp"
 
@@ -257,7 +92,7 @@ class TcpBackend:
         self._buffers: dict[int, tuple[Region, str, bool]] = {}  # region, token, writable
         self._address: tuple[str, int] | None = None
         self._listener: socket.socket | None = None
-        self._idle = _Idle()
+        self._idle = IdleConnections(IDLE, _KEEP)
         self._idle_conns: dict[socket.socket, trio.CancelScope] = {}  # owner side, oldest first
         #: Connections that presented no token yet, and the accept loop (once listening).
         self.unproven = Unproven()
@@ -366,17 +201,17 @@ class TcpBackend:
         of it): what to move, once the owner said yes; None when the connection must close."""
         try:
             with trio.fail_after(TIMEOUT):
-                (size,) = _LEN.unpack(await _receive(sock, _LEN.size))
-                if size > _REQUEST_MAX:
-                    raise ValueError(f"a request of {size} bytes (at most {_REQUEST_MAX})")
-                req = _Request.parse(await _receive(sock, size))
+                (size,) = LEN.unpack(await receive(sock, LEN.size))
+                if size > REQUEST_MAX:
+                    raise ValueError(f"a request of {size} bytes (at most {REQUEST_MAX})")
+                req = Request.parse(await receive(sock, size))
                 found = self._buffers.get(req.buffer)
-                refusal = _refusal(req, found)
+                refusal = why_refused(req, found)
                 if refusal is not None or found is None:
-                    sock.send(_FAIL + (refusal or "").encode()[:1000])  # fits any socket buffer
+                    sock.send(FAIL + (refusal or "").encode()[:1000])  # fits any socket buffer
                     return None
-                sock.send(_OK)
-                return req.op, _view(found[0], req.offset, req.nbytes)
+                sock.send(OK)
+                return req.op, view_of(found[0], req.offset, req.nbytes)
         except (OSError, ValueError, trio.TooSlowError) as exc:  # gone, stalled, not ours
             if not isinstance(exc, OSError):
                 self.refusals.refused(host, str(exc) or "stalled mid-request")
@@ -387,10 +222,10 @@ class TcpBackend:
         """Move an accepted request's bytes; True when the connection may carry another."""
         try:
             if op == "read":
-                _send_view(sock, view)
+                send_view(sock, view)
             else:
-                _recv_into(sock, view)
-                sock.sendall(_OK)
+                recv_into(sock, view)
+                sock.sendall(OK)
             return True
         except OSError:  # the reader went away or stalled
             return False
@@ -440,31 +275,31 @@ class TcpBackend:
     def _transfer(
         self, entry: dict[str, Any], address: tuple[str, int], op: str, local: Region, offset: int
     ) -> None:
-        request = _Request(
+        request = Request(
             buffer=entry["buffer"], token=entry["token"], op=op, offset=offset, nbytes=local.nbytes
         )
         sock = self._accepted(address, request)
         try:
-            view = _view(local, 0, local.nbytes)
+            view = view_of(local, 0, local.nbytes)
             if op == "read":
-                _recv_into(sock, view)
+                recv_into(sock, view)
             else:
-                _send_view(sock, view)
-                if _recv_exactly(sock, 1) != _OK:
+                send_view(sock, view)
+                if recv_exactly(sock, 1) != OK:
                     raise ConnectionError("the owner did not confirm the write")
         except BaseException:
             sock.close()  # mid-transfer: the stream is out of step, never reuse it
             raise
         self._idle.give(address, sock)
 
-    def _accepted(self, address: tuple[str, int], request: _Request) -> socket.socket:
+    def _accepted(self, address: tuple[str, int], request: Request) -> socket.socket:
         """A connection to the owner at `address` on which it accepted `request`: an idle one
         while the owner keeps it open, else a new one."""
         idle = self._idle.take(address)
         if idle is not None:
             try:
-                return _granted(idle, _ask(idle, request))
-            except _Refused:
+                return granted(idle, ask(idle, request))
+            except Refused:
                 raise
             except ConnectionError:  # the owner closed it while idle: nothing moved, start anew
                 idle.close()
@@ -474,7 +309,7 @@ class TcpBackend:
         sock = socket.create_connection(address, timeout=TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return _granted(sock, _ask(sock, request))
+            return granted(sock, ask(sock, request))
         except BaseException:
             sock.close()
             raise

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="the GPU checks need torch")
 
 import otpmesh  # noqa: E402
 from otpmesh.rdma import RDMABuffer, RDMAError  # noqa: E402
-from otpmesh.rdma._registry import _make_backends  # noqa: E402
+from otpmesh.rdma._preference import make_backends  # noqa: E402
 from tests.conftest import run_trio  # noqa: E402
 from tests.gpu.cuda_actors import CudaKeeper  # noqa: E402
 
@@ -24,7 +24,7 @@ MIB = 1 << 20
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device here (run on a GPU machine)"
 )
-cuda_ipc_built = "cuda_ipc" in _make_backends()
+cuda_ipc_built = "cuda_ipc" in make_backends()
 needs_cuda_ipc = pytest.mark.xfail(
     not cuda_ipc_built,
     strict=True,

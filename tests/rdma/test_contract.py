@@ -19,11 +19,11 @@ from tests.conftest import alive, run_trio
 
 
 def _cases() -> list[object]:
-    from otpmesh.rdma._registry import _make_backends
+    from otpmesh.rdma._preference import make_backends
 
     cases: list[object] = []
     for name in ("shm", "tcp", "ibverbs"):
-        backend = _make_backends().get(name)
+        backend = make_backends().get(name)
         why = "no ibverbs backend in this build" if backend is None else backend.unavailable()
         cases.append(
             pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=f"{name}: {why}"))

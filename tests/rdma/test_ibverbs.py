@@ -25,12 +25,8 @@ import pytest
 import trio
 
 from otpmesh.rdma._backend import Caller, Peer, Region
-from otpmesh.rdma._ibverbs import (
-    IbverbsBackend,
-    IbverbsPeerLost,
-    IbverbsRemoteAccessError,
-    IbverbsTimeout,
-)
+from otpmesh.rdma._ibverbs import IbverbsBackend
+from otpmesh.rdma._verbs import IbverbsPeerLost, IbverbsRemoteAccessError, IbverbsTimeout
 from tests.conftest import SLOWDOWN
 
 _WHY = IbverbsBackend().unavailable()  # opens and closes the device: nothing open across fork

@@ -19,7 +19,7 @@ from otpmesh.rdma._backend import Region
 from otpmesh.rdma._channel import MAP_ABOVE, Channel
 from otpmesh.rdma._handle import Handle
 from otpmesh.rdma._pool import memory_limit, pool_limit
-from otpmesh.rdma._registry import RegistryStatistics
+from otpmesh.rdma._registered import RegistryStatistics
 from otpmesh.rdma._snapshot import Snapshot, end_when_freed, map_private
 from tests.conftest import run_trio
 from tests.rdma.channel_actors import Keeper, memfd_leftovers, serving_channel, settle_and_trim

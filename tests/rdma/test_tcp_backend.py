@@ -13,9 +13,10 @@ import msgpack
 import pytest
 import trio
 
-from otpmesh.rdma import _tcp
+from otpmesh.rdma import _tcp, _tcpwire
 from otpmesh.rdma._backend import Caller, Peer, Region
 from otpmesh.rdma._tcp import TcpBackend
+from otpmesh.rdma._tcpidle import IdleConnections
 from tests.conftest import no_descriptor_left, run_trio
 
 PATTERN = bytes(range(256)) * 64  # 16 KiB
@@ -29,7 +30,7 @@ def _raw_request(address: tuple[str, int], body: bytes) -> bytes:
     """What the owner at `address` answers to `body` sent as a request on a connection of its
     own, before it closes the connection (a reset, when it left part of `body` unread)."""
     with socket.create_connection(address, timeout=10) as sock:
-        sock.sendall(_tcp._LEN.pack(len(body)) + body)
+        sock.sendall(_tcpwire.LEN.pack(len(body)) + body)
         answer = b""
         try:
             while chunk := sock.recv(4096):
@@ -126,7 +127,7 @@ def test_a_reader_opens_a_new_connection_when_the_owner_closed_an_idle_one(
 
 
 def test_a_reader_closes_connections_idle_for_a_whole_period_and_all_at_the_end() -> None:
-    idle = _tcp._Idle()
+    idle = IdleConnections(_tcp.IDLE, _tcp.STREAMS)
     idle.held = True  # as a trio run that kept one would have it
     pairs = [socket.socketpair() for _ in range(3)]
     idle.give(("a", 1), pairs[0][0])
@@ -192,7 +193,7 @@ def test_the_owner_refuses_a_transfer_past_the_end_and_an_oversized_request() ->
         incoming = bytearray(len(data))
         with pytest.raises(ConnectionError, match="runs past the end of the buffer"):
             await reader.read(entry, peer(owner), _region(incoming), 1)
-        huge = b"\x80" * (_tcp._REQUEST_MAX + 1)
+        huge = b"\x80" * (_tcpwire.REQUEST_MAX + 1)
         assert await trio.to_thread.run_sync(_raw_request, owner.listen(), huge) == b""
 
     run_trio(body, timeout=30)
@@ -237,7 +238,7 @@ def test_a_request_that_never_completes_is_dropped_after_the_timeout(
         owner.register(1, _region(data), writable=False)
         stalled = trio.socket.socket()
         await stalled.connect(owner.listen())
-        await stalled.send(_tcp._LEN.pack(50) + b"\x85")  # 1 byte of a 50-byte request
+        await stalled.send(_tcpwire.LEN.pack(50) + b"\x85")  # 1 byte of a 50-byte request
         with trio.fail_after(20):
             assert await stalled.recv(100) == b""  # closed by the owner, nothing answered
         stalled.close()
