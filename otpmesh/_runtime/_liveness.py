@@ -14,7 +14,7 @@ silent process is doing (``/proc/PID/stat``):
   deadline, ``START_SILENCE``, not the heartbeat's: starting is when a loaded machine starves
   processes longest (63 of 1,000 workers starting at once at load 700 were killed as hung).
 
-Pure functions over the state and the silence; ``_forkclient.watch_heartbeat`` does the I/O.
+Pure functions over the state and the silence; ``_workerpipes.watch_heartbeat`` does the I/O.
 """
 
 from __future__ import annotations

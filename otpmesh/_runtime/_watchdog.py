@@ -20,7 +20,7 @@ endpoint (it needs only the GIL, which Python code gives up every few millisecon
 
 Reports on the beat pipe are ``b"!"``, a 4-byte big-endian length and a msgpack map; the
 watchdog is the pipe's only writer, so beats and reports never interleave. ``BeatReader`` (the
-parent's side) is in _forkclient.py.
+parent's side) is in _workerpipes.py.
 """
 
 from __future__ import annotations
