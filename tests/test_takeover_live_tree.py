@@ -191,3 +191,41 @@ def test_an_owned_subtree_three_levels_deep_survives_a_takeover_with_its_state_a
     # The same processes, each count one past where the dead controller left it.
     assert after == [[path, pid, count + 1] for path, pid, count in before], lines
     assert not any("not taken over" in line for line in lines), lines
+
+
+SINGLETON_JOB = """
+import os
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+from tests.actors import Member
+
+
+TREE = Supervisor("job", children=[Worker("w", Member)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover):
+        counter = await otpmesh.singleton("counter", Member)
+        for _ in range(3 if not standby else 1):
+            count = await counter.count()
+        print("counter", count, await counter.pid(), flush=True)
+        if not standby:
+            await trio.sleep_forever()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_singleton_is_resumed_with_its_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent.parent))
+    job, state, active = start_job(tmp_path, SINGLETON_JOB)
+    _, count, pid = active.wait_for("counter").split()
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    standby = Program(state, "--standby", program=job)
+    lines = standby.finish()
+    assert f"counter {int(count) + 1} {pid}" in lines, lines  # one more, in the same process
+    assert not any("not taken over" in line for line in lines), lines

@@ -245,9 +245,8 @@ async def run_tree(
                 if isinstance(placement, ProcsPlacement):  # a proc mesh's own processes
                     ctx.placement = placement
                 elif resumed is not None:
-                    ctx.placement = ProcsPlacement(
-                        rt, resumed.procs, beat_timeout, running=resumed.running
-                    )
+                    procs, running = resumed.own()
+                    ctx.placement = ProcsPlacement(rt, procs, beat_timeout, running=running)
                 elif placement == "procs":
                     ctx.placement = ProcsPlacement(rt, heartbeat_timeout=beat_timeout)
                 else:

@@ -65,6 +65,9 @@ class SupervisorDriver:
         self.incarnation = incarnation
         if resume is not None and app.live_journal is not None:
             app.incarnations(path).update(app.live_journal.given(path))
+        for child in resume or ():
+            if not any(child.spec is declared for declared in spec.children):
+                app.learn(path, child.spec)  # start_child added it
         self.core = SupervisorCore(
             spec,
             path=path,

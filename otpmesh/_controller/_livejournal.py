@@ -85,6 +85,10 @@ class LiveJournal:
         """The incarnations the journal gave past the rows of the supervisor at `path`."""
         return self._live.given(path) if self._live is not None else {}
 
+    def has(self, path: str) -> bool:
+        """Whether the journal it took over holds a child list of the supervisor at `path`."""
+        return self._live is not None and path in self._live.sups
+
     def forget(self, root: str) -> None:
         """Resume nothing at or under `root` (a tree whose owner died in the gap: the
         owner's restart starts a new one)."""

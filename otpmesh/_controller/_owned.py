@@ -23,7 +23,7 @@ from .._runtime import _controller_runtime, _run
 from .._runtime._controller_runtime import Runtime
 from .._wire._connection import Connection
 from ._app import PlacementName, context, endpoints_of
-from ._ownedover import journal_owned, journal_owned_done
+from ._ownedover import SINGLETONS, journal_owned, journal_owned_done
 from ._owners import STOP_TIMEOUT, check_owner, owners, proc_of
 from ._placement import ProcsPlacement
 from ._procmesh import ProcMesh, start_procs
@@ -31,8 +31,6 @@ from ._specwire import spec_from_wire, spec_to_wire
 from ._subtree import OwnedTree, start_owned
 from ._tree import TreeContext
 
-#: Where singletons live: one supervisor at the top of the app, started on first use.
-SINGLETONS = "singletons"
 #: Processes one actor may own at once through proc_mesh() (a loop of requests from a buggy or
 #: compromised actor must not fork the host out of memory); the controller's own are unbounded.
 MAX_OWNED_PROCS = int(os.environ.get("OTPMESH_MAX_OWNED_PROCS", "1024"))
@@ -250,6 +248,17 @@ class Service:
         tree = await start_owned(self.rt, spec, owner, placement)
         journal_owned(self.rt, tree.label, owner, spec, key)
         self._serve(tree, spec, owner, key)
+
+    async def resume_singletons(self, placement: ProcsPlacement) -> None:
+        """A takeover's: the singletons the controller it took over from ran, started again
+        in resume mode in `placement` (their adopted processes), each with its first spec."""
+        async with self._singleton_lock:
+            root = Supervisor(SINGLETONS, intensity=10, period=10.0)
+            self._singletons = await start_owned(self.rt, root, None, placement)
+            assert self._singletons.app is not None  # start_owned raises if it did not start
+            for child in self._singletons.app.which_children(SINGLETONS):
+                if isinstance(child.spec, Worker):
+                    self._singleton_specs[child.id] = child.spec
 
     def _serve(
         self, tree: OwnedTree, spec: Supervisor | Mesh, owner: str | None, key: str

@@ -8,7 +8,8 @@ supervisors resume their journalled child lists and adopt the actors still runni
 adopted processes, as the declared tree's do (_livejournal.py), so its actors keep their state
 and pids, and the owner's handle (its refs, its key) works as before. A subtree whose owner
 died in the gap is not resumed: the owner's restart starts a new one, and the old one's actors
-are stopped.
+are stopped. The app's singletons (``otpmesh.singleton``) are a tree the controller runs for
+itself: a standby resumes it too, each singleton with its state.
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ from .._wire._codec import pack, unpack
 from ._placement import ProcsPlacement
 from ._specwire import spec_from_wire, spec_to_wire
 
+#: Where singletons live: one supervisor at the top of the app, started on first use.
+SINGLETONS = "singletons"
+
 
 class ResumesSubtrees(Protocol):
-    """What starts an owned tree again for a takeover (_owned.py's ``Service``)."""
+    """What starts an owned tree, or the singletons, again for a takeover (_owned.py's
+    ``Service``)."""
 
     async def resume_subtree(
         self, owner: str, spec: Supervisor | Mesh, key: str, placement: ProcsPlacement
     ) -> None: ...
+
+    async def resume_singletons(self, placement: ProcsPlacement) -> None: ...
 
 
 log = logging.getLogger("otpmesh.takeover")
@@ -66,14 +73,30 @@ async def resume_owned(
     procs: dict[str, Proc],
     running: dict[str, int],
     heartbeat_timeout: float,
-) -> tuple[list[str], dict[str, str]]:
+) -> dict[str, str]:
     """Start again each journalled subtree whose owner a takeover adopted running (`running`:
     actor path -> incarnation, in `procs`), in the order they were started (an owner inside a
-    subtree comes after it), each in resume mode. The roots resumed, and those that were not
-    with why."""
+    subtree comes after it), and the singletons, each in resume mode in the processes of its
+    own actors. Those not started again have their actors stopped and their processes ended;
+    they are returned, each with why."""
     resumed: list[str] = []
     skipped: dict[str, str] = {}
-    roots = [str(r["owned"]) for r in records]
+    roots = [SINGLETONS, *(str(r["owned"]) for r in records)]
+
+    def placement_of(root: str) -> ProcsPlacement:
+        mine = [p for p in running if owned_by(p, roots) == root]
+        adopted = {p: procs[p] for p in mine if p in procs}
+        return ProcsPlacement(rt, adopted, heartbeat_timeout, {p: running[p] for p in mine})
+
+    journal = rt.live_journal
+    if journal is not None and journal.has(SINGLETONS):
+        try:
+            await service.resume_singletons(placement := placement_of(SINGLETONS))
+        except Exception as exc:
+            skipped[SINGLETONS] = f"they failed to start: {exc}"
+        else:
+            await placement.stop_unadopted(lambda path: True)
+            resumed.append(SINGLETONS)
     for record in records:
         root, owner = str(record["owned"]), str(record["owner"])
         if owner not in running:
@@ -87,24 +110,22 @@ async def resume_owned(
         if not isinstance(spec, Supervisor | Mesh):
             skipped[root] = "its spec is not a Supervisor or a Mesh"
             continue
-        mine = [p for p in running if owned_by(p, roots) == root]
-        placement = ProcsPlacement(
-            rt,
-            {p: procs[p] for p in mine if p in procs},
-            heartbeat_timeout,
-            running={p: running[p] for p in mine},
-        )
         try:
-            await service.resume_subtree(owner, spec, str(record["key"]), placement)
+            await service.resume_subtree(owner, spec, str(record["key"]), placement_of(root))
         except Exception as exc:  # that subtree's business: the takeover goes on
             skipped[root] = f"it failed to start: {exc}"
             continue
-        await placement.stop_unadopted(lambda path: True)
         resumed.append(root)
-    journal = rt.live_journal
+    for root in roots:
+        if root in resumed or not any(owned_by(p, roots) == root for p in running):
+            continue
+        skipped.setdefault(root, "its child list was not journalled")
+        placement = placement_of(root)  # nobody's now: its actors stopped, its processes gone
+        await placement.stop_unadopted(lambda path: True)
+        await placement.close()
     for root in skipped if journal is not None else ():
         journal.forget(root)  # a new tree of a restarted owner starts afresh
-    return resumed, skipped
+    return skipped
 
 
 def owned_by(path: str, roots: list[str]) -> str | None:

@@ -23,7 +23,8 @@ from .._core._reasons import KILLED, NORMAL, SHUTDOWN
 from .._core._spec import Shutdown, ShutdownSpec
 from .._node._host import STARTED, ActorHost, StartFailed, spawn_request
 from .._node._mesh import Slot
-from .._runtime._controller_runtime import ExitListener, Runtime
+from .._runtime._controller_runtime import Runtime
+from .._runtime._exitnews import ExitListener
 from .._runtime._liveness import proc_state
 from .._runtime._proc import HEARTBEAT_TIMEOUT, Proc
 from .._wire import _codec

@@ -37,7 +37,7 @@ from .._runtime._statedir import JOURNAL, TakeoverState, boot_id, bump_epoch, op
 from ._fingerprint import differences, fingerprint
 from ._lastrun import last_run
 from ._livejournal import LiveJournal
-from ._ownedover import owned_by, resume_owned
+from ._ownedover import SINGLETONS, owned_by, resume_owned
 from ._standbywait import wait_for_lease
 from ._takeoverspec import Hosts, Resumption, Takeover
 
@@ -116,25 +116,22 @@ class Resumed:
         if self.resumption is None:
             return
         roots = [str(r["owned"]) for r in self.owned]
-        owned, skipped = await resume_owned(
+        skipped = await resume_owned(
             self.rt, self.rt.service, self.owned, self.procs, self.running, heartbeat_timeout
         )
+        known = [SINGLETONS, *roots]
         for path in _not_taken_over(self.journalled, ctx.specs):
-            if owned_by(path, roots) is None and path not in roots:
-                skipped[path] = "its spec was not journalled (it could not travel)"
+            if path not in known and owned_by(path, known) is None:
+                skipped[path] = "it was not journalled"
         if skipped:
             log.warning(
                 "takeover: not taken over: %s; their workers' actors are stopped",
                 "; ".join(f"{root} ({why})" for root, why in sorted(skipped.items())),
             )
 
-        def ours(path: str) -> bool:
-            root = owned_by(path, roots)
-            return path.rpartition("/")[0] in ctx.specs if root is None else root not in owned
-
         # Before any exit is reported: a restarted owner's new tree must not hear these.
         stop_unadopted = getattr(ctx.placement, "stop_unadopted", None)
-        unadopted = await stop_unadopted(ours) if stop_unadopted is not None else []
+        unadopted = await stop_unadopted(lambda path: True) if stop_unadopted else []
         lost = ctx.report_lost() + sum(sub.reported_lost for sub in ctx.subtrees)
         await ctx.settled()  # the driver starts on a tree whose supervisors handled them
         journal = ctx.live_journal
@@ -157,6 +154,13 @@ class Resumed:
         log.warning("takeover: %s", self.resumption)
         entry = LogEntry(trio.current_time(), LogKind.TAKEOVER, ctx.tree.id)
         ctx.events.append(replace(entry, reason=str(self.resumption)))
+
+    def own(self) -> tuple[dict[str, Proc], dict[str, int]]:
+        """The adopted processes and running actors of the declared tree alone (those of
+        trees that actors own, and of the singletons, go to their own placements)."""
+        roots = [SINGLETONS, *(str(r["owned"]) for r in self.owned)]
+        procs = {p: proc for p, proc in self.procs.items() if owned_by(p, roots) is None}
+        return procs, {p: n for p, n in self.running.items() if owned_by(p, roots) is None}
 
     async def stopped(self) -> None:
         """The tree stopped in order: nothing to take over; the fork server and the agents go

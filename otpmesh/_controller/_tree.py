@@ -10,24 +10,13 @@ from typing import Any
 
 import trio
 
-from .._core._children import ChildInfo
-from .._core._errors import ChildError, SupervisorError
+from .._core._errors import SupervisorError
 from .._core._exits import ActorCrash
 from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._healspec import Heal
 from .._core._reasons import is_normal_exit
 from .._core._spec import Mesh, Supervisor, Worker, walk
-from .._core._supevents import (
-    ChildExited,
-    DeleteChildRequest,
-    LogKind,
-    Outcome,
-    Reply,
-    RestartChildRequest,
-    StartChildRequest,
-    Stop,
-    TerminateChildRequest,
-)
+from .._core._supevents import ChildExited, LogKind, Reply
 from .._node._mesh import Slot
 from .._node._node import Node
 from ._driver import SupervisorDriver
@@ -35,8 +24,7 @@ from ._events import EventLog
 from ._healpeers import check_sources
 from ._livejournal import LiveJournal
 from ._placement import Placement
-
-_OK = (Outcome.OK, Outcome.IGNORED)
+from ._supcalls import SupervisorCalls
 
 
 def _path_order(path: str) -> list[tuple[int, int | str]]:
@@ -44,7 +32,7 @@ def _path_order(path: str) -> list[tuple[int, int | str]]:
     return [(0, int(p)) if p.isdigit() else (1, p) for p in path.split("/")]
 
 
-class TreeContext:
+class TreeContext(SupervisorCalls):
     """A running tree's internal state, for its drivers, the runtime (as exit listener),
     ``otpmesh.chaos`` and the testing toolkit: specs, slots, pending work, the root, the
     placement. Users see the ``App`` façade over it."""
@@ -185,6 +173,12 @@ class TreeContext:
         if self.on_restart is not None:
             self.on_restart(sup_path, window)
 
+    def learn(self, sup_path: str, spec: Supervisor | Worker | Mesh) -> None:
+        """A child a takeover resumed that ``start_child`` had added: its paths are this
+        tree's (its exits reach it, ``app.actor`` finds it)."""
+        if f"{sup_path}/{spec.id}" not in self.specs:
+            self._learn(spec, sup_path)
+
     def lost(
         self, driver: SupervisorDriver, child_id: str, incarnation: int, reason: object
     ) -> None:
@@ -290,97 +284,6 @@ class TreeContext:
     def gave_up(self) -> bool:
         """Its root stopped by itself, with a failure (not asked to): it is ending."""
         return self.root_failure is not None
-
-    # ---------------------------------------------------------------- dynamic children
-
-    async def start_child(self, sup_path: str, spec: Worker | Supervisor | Mesh) -> Outcome:
-        driver = self._driver(sup_path)
-        if spec.id and f"{sup_path}/{spec.id}" not in self.specs:
-            self._learn(spec, sup_path)
-        return await self._request(
-            driver, lambda ref: StartChildRequest(ref, spec), f"{sup_path}/{spec.id}"
-        )
-
-    async def terminate_child(self, path: str) -> Outcome:
-        sup, child = self._split(path)
-        return await self._request(sup, lambda ref: TerminateChildRequest(ref, child), path)
-
-    async def restart_child(self, path: str) -> Outcome:
-        sup, child = self._split(path)
-        return await self._request(sup, lambda ref: RestartChildRequest(ref, child), path)
-
-    async def delete_child(self, path: str) -> Outcome:
-        sup, child = self._split(path)
-        return await self._request(sup, lambda ref: DeleteChildRequest(ref, child), path)
-
-    def _split(self, path: str) -> tuple[SupervisorDriver, str]:
-        sup_path, _, child = path.rpartition("/")
-        return self._driver(sup_path), child
-
-    def _driver(self, sup_path: str) -> SupervisorDriver:
-        driver = self._find_driver(sup_path)
-        if driver is None:
-            raise KeyError(f"no running supervisor at {sup_path!r}")
-        return driver
-
-    def which_children(self, sup_path: str) -> list[ChildInfo]:
-        driver = self._driver(sup_path)
-        return [] if driver.core.done else driver.core.which_children()
-
-    def exit_supervisor(self, sup_path: str, reason: object) -> bool:
-        """OTP's ``exit(Sup, Reason)``: the running supervisor at `sup_path` terminates its
-        children in its order and exits with `reason`; its parent applies its strategy. False
-        if no supervisor runs there."""
-        driver = self._find_driver(sup_path)
-        if driver is None:
-            return False
-        driver.post(Stop(reason))
-        return True
-
-    async def kill_supervisor(self, sup_path: str) -> bool:
-        """OTP's ``exit(Sup, kill)``: everything under the running supervisor at `sup_path` is
-        killed at once (brutal: no orderly stop, no ``on_stop``), and once it is gone the
-        supervisor exits with ``killed``; its parent applies its strategy. False if no
-        supervisor runs there."""
-        driver = self._find_driver(sup_path)
-        if driver is None:
-            return False
-        self.work_started()  # settled() waits for the kill and what the parent does about it
-        try:
-            await driver.kill()
-        finally:
-            self.work_done()
-        return True
-
-    def _find_driver(self, sup_path: str) -> SupervisorDriver | None:
-        stack = [self.root]
-        while stack:
-            driver = stack.pop()
-            if driver.path == sup_path and not driver.exited.is_set():
-                return driver
-            stack.extend(driver.children.values())
-        for sub in self.subtrees:  # the trees its actors own
-            found = sub._find_driver(sup_path)
-            if found is not None:
-                return found
-        return None
-
-    async def _request(self, driver: SupervisorDriver, make: Any, path: str) -> Outcome:
-        ref = next(self._refs)
-        done: tuple[trio.Event, list[Reply]] = (trio.Event(), [])
-        self._replies[ref] = done
-        driver.post(make(ref))
-        await done[0].wait()
-        reply = done[1][0]
-        if reply.outcome in _OK:
-            return reply.outcome
-        raise ChildError(path, reply.outcome, reply.reason)
-
-    def reply(self, reply: Reply) -> None:
-        waiting = self._replies.pop(reply.ref, None)  # type: ignore[call-overload]
-        if waiting is not None:
-            waiting[1].append(reply)
-            waiting[0].set()
 
     # ---------------------------------------------------------------- the root
 

@@ -9,7 +9,6 @@ the parent (duplicate ids, ``significant`` under ``auto_shutdown=NEVER``) name t
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,6 +20,15 @@ from ._actor import Actor
 from ._healspec import Heal, check_heal
 from ._sendable import WHAT_TRAVELS, first_unsendable, why_not
 from ._spec_errors import SpecError
+from ._spec_fields import (
+    as_word,
+    check_child_flags,
+    check_deadline,
+    check_group_flags,
+    check_id,
+    check_shape,
+    set_field,
+)
 from ._spec_words import ALL_FOR_ONE as ALL_FOR_ONE
 from ._spec_words import ALL_SIGNIFICANT as ALL_SIGNIFICANT
 from ._spec_words import ANY_SIGNIFICANT as ANY_SIGNIFICANT
@@ -43,105 +51,9 @@ from ._spec_words import Strategy as Strategy
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-def _set(obj: object, name: str, value: object) -> None:
-    # Frozen dataclasses normalise their own fields in __post_init__ this way.
-    object.__setattr__(obj, name, value)
-
-
-def _enum(path: str, name: str, value: Any, kind: type[enum.StrEnum]) -> Any:
-    """Accept a member or OTP's word for it ('one_for_one'), so specs can come from config."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in kind)
-        raise SpecError(path, name, value, allowed) from None
-
-
-def _check_id(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value or "/" in value:
-        raise SpecError(
-            f"{kind} {value!r}",
-            "id",
-            value,
-            "a non-empty str without '/'",
-            "ids form paths like 'rl/rollouts/2'",
-        )
-    return value
-
-
-def _check_shutdown(path: str, value: object) -> ShutdownSpec:
-    if isinstance(value, str):
-        return _shutdown_word(path, value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED)
-    if not (value > 0 and math.isfinite(value)):
-        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED, "BRUTAL_KILL kills at once")
-    return float(value)
-
-
-_SHUTDOWN_ALLOWED = "BRUTAL_KILL, INFINITY or a positive number of seconds"
-
-
-def _shutdown_word(path: str, value: str) -> Shutdown:
-    try:
-        return Shutdown(value)
-    except ValueError:
-        raise SpecError(path, "shutdown", value, _SHUTDOWN_ALLOWED) from None
-
-
-def _check_child_flags(path: str, spec: Supervisor | Worker | Mesh) -> None:
-    """Fields every kind of child has: restart, shutdown, significant.
-
-    OTP rule 3's first half (docs/otp-rules.md): the check that needs no parent.
-    """
-    _set(spec, "restart", _enum(path, "restart", spec.restart, Restart))
-    _set(spec, "shutdown", _check_shutdown(path, spec.shutdown))
-    if not isinstance(spec.significant, bool):
-        raise SpecError(path, "significant", spec.significant, "True or False")
-    if spec.significant and spec.restart is Restart.PERMANENT:
-        raise SpecError(
-            path,
-            "significant",
-            True,
-            "False for a PERMANENT child",
-            "a permanent child is always restarted, so its exit can never shut the group down; "
-            "use restart=TRANSIENT or TEMPORARY",
-        )
-
-
-def _check_group_flags(path: str, spec: Supervisor | Mesh) -> None:
-    """strategy, intensity and period, shared by Supervisor and Mesh.
-
-    OTP rule 1 (docs/otp-rules.md).
-    """
-    _set(spec, "strategy", _enum(path, "strategy", spec.strategy, Strategy))
-    intensity = spec.intensity
-    if isinstance(intensity, bool) or not isinstance(intensity, int) or intensity < 0:
-        raise SpecError(path, "intensity", intensity, "an int >= 0 (restarts allowed per period)")
-    period = spec.period
-    if (
-        isinstance(period, bool)
-        or not isinstance(period, int | float)
-        or not (period > 0 and math.isfinite(period))
-    ):
-        raise SpecError(path, "period", period, "a positive number of seconds")
-    _set(spec, "period", float(period))
-
-
 #: How long an actor's start (constructor, ``on_start``) may take by default: loading a large
 #: model from disk takes minutes; a start that takes longer says so (``start_timeout=``).
 START_TIMEOUT = 600.0
-
-
-def check_deadline(path: str, value: object, field: str = "progress_deadline") -> float | None:
-    """None, or a positive, finite number of seconds."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(path, field, value, "None or a positive number of seconds")
-    if not (value > 0 and math.isfinite(value)):
-        raise SpecError(path, field, value, "None or a positive number of seconds")
-    return float(value)
 
 
 def _check_args(path: str, spec: Worker | Mesh) -> None:
@@ -156,12 +68,12 @@ def _check_args(path: str, spec: Worker | Mesh) -> None:
         )
     if not isinstance(spec.args, tuple | list):
         raise SpecError(path, "args", spec.args, "a tuple or list of positional arguments")
-    _set(spec, "args", tuple(spec.args))
+    set_field(spec, "args", tuple(spec.args))
     kwargs = spec.kwargs
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise SpecError(path, "kwargs", kwargs, "a mapping of str to argument values")
     # A private copy behind a read-only view: the caller's dict can change, the spec cannot.
-    _set(spec, "kwargs", MappingProxyType(dict(kwargs)))
+    set_field(spec, "kwargs", MappingProxyType(dict(kwargs)))
     # Code, not data, is refused here; specs are data (an owner given the subtree it starts).
     unsendable = first_unsendable(spec.args, spec.kwargs, also=(Supervisor, Worker, Mesh))
     if unsendable is not None:
@@ -199,11 +111,11 @@ class Worker:
     start_timeout: float | None = START_TIMEOUT
 
     def __post_init__(self) -> None:
-        path = f"Worker {_check_id('Worker', self.id)!r}"
+        path = f"Worker {check_id('Worker', self.id)!r}"
         _check_args(path, self)
-        _check_child_flags(path, self)
-        _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
-        _set(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
+        check_child_flags(path, self)
+        set_field(self, "progress_deadline", check_deadline(path, self.progress_deadline))
+        set_field(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,16 +143,18 @@ class Supervisor:
     parallel_shutdown: bool = False
 
     def __post_init__(self) -> None:
-        path = f"Supervisor {_check_id('Supervisor', self.id)!r}"
-        _check_group_flags(path, self)
+        path = f"Supervisor {check_id('Supervisor', self.id)!r}"
+        check_group_flags(path, self)
         if not isinstance(self.parallel_shutdown, bool):
             raise SpecError(path, "parallel_shutdown", self.parallel_shutdown, "True or False")
-        _set(self, "auto_shutdown", _enum(path, "auto_shutdown", self.auto_shutdown, AutoShutdown))
-        _check_child_flags(path, self)
+        set_field(
+            self, "auto_shutdown", as_word(path, "auto_shutdown", self.auto_shutdown, AutoShutdown)
+        )
+        check_child_flags(path, self)
         children: object = self.children
         if isinstance(children, str | bytes) or not isinstance(children, Iterable):
             raise SpecError(path, "children", self.children, "a list of Supervisor/Worker/Mesh")
-        _set(self, "children", tuple(self.children))
+        set_field(self, "children", tuple(self.children))
         seen: set[str] = set()
         for child in self.children:
             check_sibling(self, child, seen)
@@ -308,15 +222,15 @@ class Mesh:
     heal: Heal | str | None = None
 
     def __post_init__(self) -> None:
-        path = f"Mesh {_check_id('Mesh', self.id)!r}"
-        _check_group_flags(path, self)
+        path = f"Mesh {check_id('Mesh', self.id)!r}"
+        check_group_flags(path, self)
         _check_args(path, self)
-        _check_child_flags(path, self)
-        _set(self, "progress_deadline", check_deadline(path, self.progress_deadline))
-        _set(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
-        _set(self, "shape", MappingProxyType(_check_shape(path, self.shape)))
+        check_child_flags(path, self)
+        set_field(self, "progress_deadline", check_deadline(path, self.progress_deadline))
+        set_field(self, "start_timeout", check_deadline(path, self.start_timeout, "start_timeout"))
+        set_field(self, "shape", MappingProxyType(check_shape(path, self.shape)))
         _check_process_group(path, self)
-        _set(self, "heal", check_heal(path, self.heal, self.actor))
+        set_field(self, "heal", check_heal(path, self.heal, self.actor))
 
     @property
     def size(self) -> int:
@@ -371,18 +285,6 @@ def _check_process_group(path: str, spec: Mesh) -> None:
             "fails the others are stuck in its collectives, so every member must be restarted "
             "into a new group; use strategy=ONE_FOR_ALL",
         )
-
-
-def _check_shape(path: str, shape: object) -> dict[str, int]:
-    allowed = "a non-empty dict of dimension name (identifier) to positive int, e.g. {'gpus': 4}"
-    if not isinstance(shape, Mapping) or not shape:
-        raise SpecError(path, "shape", shape, allowed)
-    for name, size in shape.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise SpecError(path, "shape", dict(shape), allowed, f"bad dimension name {name!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise SpecError(path, "shape", dict(shape), allowed, f"bad size {name}={size!r}")
-    return dict(shape)
 
 
 ChildSpec: TypeAlias = Supervisor | Worker | Mesh

@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._actor import ASYNCIO, ActorContext, EndpointInfo, runs_on, set_context
-from .._core._exits import ActorCrash, describe
+from .._core._exits import ActorCrash
 from .._core._reasons import KILLED
 from . import _chain, _policy, _raised
 from ._aioloop import asyncio_thread
 from ._blocking import run_blocking
 from ._calls import Message
-from ._flight import Flight, drain
+from ._cellcancel import CellCancels
+from ._cellstop import CellStopping
+from ._flight import Flight
 from ._inline import never_suspends
 from ._ports import Port
 from ._porttable import ReplyPorts
@@ -30,11 +32,8 @@ log = logging.getLogger("otpmesh.actor")
 
 MAILBOX_CAPACITY = 1024
 
-#: Cancels remembered for calls still queued (older ones are forgotten).
-_CANCELLED_MEMORY = 1024
 
-
-class ActorCell:
+class ActorCell(CellStopping, CellCancels):
     """Hosts one started actor instance inside a node, from its first message to its exit."""
 
     def __init__(
@@ -117,22 +116,6 @@ class ActorCell:
     def serves(self, serving: Serving) -> bool:
         return serving is self.serving or serving in self.in_flight
 
-    def cancel(self, reply: ReplyTo) -> bool:
-        """The caller of the call answered at `reply` gave up: cancel it if this actor is
-        serving it (an async endpoint is cancelled through trio; a plain-def one cannot be and
-        runs to the end), or skip it when its turn comes. True if this actor was serving it."""
-        self._replies.forget(lambda r: r == reply)  # its reply port: nobody waits on it any more
-        if self._current is not None and self._current == reply:
-            if self._call_scope is not None:
-                self._call_scope.cancel()
-            return True
-        if self.in_flight.cancel(reply):
-            return True
-        self._cancelled[reply] = None
-        if len(self._cancelled) > _CANCELLED_MEMORY:
-            del self._cancelled[next(iter(self._cancelled))]
-        return False
-
     def progress(self) -> None:
         """otpmesh.progress(): the endpoint running now is still moving."""
         serving = self.serving
@@ -163,47 +146,6 @@ class ActorCell:
         cycle = [*chain[chain.index(self.ctx.path) :], self.ctx.path]
         self.node.reply_error(reply, "DeadlockError", _chain.CYCLE_JOIN.join(cycle), "", "deadlock")
         return True
-
-    def caller_gone(self, conn: object) -> None:
-        """The connection `conn` closed: an async endpoint serving a call from it is cancelled
-        (nobody is left to answer it); its queued calls are skipped in turn (_handle_one)."""
-        self._replies.forget(lambda reply: reply[0] is conn)
-        current = self._current
-        if current is not None and current[0] is conn and self._call_scope is not None:
-            self._call_scope.cancel()
-        self.in_flight.caller_gone(conn)
-
-    def describe_exit(self) -> str:
-        return "running" if self.exit_reason is None else describe(self.exit_reason)
-
-    # ---------------------------------------------------------------- stopping
-
-    def request_stop(self, reason: object) -> None:
-        """Stop after the current message (run ``on_stop``); queued messages are not handled."""
-        if self.exit_reason is None:
-            self.set_exit(reason)
-            self._wake_idle()
-
-    def crash(self, reason: object) -> None:
-        """Exit now with `reason`, interrupting the current message; ``on_stop`` still runs."""
-        if self.exit_reason is None:
-            self.set_exit(reason)
-        self._serve_scope.cancel()
-
-    def kill(self) -> None:
-        """Stop at once: cancel whatever the actor is doing, skip ``on_stop``."""
-        if self.exit_reason is None:
-            self.set_exit(KILLED)
-        elif not self.exited:
-            self.exit_reason = KILLED
-        self._kill_scope.cancel()
-
-    def set_exit(self, reason: object) -> None:
-        # Announced at once (before any reply to the message that caused it), so the supervisor
-        # knows an exit is coming while on_stop still runs.
-        self.exit_reason = reason
-        if self._on_exiting is not None:
-            self._on_exiting(self)
 
     # ---------------------------------------------------------------- serving
 
@@ -289,31 +231,6 @@ class ActorCell:
             _chain.CHAIN.reset(token)
             self._current = None
             self.busy = False
-
-    def skipped(self, reply: ReplyTo | None) -> bool:
-        """Whether the call answered at `reply`, its turn come, is skipped: its caller gave up
-        while it waited in the mailbox, or its caller's process is gone."""
-        if reply is None:
-            return False
-        if reply in self._cancelled:
-            del self._cancelled[reply]
-            return True
-        return bool(getattr(reply[0], "closed", False))
-
-    def end_calls(self) -> None:
-        """End the message being served and every call in flight (the actor has crashed)."""
-        self._serve_scope.cancel()
-
-    def _wake_idle(self) -> None:
-        """The actor is done: if its task waits for a message, end the wait by closing the
-        mailbox (calls sent from now on are answered dead, as they would be by its exit)."""
-        if self._idle:
-            self.send.close()
-
-    def _drain(self) -> None:
-        reason = self.describe_exit()
-        drain(self.send, self._receive, self.node, reason)
-        self.in_flight.drain(reason)
 
     def handle_inline(
         self, method: str, args: list[Any], kwargs: dict[str, Any], reply: ReplyTo | None
@@ -415,10 +332,6 @@ class ActorCell:
     def _reply_port(self, reply: ReplyTo | None) -> Port[Any]:
         """The port a reply_port endpoint replies through (a cast's drops what is sent)."""
         return Port(*self._replies.open(reply))
-
-    def forget_port(self, reply: ReplyTo) -> None:
-        """The call answered at `reply` is answered with an error: its reply port is closed."""
-        self._replies.forget(lambda r: r == reply)
 
     def start_async(
         self,

@@ -9,37 +9,24 @@ reached it and lost it reports the failure: every way follows that rule, reducti
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-import trio
-
-from .._core._errors import ActorDiedError, CallTimeoutError, MeshError
-from .._core._shape import Coords, Shape, all_coords
+from .._core._errors import MeshError
+from .._core._shape import Shape
 from .._core._signature import Params, bind_error
 from .._core._valuemesh import ValueMesh
-from .._wire._owntasks import spawn as spawn_own
-from ._aioloop import bridge
+from ._asarrive import RepliesAsTheyCome
+from ._attempts import Attempts, calling_node, resendable, unwrap
 from ._calls import CallGroup
 from ._future import Future
 from ._lost import NO_RETRY, LostRetry
-from ._node import Node, current_node
+from ._node import Node
 from ._slot import Slot
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def _node() -> Node:
-    """This trio run's node: the one the refs and meshes it made call through."""
-    node = current_node()
-    if node is None:
-        raise MeshError(
-            "no otpmesh node is running in this trio run: refs and meshes work inside actors "
-            "and in the run that made them (otpmesh.proc_mesh() or otpmesh.start())"
-        )
-    return node
 
 
 def check_timeout(seconds: float | None) -> float | None:
@@ -61,11 +48,12 @@ class Target:
         self.who = slots[0].actor_id if single else name
 
 
-class Endpoint:
+class Endpoint(Attempts, RepliesAsTheyCome):
     """One endpoint of a mesh or ref; the ways to call it. Each checks its arguments against the
     endpoint's signature first: TypeError here when they do not bind, and nothing is sent."""
 
     __slots__ = ("_name", "_owner", "_params", "_retry", "_timeout")
+    _owner: Target
 
     def __init__(
         self,
@@ -161,13 +149,13 @@ class Endpoint:
         outcomes = await self._now(slots, args, kwargs)
         if outcomes is None:
             outcomes = await self._outcomes(slots, args, kwargs)
-        return ValueMesh(self._owner.shape, [_value(o) for o in outcomes])
+        return ValueMesh(self._owner.shape, [unwrap(o) for o in outcomes])
 
     async def _call_one(self, args: Any, kwargs: Any) -> Any:
         slots = self._owner.slots
         if self._timeout is None and self._retry is NO_RETRY and slots[0].up:
             # ``_now`` for one actor, written out: this is ``ref.ep(x)``, the hottest path.
-            node, slot = _node(), slots[0]
+            node, slot = calling_node(), slots[0]
             version = slot.version
             group = node.call_now(slots, [slot.actor_id], self._name, args, kwargs)
             if group is not None:
@@ -178,10 +166,10 @@ class Endpoint:
                 ok, value = group.results[0]
                 if ok:
                     return value
-                if not _resendable(slot, value):
+                if not resendable(slot, value):
                     raise value
-                return _value((await self._outcomes(slots, args, kwargs, [version]))[0])
-        return _value((await self._outcomes(slots, args, kwargs))[0])
+                return unwrap((await self._outcomes(slots, args, kwargs, [version]))[0])
+        return unwrap((await self._outcomes(slots, args, kwargs))[0])
 
     async def _now(
         self, slots: list[Slot], args: Any, kwargs: Any
@@ -198,7 +186,7 @@ class Endpoint:
             if not slot.up:
                 return None
             versions.append(slot.version)
-        node = _node()
+        node = calling_node()
         group = node.call_now(slots, [s.actor_id for s in slots], self._name, args, kwargs)
         if group is None:
             return None
@@ -208,7 +196,7 @@ class Endpoint:
             node.ended(slots, group)
         outcomes: list[tuple[bool, Any]] = group.results
         again = [
-            i for i, (ok, value) in enumerate(outcomes) if not ok and _resendable(slots[i], value)
+            i for i, (ok, value) in enumerate(outcomes) if not ok and resendable(slots[i], value)
         ]
         if again:
             resent = await self._outcomes(
@@ -219,135 +207,16 @@ class Endpoint:
         return outcomes
 
     async def _choose(self, args: Any, kwargs: Any) -> Any:
-        node = _node()
+        node = calling_node()
         slots = self._owner.slots
         live = [s for s in slots if s.up and s.dead_reason() is None] or slots
         least = min(node.inflight.get(s.actor_id, 0) for s in live)
         candidates = [s for s in live if node.inflight.get(s.actor_id, 0) == least]
         chosen = candidates[next(_round_robin) % len(candidates)]
-        return _value((await self._outcomes([chosen], args, kwargs))[0])
+        return unwrap((await self._outcomes([chosen], args, kwargs))[0])
 
     async def _broadcast(self, args: Any, kwargs: Any) -> None:
-        await _node().cast(self._owner.slots, self._name, args, kwargs)
-
-    async def _reduce(
-        self, combine: Callable[[R, Any], R], initial: R, args: Any, kwargs: Any
-    ) -> R:
-        slots = self._owner.slots
-        accumulated, error = initial, None
-        send, arrivals = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
-        async with trio.open_nursery() as nursery:
-            self._fan_out(nursery, slots, args, kwargs, send)
-            for _ in slots:
-                _, outcome = await arrivals.receive()
-                try:
-                    accumulated = combine(accumulated, _value(outcome))
-                except Exception as exc:  # raised below, outside the nursery (not in a group)
-                    error = exc
-                    nursery.cancel_scope.cancel()
-                    break
-        if error is not None:
-            raise error
-        return accumulated
-
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[Coords, Any]]:
-        """Call every actor; yield (coordinates, value) as replies arrive. Errors raise in turn."""
-        if bridge() is not None:
-            raise MeshError(
-                f"{self._name}.stream() is not available in an asyncio actor's code: use "
-                f"await {self._name}.call(...) (one ValueMesh) or call each actor in its own task"
-            )
-        self._bind(args, kwargs)
-        slots = self._owner.slots
-        coords = all_coords(self._owner.shape)
-        # The calls run in a system task, not in a nursery held open across the yields: a
-        # generator left unfinished (a `break`, an error in the loop's body) is closed later
-        # from another task, which must not be asked to exit a cancel scope of this one.
-        send, arrivals = trio.open_memory_channel[tuple[int, tuple[bool, Any]]](len(slots))
-        calls = trio.CancelScope()
-
-        async def fan_out() -> None:
-            with calls:
-                async with trio.open_nursery() as nursery:
-                    self._fan_out(nursery, slots, args, kwargs, send)
-
-        spawn_own(fan_out, name=f"otpmesh: {self._name}.stream()")
-        try:
-            for _ in range(len(slots)):
-                index, outcome = await arrivals.receive()
-                yield coords[index], _value(outcome)
-        finally:
-            calls.cancel()  # the calls still out end with the loop
-
-    def _fan_out(
-        self,
-        nursery: trio.Nursery,
-        slots: list[Slot],
-        args: Any,
-        kwargs: Any,
-        send: trio.MemorySendChannel[tuple[int, tuple[bool, Any]]],
-    ) -> None:
-        """Call each of `slots` in a task of `nursery`; (index, outcome) pairs into `send` (room
-        for every slot's) as they arrive."""
-
-        async def one(index: int) -> None:
-            try:
-                outcome = (await self._outcomes([slots[index]], args, kwargs))[0]
-            except Exception as exc:  # a timeout: delivered in turn like any error
-                outcome = (False, exc)
-            send.send_nowait((index, outcome))
-
-        for index in range(len(slots)):
-            nursery.start_soon(one, index)
-
-    async def _outcomes(
-        self, slots: list[Slot], args: Any, kwargs: Any, seen: list[int] | None = None
-    ) -> list[tuple[bool, Any]]:
-        """(ok, value-or-error) per slot, within this endpoint's timeout; `seen`: the slots'
-        versions a first attempt was sent to (its share is sent to a newer one)."""
-        attempt = _Attempt()
-        if seen is None:
-            seen = [-1] * len(slots)
-        if self._timeout is None:
-            return await self._gather(slots, args, kwargs, attempt, seen)
-        with trio.move_on_after(self._timeout):
-            return await self._gather(slots, args, kwargs, attempt, seen)
-        raise CallTimeoutError(attempt.late(), self._name, self._timeout)
-
-    async def _gather(
-        self, slots: list[Slot], args: Any, kwargs: Any, attempt: _Attempt, seen: list[int]
-    ) -> list[tuple[bool, Any]]:
-        # A call that never reached a supervised actor (it was restarting) is sent again to the
-        # next incarnation; a call that reached it and lost it reports the failure, unless
-        # this endpoint was made `with_retry(lost=...)` and the member has re-sends left.
-        node = _node()
-        lost = self._retry.budget(len(slots))
-        results: list[tuple[bool, Any]] = [(False, None)] * len(slots)
-        todo = list(range(len(slots)))
-        while todo:
-            attempt.group, attempt.paths = None, [slots[i].actor_id for i in todo]
-            for i in todo:
-                if slots[i].remote and seen[i] >= 0:
-                    await node.resolve(slots[i])
-                else:
-                    await slots[i].wait_up(seen[i])
-                seen[i] = slots[i].version
-            batch = [slots[i] for i in todo]
-            group = await node.call(batch, attempt.paths, self._name, args, kwargs)
-            attempt.group = group
-            try:
-                await group.wait_all()
-            finally:
-                node.ended(batch, group)
-            retry = []
-            for j, i in enumerate(todo):
-                ok, value = group.results[j]
-                if not ok and (_resendable(slots[i], value) or lost.take(i, slots[i], value)):
-                    retry.append(i)
-                else:
-                    results[i] = (ok, value)
-            todo = retry
-        return results
+        await calling_node().cast(self._owner.slots, self._name, args, kwargs)
 
 
 class Reduction(Generic[R]):
@@ -374,37 +243,6 @@ def _reduce_with(
     combine: Callable[[R, Any], R], initial: R, endpoint: Endpoint, args: Any, kwargs: Any
 ) -> Awaitable[R]:
     return endpoint._reduce(combine, initial, args, kwargs)
-
-
-class _Attempt:
-    """The slots a call is still waiting for, to name them if it times out."""
-
-    __slots__ = ("group", "paths")
-
-    def __init__(self) -> None:
-        self.group: CallGroup | None = None
-        self.paths: list[str] = []
-
-    def late(self) -> list[str]:
-        if self.group is None:
-            return self.paths
-        return [self.group.paths[i] for i in self.group.missing()]
-
-
-def _resendable(slot: Slot, error: Any) -> bool:
-    return (
-        isinstance(error, ActorDiedError)
-        and not error.delivered
-        and slot.supervised
-        and slot.gone is None
-    )
-
-
-def _value(outcome: tuple[bool, Any]) -> Any:
-    ok, value = outcome
-    if ok:
-        return value
-    raise value
 
 
 _round_robin = itertools.count()
@@ -437,7 +275,7 @@ def resend(
     """What ``_call_one`` does after its hot path failed with `error`: a call that never
     reached its supervised actor goes the general way to the next incarnation (newer than
     `version`); None when `error` is the call's outcome."""
-    if not _resendable(slot, error):
+    if not resendable(slot, error):
         return None
     endpoint, _, call_args, call_kwargs = args
     return partial(endpoint._outcomes, [slot], call_args, call_kwargs, [version])

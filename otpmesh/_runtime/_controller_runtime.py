@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
-from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from .._core._dumpable import make_undumpable
 from .._core._errors import SpawnError
-from .._core._exits import ProcessExit, describe
-from .._core._reasons import SHUTDOWN, is_normal_exit
 from .._node._failure import MeshFailure
 from .._node._mainmodule import this_main
 from .._node._node import Node, set_current_node
@@ -29,48 +25,26 @@ from .._wire._owntasks import spawn as spawn_own
 from ..rdma._channel import Channel
 from . import _spare
 from ._deaths import Deaths
+from ._exitnews import ExitListener, HearsExits
 from ._forkclient import ForkServer
-from ._liveness import HARD_FACTOR
-from ._proc import (
-    HEARTBEAT_INTERVAL,
-    HEARTBEAT_TIMEOUT,
-    Proc,
-    beat_interval,
-    hello_peer,
-    hello_refusal,
-    lines_since,
-    peer_refusal,
-)
+from ._hangs import WatchesPipes
+from ._hellos import SPAWN_TIMEOUT, ChecksHellos
+from ._proc import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Proc, beat_interval
 from ._statedir import TakeoverState
-from ._watchdog import Watchdog, hung_reason
-from ._workerpipes import BeatReader, WorkerPipes, forward_lines, watch_heartbeat
+from ._watchdog import Watchdog
 
 log = logging.getLogger("otpmesh.runtime")
-
-
-class ExitListener(Protocol):
-    """Hears of actor exits: first that one is coming, then the exit itself with its reason."""
-
-    def actor_exiting(self, path: str, incarnation: int) -> None: ...
-    def actor_exited(self, path: str, incarnation: int, reason: object) -> None: ...
-    async def resolve(self, path: str) -> dict[str, Any]: ...
-
 
 _RUNTIME: trio.lowlevel.RunVar[Runtime] = trio.lowlevel.RunVar("otpmesh_runtime")
 _STARTING: trio.lowlevel.RunVar[tuple[trio.Event, Runtime]] = trio.lowlevel.RunVar(
     "otpmesh_runtime_starting"
 )
-SPAWN_TIMEOUT = 60.0
-#: How long a worker stuck in C has to write its faulthandler dump before it is killed.
-FAULTHANDLER_WAIT = 1.0
-# How long a lost connection waits for the fork server's exit status before reporting.
-_EXIT_STATUS_WAIT = 1.0
 #: What the layers above serve from the controller's node (registered when they are imported):
 #: each is called with every new runtime.
 SERVICES: list[Callable[[Runtime], None]] = []
 
 
-class Runtime:
+class Runtime(ChecksHellos, HearsExits, WatchesPipes):
     """Everything the controller owns for one trio run."""
 
     def __init__(self, secret: bytes | None = None) -> None:
@@ -194,17 +168,6 @@ class Runtime:
         proc.exited.set()
         proc.ready.set()
         proc.forked.set()
-
-    def exit_reason_of(self, proc: Proc, path: str) -> object:
-        """Why `path`, hosted by the dead `proc`, exited."""
-        if proc.shut_down:
-            return SHUTDOWN
-        hung = proc.hung
-        if hung is not None:
-            if hung.get("actor") in (None, path):
-                return hung_reason(hung)
-            return ProcessExit(proc.pid, f"was killed: {hung.get('actor')} hung in it")
-        return ProcessExit(proc.pid, proc.exit_reason or "is gone")
 
     async def request_stacks(self, proc: Proc, timeout: float) -> dict[str, Any] | str:
         """What `proc`'s actors are doing now (its watchdog answers, even while the event loop
@@ -353,75 +316,6 @@ class Runtime:
         cfg["heartbeat_interval"] = beat_interval(proc.heartbeat_timeout)  # watched here
         self.watch_pipes(proc, *await self.forkserver.spawn(proc.proc_id, env, cfg))
 
-    def watch_pipes(self, proc: Proc, out_r: int, err_r: int, beat_r: int, ctl_w: int) -> None:
-        """Forward `proc`'s output and watch its heartbeats, from the parent's pipe ends."""
-        assert self.nursery is not None
-        proc.pipes = WorkerPipes(beat_r, ctl_w, partial(setattr, proc, "hung"))
-        self.nursery.start_soon(forward_lines, out_r, partial(self.output, proc, sys.stdout))
-        self.nursery.start_soon(forward_lines, err_r, partial(self.output, proc, sys.stderr))
-        self.nursery.start_soon(self._watch_heartbeat, proc, proc.pipes.reader)
-
-    async def _watch_heartbeat(self, proc: Proc, reader: BeatReader) -> None:
-        """Kill a worker whose heartbeats stop while it is still alive (stopped, wedged)."""
-        await proc.ready.wait()
-        await watch_heartbeat(
-            reader,
-            proc.heartbeat_timeout,
-            lambda: proc.alive,
-            partial(self.hung, proc),
-            lambda: proc.pid,
-            lambda: proc.started,
-        )
-
-    def hung(self, proc: Proc, why: str) -> None:
-        """`proc` stopped beating while alive, stuck (not starved): kill it, and make its exit
-        say why. One that is running (in C code holding the GIL: its watchdog thread cannot
-        run) is first made to write its threads' stacks with faulthandler (SIGUSR1)."""
-        how = f"{why} and was killed"
-        log.warning("%s (pid %d) %s", proc.label(), proc.pid, how)
-        proc.hang_reason = how
-        if proc.host is not None or "stopped" in why or self.nursery is None:
-            self.kill(proc)  # a stopped process cannot run a signal handler
-            return
-        self.nursery.start_soon(self._dump_then_kill, proc, how)
-
-    async def _dump_then_kill(self, proc: Proc, how: str) -> None:
-        mark = proc.err_count
-        self.forkserver.kill(proc.pid, signal.SIGUSR1)
-        # faulthandler writes from its C signal handler, GIL or not; give the lines time to
-        # come through the stderr pipe.
-        # It ends when no line came for a moment (the dump has no end mark).
-        with trio.move_on_after(FAULTHANDLER_WAIT):
-            seen = mark
-            while proc.alive:
-                await trio.sleep(0.1)
-                if seen != mark and proc.err_count == seen:
-                    break
-                seen = proc.err_count
-        dump = lines_since(proc, mark)
-        proc.hung = {
-            "op": "hung",
-            "actor": None,  # every actor in it
-            "endpoint": "",
-            "seconds": proc.heartbeat_timeout * HARD_FACTOR,
-            "how": how,
-            "stacks": "\n".join(dump),
-        }
-        self.kill(proc)
-
-    @staticmethod
-    def output(proc: Proc, sink: Any, line: bytes) -> None:
-        """Write one line of a worker's output to ours, prefixed with its actors' paths."""
-        text = line.decode(errors="replace")
-        if sink is sys.stderr:
-            proc.err_tail.append(text)
-            proc.err_count += 1
-        try:
-            sink.write(f"[{proc.label()}] {text}\n")
-            sink.flush()
-        except (OSError, ValueError):
-            pass
-
     def shutdown(self, proc: Proc, payload: Any) -> None:
         """Ask a worker to stop its actors and exit (its death lock's release is then no news)."""
         if proc.alive and proc.conn is not None:
@@ -436,151 +330,6 @@ class Runtime:
             self.cluster.kill(proc)
         else:
             self.forkserver.kill(proc.pid)
-
-    # ------------------------------------------------------------ node hooks
-
-    def _on_hello(self, conn: Connection, payload: Any) -> None:
-        if isinstance(payload, dict) and "agent" in payload and self.cluster is not None:
-            self.cluster.on_agent_hello(conn, payload)
-            return
-        if isinstance(payload, dict) and "lifeline" in payload and self.cluster is not None:
-            self.cluster.on_lifeline_hello(conn, payload)
-            return
-        proc = self.procs.get(str(payload.get("proc"))) if isinstance(payload, dict) else None
-        if (
-            proc is not None
-            and proc.host is None
-            and not proc.forked.is_set()
-            and self.nursery is not None
-            and hello_refusal(proc, payload) is None
-        ):
-            # The right token, but its fork server's report (the pid to check it against) is
-            # still on its way: decide once it came. A wrong token is refused at once, below.
-            self.nursery.start_soon(self._hello_once_forked, conn, proc, payload)
-            return
-        self._check_hello(conn, proc, payload)
-
-    async def _hello_once_forked(self, conn: Connection, proc: Proc, payload: Any) -> None:
-        with trio.move_on_after(SPAWN_TIMEOUT):
-            await proc.forked.wait()
-        self._check_hello(conn, proc, payload)
-
-    def _check_hello(self, conn: Connection, proc: Proc | None, payload: Any) -> None:
-        """Register `proc`'s worker on `conn`, or refuse the HELLO without touching `proc`:
-        nothing is sent to the sender, its connection alone is closed, the token stays unused."""
-        why = hello_refusal(proc, payload) or peer_refusal(conn, proc)
-        if why is not None or proc is None:
-            name = payload.get("proc") if isinstance(payload, dict) else None
-            self.node.refusals.refused(hello_peer(conn), f"worker HELLO for {name!r}: {why}")
-            conn.abort(f"refused: {why}")
-            return
-        proc.token = None  # used: a replay of this HELLO, on any connection, is refused
-        proc.conn = conn
-        self._by_conn[conn] = proc
-        proc.addr = payload["addr"]
-        proc.pid = proc.pid or payload["pid"]
-        self.node.register(proc.addr, conn)
-        if proc.host is not None:
-            self.node.relays[proc.addr] = proc.host.conn
-        if self.takeover is not None:
-            self.takeover.proc_started(proc)
-        self.deaths.hello(proc, payload)
-        proc.ready.set()
-
-    def _on_connection_lost(self, conn: Connection) -> bool:
-        if self.cluster is not None and self.cluster.connection_lost(conn):
-            return True
-        proc = self.proc_on(conn)
-        self._by_conn.pop(conn, None)
-        if proc is None or self.nursery is None:
-            return False
-        proc.noticed_by = proc.noticed_by or "connection"
-        self.nursery.start_soon(self._report_death, proc, conn)
-        return True
-
-    def proc_on(self, conn: Connection) -> Proc | None:
-        """The worker process whose connection `conn` is (None: not one of ours)."""
-        proc = self._by_conn.get(conn)
-        if proc is None or proc.conn is not conn:
-            # One whose connection was set without a HELLO here (adopted in a takeover).
-            proc = next((p for p in self.procs.values() if p.conn is conn), None)
-            if proc is not None:
-                self._by_conn[conn] = proc
-        return proc
-
-    async def _report_death(self, proc: Proc, conn: Connection) -> None:
-        # EOF comes first; the exit status follows from the fork server within milliseconds.
-        with trio.move_on_after(_EXIT_STATUS_WAIT):
-            if proc.host is None and not proc.exited.is_set():
-                await self.deaths.exit_status(proc)
-            await proc.exited.wait()
-        if proc.exit_reason is None:
-            proc.exit_reason = f"lost its connection ({conn.close_reason})"
-        self.node.fail_pending(conn, self._call_failure(proc))
-        actors, proc.actors = proc.actors, {}
-        for path in actors:
-            if self._host_of.get(path) is proc:
-                del self._host_of[path]
-        # A process stopped on purpose (its host shut down with its cluster) ends its actors
-        # with the normal 'shutdown'; one whose watchdog found an actor hung, with a Hung;
-        # anything else is a process failure.
-        for path, incarnation in actors.items():
-            self.actor_exit(path, incarnation, self.exit_reason_of(proc, path))
-
-    def _call_failure(self, proc: Proc) -> str:
-        """How the dead `proc` died, in the words a call into it fails with: here, and in the
-        peers that ask (``_death_of``)."""
-        return describe(hung_reason(proc.hung)) if proc.hung else proc.death()
-
-    async def _death_of(self, conn: Connection | None, addr: Any) -> str | None:
-        """How the worker at `addr` died, for a peer that saw only its connection end (its
-        calls into it then fail with the words they fail with here), once known: within
-        _EXIT_STATUS_WAIT, as here. None: no worker of this app had that address, or it lives."""
-        if type(addr) is not str:
-            return None
-        # A scan, not an index: asked only by a caller that had calls out to a dead process.
-        proc = next((p for p in self.procs.values() if p.addr == addr), None)
-        if proc is None:
-            return None
-        with trio.move_on_after(_EXIT_STATUS_WAIT):
-            await proc.exited.wait()
-        return None if proc.alive else self._call_failure(proc)
-
-    async def _resolve_actor(self, conn: Connection | None, path: str) -> dict[str, Any]:
-        listener = self.exit_listeners.get(path)
-        if listener is None:
-            return {"gone": f"{path} is not supervised by a running application"}
-        return await listener.resolve(path)
-
-    def _actor_exiting(self, payload: dict[str, Any]) -> None:
-        listener = self.exit_listeners.get(payload["id"])
-        if listener is not None:
-            listener.actor_exiting(payload["id"], payload["incarnation"])
-
-    def _actor_exited(self, payload: dict[str, Any]) -> None:
-        # Inline in the connection reader: the exit is known before any later "dead" reply.
-        path, incarnation = payload["id"], payload["incarnation"]
-        proc = self._host_of.get(path)
-        if proc is not None and proc.actors.get(path) == incarnation:
-            del proc.actors[path]
-            del self._host_of[path]
-        else:  # not indexed (an adopted process's actors): look for it
-            for proc in self.procs.values():
-                if proc.actors.get(path) == incarnation:
-                    del proc.actors[path]
-        self.actor_exit(path, incarnation, payload["reason"])
-
-    def actor_exit(self, path: str, incarnation: int, reason: object) -> None:
-        listener = self.exit_listeners.get(path)
-        if listener is not None:
-            listener.actor_exited(path, incarnation, reason)
-        elif not is_normal_exit(reason):
-            log.warning("%s exited: %s", path, describe(reason))
-        self.exited_hooks(path, incarnation, reason)
-
-    def exited_hooks(self, path: str, incarnation: int, reason: object) -> None:
-        for hook in self.exit_hooks:
-            hook(path, incarnation, reason)
 
 
 async def runtime(secret: bytes | None = None) -> Runtime:

@@ -27,16 +27,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .._core._children import ChildInfo, ChildStatus
-from .._core._exits import ActorCrash, describe
-from .._core._giveup import gave_up, give_up_error, root_run
 from .._core._livetree import LiveTree, change_record
-from .._core._reasons import KILLED, SHUTDOWN, is_normal_exit
+from .._core._reasons import KILLED, SHUTDOWN
 from .._core._spec import BRUTAL_KILL, Mesh, Supervisor, Worker
 from .._core._supervisor import SupervisorCore
 from .._core._supevents import (
     ChildExited,
-    ChildLost,
     ChildStarted,
     ChildTerminated,
     Command,
@@ -57,6 +53,9 @@ from .._core._supevents import (
     TerminateChild,
     TerminateChildRequest,
 )
+from ._simnodes import Running, SimNode
+from ._simowned import SimOwned
+from ._simtakeover import SimTakeover
 from ._steps import (
     Advance,
     Call,
@@ -71,24 +70,8 @@ from ._steps import (
 from ._trees import Owned, check_owned, tree_of
 
 
-@dataclass(slots=True)
-class _Node:
-    core: SupervisorCore
-    parent: _Node | None
-    id: str
-    incarnation: int
-    owner: str | None = None  # an owned subtree's root: the worker that started it
-
-
-@dataclass(slots=True)
-class _Running:
-    parent: _Node
-    id: str
-    incarnation: int
-
-
 @dataclass
-class Simulation:
+class Simulation(SimTakeover, SimOwned):
     """Runs `tree` with idealised children; see the module docstring for the trace."""
 
     tree: Supervisor
@@ -99,17 +82,17 @@ class Simulation:
     trace: list[TraceEntry] = field(default_factory=list)
     log: list[LogEntry] = field(default_factory=list)
     root_exit: object = None
-    _nodes: dict[str, _Node] = field(default_factory=dict)
-    _workers: dict[str, _Running] = field(default_factory=dict)
+    _nodes: dict[str, SimNode] = field(default_factory=dict)
+    _workers: dict[str, Running] = field(default_factory=dict)
     _plans: dict[str, deque[StartOutcome]] = field(default_factory=dict)
     _calls: dict[object, tuple[str, str]] = field(default_factory=dict)
     _counters: dict[str, dict[str, int]] = field(default_factory=dict)
-    _subtrees: dict[str, _Node] = field(default_factory=dict)  # owner path -> subtree root
+    _subtrees: dict[str, SimNode] = field(default_factory=dict)  # owner path -> subtree root
     _specs: dict[str, Supervisor | Mesh] = field(default_factory=dict)  # supervisors' specs
     #: The takeover journal's child-list records, oldest first (since the last takeover).
     journal: list[dict[str, object]] = field(default_factory=list)
     _live: LiveTree | None = None  # during a takeover: the journal folded
-    _lost: dict[str, _Running] = field(default_factory=dict)  # during one: died in the gap
+    _lost: dict[str, Running] = field(default_factory=dict)  # during one: died in the gap
     _carried: dict[str, tuple[float, ...]] = field(default_factory=dict)  # and restart times
     _started: dict[str, int] = field(default_factory=dict)  # the journal's actor records
 
@@ -136,7 +119,7 @@ class Simulation:
 
     def start(self) -> Simulation:
         """Start the tree (OTP's ``start_link`` of the root)."""
-        root = _Node(SupervisorCore(self.tree), None, self.tree.id, 1)
+        root = SimNode(SupervisorCore(self.tree), None, self.tree.id, 1)
         self._nodes[self.tree.id] = root
         self.trace.append(("sup_start", self.tree.id))
         result = self._pump(root, self._call(root, lambda: root.core.start(self.now)))
@@ -187,128 +170,6 @@ class Simulation:
             self._stop_owned(path)
             self._deliver(worker.parent, ChildExited(worker.id, worker.incarnation, reason))
 
-    # ---- a takeover ------------------------------------------------------------------------
-
-    def _takeover(self, step: Takeover) -> None:
-        """Every core is gone; the tree is resumed from the journal alone, adopting the
-        workers that still run, then the lost ones' exits are reported, one at a time."""
-        if self.owned:
-            raise NotImplementedError("the model takes over trees without owned subtrees")
-        live = LiveTree()
-        for record in self.journal:
-            live.add(record)
-        self.journal = []  # the standby's run journals the resumed tree afresh
-        # Each supervisor's restarts inside its period: the journal's restart records.
-        self._carried = {path: node.core.restarts for path, node in self._nodes.items()}
-        workers, self._nodes, self._workers = self._workers, {}, {}
-        # The standby's incarnation counters: the journal's, as it seeds them.
-        self._counters = {}
-        for path, incarnation in self._started.items():
-            sup, _, child = path.rpartition("/")
-            self._counters.setdefault(sup, {})[child] = incarnation
-        for sup, counters in live.counters().items():
-            mine = self._counters.setdefault(sup, {})
-            for child_id, number in counters.items():
-                mine[child_id] = max(mine.get(child_id, 0), number)
-        self._lost = {p: workers[p] for p in step.lost if p in workers}
-        self._live = live
-        try:
-            root = self._resume_group(self.tree, self.tree.id, None, self.tree.id, 1)
-        finally:
-            self._live = None
-        for path, gone in self._lost.items():
-            # Adopted as running, reported now as any exit: the tree is whole again.
-            self.trace.append(("exit", path, step.reason))
-            node = self._nodes.get(gone.parent.core.path)
-            if node is not None:
-                self._deliver(node, ChildExited(gone.id, gone.incarnation, step.reason))
-        self._lost = {}
-        if root.core.done:
-            self.root_exit = root.core.exit_reason
-
-    def _resume_group(
-        self, spec: Supervisor | Mesh, path: str, parent: _Node | None, id: str, incarnation: int
-    ) -> _Node:
-        assert self._live is not None
-        group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
-        rows = self._live.rows(path, incarnation)
-        if rows is None:
-            raise AssertionError(f"the journal holds no child list of {path} #{incarnation}")
-        declared = {c.id: c for c in group.children}
-        children = [
-            ChildInfo(
-                row[0], ChildStatus(row[1]), row[2], row[3] if len(row) > 3 else declared[row[0]]
-            )
-            for row in rows
-        ]
-        core = SupervisorCore(
-            group,
-            path=path,
-            incarnations=self._counters.setdefault(path, {}),
-            restarts=self._carried.pop(path, ()),
-            resume=children,
-        )
-        node = _Node(core, parent, id, incarnation)
-        self._nodes[path] = node
-        self._specs[path] = spec
-        result = self._pump(node, self._call(node, lambda: node.core.start(self.now)))
-        if isinstance(result, Exit):  # a retry the journal saw under way gave up
-            self._exited(node, result.reason)
-        return node
-
-    def _adopt(self, node: _Node, command: StartChild) -> Event:
-        path = f"{node.core.path}/{command.id}"
-        if not isinstance(command.spec, Worker):
-            self._resume_group(command.spec, path, node, command.id, command.incarnation)
-            return ChildStarted(command.id, adopted=True)
-        gone = self._lost.get(path)
-        if gone is not None:
-            self._lost[path] = _Running(node, command.id, command.incarnation)
-            return ChildLost(command.id, "lost")
-        self._workers[path] = _Running(node, command.id, command.incarnation)
-        return ChildStarted(command.id, adopted=True)
-
-    # ---- owned subtrees ---------------------------------------------------------------------
-
-    def _start_owned(self, owner: str) -> object:
-        """The owner's on_start starts its subtree (before the owner counts as started);
-        returns the owner's start failure reason if the subtree failed to start."""
-        spec = self.owned[owner]
-        path = f"{owner}/{spec.id}"
-        for p in [p for p in self._counters if p == path or p.startswith(path + "/")]:
-            del self._counters[p]  # a new subtree is a new tree: incarnations from 1
-        result, node = self._start_group(spec, path, None, spec.id, 1)
-        if isinstance(result, InitFailed):
-            # SpawnError raised by context().start (otpmesh/_controller/_subtree.py).
-            error = f"supervisor {spec.id} failed to start: {describe(result.reason)}"
-            return ActorCrash("SpawnError", f"starting {path} failed: {error}")
-        node.owner = owner
-        self._subtrees[owner] = node
-        return None
-
-    def _stop_owned(self, owner: str) -> None:
-        """The owner exited: its subtree is stopped in OTP order (in the background, for the
-        real system: the log's per-tree order is what the machine compares)."""
-        node = self._subtrees.pop(owner, None)
-        if node is None or node.core.path not in self._nodes:
-            return
-        result = self._pump(node, self._handle(node, Stop(SHUTDOWN)))
-        self._nodes.pop(node.core.path, None)
-        reason = result.reason if isinstance(result, Exit) else SHUTDOWN
-        self.trace.append(("exit", node.core.path, reason))
-
-    def _owned_exited(self, node: _Node, owner: str, reason: object) -> None:
-        """An owned subtree's root exited by itself: if it gave up, its owner crashes with
-        the subtree's SupervisorError; an auto-shutdown (a normal exit) leaves the owner be."""
-        if self._subtrees.get(owner) is not node:
-            return  # stopped by (or with) its owner
-        del self._subtrees[owner]
-        path = node.core.path
-        run = root_run(self.log, path, lambda p: tree_of(p, self.owned) == owner)
-        if gave_up(run, path) or not is_normal_exit(reason):
-            error = give_up_error(run, path, reason, self._specs.__getitem__)
-            self._crash(owner, ActorCrash("SupervisorError", str(error)))
-
     # ---- driving cores ----------------------------------------------------------------------
 
     def _request(self, call: Call) -> Event:
@@ -324,7 +185,7 @@ class Simulation:
             return RestartChildRequest(ref, call.id)
         return DeleteChildRequest(ref, call.id)
 
-    def _call(self, node: _Node, feed: Callable[[], list[Command]]) -> list[Command]:
+    def _call(self, node: SimNode, feed: Callable[[], list[Command]]) -> list[Command]:
         commands = feed()
         self.log.extend(node.core.take_log())
         if node.core.idle:  # between operations: what changed goes to the journal
@@ -341,15 +202,15 @@ class Simulation:
                 )
         return commands
 
-    def _handle(self, node: _Node, event: Event) -> list[Command]:
+    def _handle(self, node: SimNode, event: Event) -> list[Command]:
         return self._call(node, lambda: node.core.handle(event, self.now))
 
-    def _deliver(self, node: _Node, event: Event) -> None:
+    def _deliver(self, node: SimNode, event: Event) -> None:
         result = self._pump(node, self._handle(node, event))
         if isinstance(result, Exit):
             self._exited(node, result.reason)
 
-    def _exited(self, node: _Node, reason: object, gone: bool = False) -> None:
+    def _exited(self, node: SimNode, reason: object, gone: bool = False) -> None:
         """A supervisor exited by itself: for its parent this is an ordinary child exit."""
         if not gone:
             del self._nodes[node.core.path]
@@ -361,7 +222,7 @@ class Simulation:
         else:
             self._deliver(node.parent, ChildExited(node.id, node.incarnation, reason))
 
-    def _pump(self, node: _Node, commands: list[Command]) -> InitDone | InitFailed | Exit | None:
+    def _pump(self, node: SimNode, commands: list[Command]) -> InitDone | InitFailed | Exit | None:
         """Carry out a core's commands until it waits for the outside world."""
         pending = deque(commands)
         result: InitDone | InitFailed | Exit | None = None
@@ -377,7 +238,7 @@ class Simulation:
                 result = command
         return result
 
-    def _start_child(self, node: _Node, command: StartChild) -> Event:
+    def _start_child(self, node: SimNode, command: StartChild) -> Event:
         if command.adopt:
             return self._adopt(node, command)
         path = f"{node.core.path}/{command.id}"
@@ -390,7 +251,7 @@ class Simulation:
                 outcome = "ok" if failure is None else ("error", failure)
             self.trace.append(("start", path, outcome))
             if outcome == "ok":
-                self._workers[path] = _Running(node, command.id, command.incarnation)
+                self._workers[path] = Running(node, command.id, command.incarnation)
                 self._started[path] = command.incarnation
                 return ChildStarted(command.id)
             if outcome == "ignore":
@@ -402,13 +263,13 @@ class Simulation:
         return ChildStarted(command.id)
 
     def _start_group(
-        self, spec: Supervisor | Mesh, path: str, parent: _Node | None, id: str, incarnation: int
-    ) -> tuple[InitDone | InitFailed | Exit | None, _Node]:
+        self, spec: Supervisor | Mesh, path: str, parent: SimNode | None, id: str, incarnation: int
+    ) -> tuple[InitDone | InitFailed | Exit | None, SimNode]:
         group = spec.as_supervisor() if isinstance(spec, Mesh) else spec
         self._specs[path] = spec
         # Incarnation counters outlive a restarted supervisor, as the trio driver's do.
         core = SupervisorCore(group, path=path, incarnations=self._counters.setdefault(path, {}))
-        child = _Node(core, parent, id, incarnation)
+        child = SimNode(core, parent, id, incarnation)
         self._nodes[path] = child
         self.trace.append(("sup_start", path))
         result = self._pump(child, self._call(child, lambda: child.core.start(self.now)))
@@ -416,7 +277,7 @@ class Simulation:
             del self._nodes[path]
         return result, child
 
-    def _terminate_child(self, node: _Node, command: TerminateChild) -> Event:
+    def _terminate_child(self, node: SimNode, command: TerminateChild) -> Event:
         path = f"{node.core.path}/{command.id}"
         if command.shutdown is BRUTAL_KILL:
             reason: object = KILLED
