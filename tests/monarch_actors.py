@@ -320,3 +320,64 @@ class PortFailer(Actor):
     @endpoint
     async def ping(self) -> str:
         return "pong"
+
+
+class Aborter(Actor):
+    @endpoint
+    def abort(self, reason: str | None) -> str:
+        context().actor_instance.abort(reason)
+        return "not reached"  # abort() ends the endpoint here
+
+
+class FileFinalizer:
+    """Writes "finalized" to its file when collected (its file is opened early: at
+    interpreter exit ``open`` may be gone)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "w")
+
+    def __del__(self) -> None:
+        self._file.write("finalized")
+        self._file.close()
+
+
+#: Set in a worker by Finalizing: a module global, collected only when the module is cleared.
+_finalized_at_exit: FileFinalizer | None = None
+
+
+class Finalizing(Actor):
+    def __init__(self, path: str) -> None:
+        global _finalized_at_exit
+        _finalized_at_exit = FileFinalizer(path)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Watcher(Actor):
+    """Spawns a Doomed child on processes it was given, fails it, and waits in an endpoint
+    until its own __supervise__ has heard of the failure."""
+
+    def __init__(self, procs: ProcMesh) -> None:
+        self.child = procs.spawn("doomed", Doomed)
+        self.heard: list[str] = []
+        self.failed = asyncio.Event()
+
+    @endpoint
+    async def fail_child_and_wait(self) -> str:
+        self.child.fall.broadcast()
+        await self.failed.wait()  # set by __supervise__, while this endpoint waits
+        return self.heard[0]
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.heard.append(str(failure))
+        self.failed.set()
+        return True
+
+
+class RaisingWatcher(Watcher):
+    """A Watcher whose __supervise__ raises: it handles nothing, and its actor fails."""
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        raise RuntimeError("boom from __supervise__")

@@ -5,6 +5,8 @@ operations at once, and the all-sync-or-all-async rule."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -15,14 +17,27 @@ from otpmesh.monarch import (
     ActorError,
     ActorMesh,
     Channel,
+    Extent,
     MeshFailure,
     SupervisionError,
     concurrent_endpoint,
     endpoint,
     this_host,
 )
+from otpmesh.monarch.job import ProcessJob
 from tests.conftest import run_trio
-from tests.monarch_actors import Counter, Doomed, Hatchery, PortFailer, Refuser, Relay
+from tests.monarch_actors import (
+    Aborter,
+    Counter,
+    Doomed,
+    Finalizing,
+    Hatchery,
+    PortFailer,
+    RaisingWatcher,
+    Refuser,
+    Relay,
+    Watcher,
+)
 
 
 def test_a_blocking_get_in_a_plain_def_reaches_an_actor_of_its_own_process() -> None:
@@ -186,5 +201,98 @@ def test_an_actor_mixing_plain_and_async_endpoints_is_refused_at_spawn() -> None
         ):
             procs.spawn("mixed", Mixed)
         await procs.stop()
+
+    run_trio(body, timeout=30)
+
+
+def test_extents_are_dicts_with_monarchs_labels_and_sizes() -> None:
+    extent = Extent(["hosts", "gpus"], [2, 4])
+    assert extent == {"hosts": 2, "gpus": 4}
+    assert (extent.labels, extent.sizes, extent.nelements) == (["hosts", "gpus"], [2, 4], 8)
+    hosts = ProcessJob({"hosts": 2}).state(cached_path=None).hosts  # no process yet
+    assert isinstance(hosts.extent, Extent) and hosts.extent.labels == ["hosts"]
+    with pytest.raises(ValueError, match="2 labels for 1 sizes"):
+        Extent(["hosts", "gpus"], [2])
+
+
+@pytest.mark.parametrize("reason", [None, "out of patience"])
+def test_abort_ends_the_actor_and_its_fault_gives_the_reason(
+    reason: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faults: list[MeshFailure] = []
+
+    async def body() -> None:
+        reported = trio.Event()
+
+        def hook(failure: MeshFailure) -> None:  # called in this run, when the exit is heard
+            faults.append(failure)
+            reported.set()
+
+        monkeypatch.setattr(monarch, "unhandled_fault_hook", hook)
+        aborter = this_host().spawn_procs().spawn("aborter", Aborter)
+        with pytest.raises(SupervisionError, match="aborted: "):
+            await aborter.abort.call_one(reason)
+        await reported.wait()
+
+    run_trio(body, timeout=30)
+    [fault] = faults
+    # Monarch's report names the actor, its class and the reason.
+    why = reason or "no reason provided"
+    assert f"actor <tests.monarch_actors.Aborter aborter/0> aborted: {why}" in fault.report()
+    with pytest.raises(RuntimeError, match="abort\\(\\) ends the running actor"):
+        monarch.context().actor_instance.abort("from the client")
+
+
+def test_a_stopped_proc_mesh_refuses_spawns_at_once() -> None:
+    async def body() -> None:
+        procs = this_host().spawn_procs()
+        await procs.initialized
+        await procs.stop()
+        with pytest.raises(RuntimeError, match="`ProcMesh` has already been stopped"):
+            procs.spawn("late", Counter, 0)
+
+    run_trio(body, timeout=30)
+
+
+def test_a_graceful_stop_finalizes_what_the_workers_own_modules_hold(tmp_path: Path) -> None:
+    # A module global's __del__ runs when its process ends in order, as at a Python exit.
+    marker = tmp_path / "marker"
+    marker.write_text("not finalized")
+
+    async def body() -> None:
+        procs = this_host().spawn_procs()
+        finalizing = procs.spawn("finalizing", Finalizing, str(marker))
+        await finalizing.pid.call_one()
+        await procs.stop()  # returns once the process has ended
+
+    run_trio(body, timeout=30)
+    assert marker.read_text() == "finalized"
+
+
+def test_supervise_runs_while_an_endpoint_of_its_actor_awaits_what_it_sets() -> None:
+    # Monarch's owners wait in an endpoint for their __supervise__ to hear of a failure.
+    async def body() -> None:
+        procs = this_host().spawn_procs()
+        children = this_host().spawn_procs()  # the child's processes are not the owner's
+        watcher = procs.spawn("watcher", Watcher, children)
+        heard = await watcher.fail_child_and_wait.call_one()
+        # Printed as Monarch prints it; otpmesh's words are its event.
+        assert heard.startswith("MeshFailure(mesh_name=doomed, crashed_ranks=[0], event=doomed/0")
+        assert "Doom: the floor gave way" in heard
+
+    run_trio(body, timeout=30)
+
+
+def test_a_supervise_that_raises_fails_its_actor_and_the_callers_hear_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(monarch, "unhandled_fault_hook", lambda failure: None)
+
+    async def body() -> None:
+        procs, children = this_host().spawn_procs(), this_host().spawn_procs()
+        watcher = procs.spawn("watcher", RaisingWatcher, children)
+        # The call in flight when the hook raised hears the hook's error and the child's.
+        with pytest.raises(SupervisionError, match=r"(?s)doomed/0.*boom from __supervise__"):
+            await watcher.fail_child_and_wait.call_one()
 
     run_trio(body, timeout=30)

@@ -72,11 +72,13 @@ async def tell_owner(rt: Runtime, owner: str, failure: MeshFailure) -> None:
     ref = owner_ref(rt, owner)
     if ref is None:
         return  # the owner is gone already: what it owned is being stopped with it
+    raised = ""
     try:
         handled = await ref.endpoint(HOOK).call_one(failure)
     except Exception as exc:
         log.info("%s did not handle %s: %s", owner, failure, exc)
         handled = False
+        raised = f", which raised: {exc}"  # the hook's own error, in the owner's reason too
     if handled is not True:
-        why = f"{failure} (not handled by its owner's {HOOK})"
+        why = f"{failure} (not handled by its owner's {HOOK}{raised})"
         await crash_owner(rt, owner, ActorCrash("MeshFailure", why))

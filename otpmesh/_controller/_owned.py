@@ -187,7 +187,10 @@ class Service:
             raise MeshError("spawn names its actor class by import path")
         args, kwargs = list(p.get("args", [])), dict(p.get("kwargs", {}))
         supervision = p.get("supervision")
-        mesh._spawners[p["name"]] = proc_of(self.rt, conn)
+        spawner = mesh._spawners[p["name"]] = proc_of(self.rt, conn)
+        asker = p.get("owner")  # the spawning actor: it hears of the actors' failures
+        if isinstance(asker, str) and spawner is not None and asker in spawner.names:
+            mesh._hearers[p["name"]] = asker
         if supervision is None:
             return await mesh.spawn(p["name"], p["cls"], *args, **kwargs)
         strategy, restart, intensity, period, start_timeout = supervision

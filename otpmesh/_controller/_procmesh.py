@@ -59,6 +59,9 @@ class ProcMesh:
         self._apps: dict[str, OwnedTree] = {}
         self._views: dict[tuple[Any, ...], ProcMesh] = {}
         self._spawners: dict[str, Proc | None] = {}  # which process asked for each actor mesh
+        # Which actor hears of each actor mesh's failures (``__supervise__``), where it is not
+        # this proc mesh's owner: the actor that spawned it on these processes (Monarch's rule).
+        self._hearers: dict[str, str] = {}
         self._listeners: dict[str, Unsupervised] = {}  # unsupervised actor meshes' exit listeners
         self._stopping = trio.Event()
         self.owner = owner
@@ -182,7 +185,11 @@ class ProcMesh:
                 proc.hosted(slot.actor_id, 1)
 
         listener = Unsupervised(
-            self._rt, self.events, path, self.owner, partial(self._stopped_on_purpose, name)
+            self._rt,
+            self.events,
+            path,
+            self._hearers.get(name, self.owner),
+            partial(self._stopped_on_purpose, name),
         )
         for slot in slots:
             self._rt.exit_listeners[slot.actor_id] = listener
@@ -275,6 +282,7 @@ class ProcMesh:
     def _forget(self, name: str, slots: list[Slot]) -> None:
         """Drop the exit listener of the unsupervised actor mesh `name`, once its actors are
         stopped: a controller that spawns and stops meshes for days keeps none of them."""
+        self._hearers.pop(name, None)
         listener = self._listeners.pop(name, None)
         if listener is None:
             return  # a supervised mesh: its tree's listeners go with the tree

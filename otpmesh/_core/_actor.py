@@ -148,8 +148,11 @@ def served(cls: type[Actor]) -> dict[str, EndpointInfo]:
     found = cls.endpoints()
     hook = getattr(cls, SUPERVISE_HOOK, None)
     if callable(hook):
-        found[SUPERVISE_HOOK] = EndpointInfo(
-            SUPERVISE_HOOK, inspect.iscoroutinefunction(hook), True
+        declared = getattr(hook, _ENDPOINT_ATTR, None)  # served as its own @endpoint says
+        found[SUPERVISE_HOOK] = (
+            replace(declared, name=SUPERVISE_HOOK)
+            if isinstance(declared, EndpointInfo)
+            else EndpointInfo(SUPERVISE_HOOK, inspect.iscoroutinefunction(hook), True)
         )
     return found
 

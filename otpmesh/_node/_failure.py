@@ -34,3 +34,7 @@ class MeshFailure:
 
     def __str__(self) -> str:
         return f"{self.path} (rank {self.rank} of mesh {self.mesh}) exited: {self.reason}"
+
+    def report(self) -> str:
+        """The failure in words (Monarch's ``MeshFailure.report()``): who, where, and why."""
+        return str(self)

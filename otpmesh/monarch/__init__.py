@@ -32,6 +32,7 @@ from ._ports import Channel as Channel
 from ._ports import Port as Port
 from ._ports import PortReceiver as PortReceiver
 from ._supervision import SupervisionError as SupervisionError
+from ._values import Extent as Extent
 from ._values import Point as Point
 from ._values import ValueMesh as ValueMesh
 from ._where import shutdown_context as shutdown_context
@@ -48,6 +49,7 @@ __all__ = [
     "Channel",
     "Context",
     "Endpoint",
+    "Extent",
     "Future",
     "HostMesh",
     "Instance",

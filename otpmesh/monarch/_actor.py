@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, overload
 
 from .._core import _actor as native
 from .._core._exits import describe
@@ -27,7 +27,7 @@ from .._core._reasons import is_normal_exit
 from .._node._aioloop import bridge
 from ._hosts import this_proc
 from ._meshes import ProcMesh, to_monarch, to_native
-from ._supervision import failure_of
+from ._supervision import ActorFailure, MonarchFailure, failure_of
 from ._syncthread import SYNC_ATTR, close_thread, is_sync, own_thread
 from ._values import Point
 
@@ -116,14 +116,17 @@ def _monarch_init(init: Callable[..., None]) -> Callable[..., None]:
 
 
 def _monarch_supervise(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Monarch's contract for ``__supervise__``: any truthy result means handled."""
+    """Monarch's contract for ``__supervise__``: any truthy result means handled. It runs at
+    once, even while one of the actor's endpoints awaits (it may await what the hook sets), as
+    Monarch's supervision events do."""
     body = _wrap(hook)
 
     @functools.wraps(hook)
     async def __supervise__(self: Any, failure: Any) -> bool:
-        return bool(await body(self, failure))
+        return bool(await body(self, MonarchFailure.of(failure)))
 
-    return __supervise__
+    served: Callable[..., Any] = _SUPERVISE(__supervise__)
+    return served
 
 
 def _wrap(fn: Callable[..., Any], *, explicit_port: bool = False) -> Callable[..., Any]:
@@ -136,7 +139,7 @@ def _wrap(fn: Callable[..., Any], *, explicit_port: bool = False) -> Callable[..
             try:
                 result = await fn(self, *to_monarch(args), **to_monarch(kwargs))
             except BaseException as exc:
-                _fail(exc, explicit_port)
+                _fail(self, exc, explicit_port)
                 raise
             return await to_native(result)
 
@@ -149,7 +152,7 @@ def _wrap(fn: Callable[..., Any], *, explicit_port: bool = False) -> Callable[..
         try:
             result = await own_thread(self).run(call)
         except BaseException as exc:
-            _fail(exc, explicit_port)
+            _fail(self, exc, explicit_port)
             raise
         return await to_native(result)
 
@@ -157,9 +160,17 @@ def _wrap(fn: Callable[..., Any], *, explicit_port: bool = False) -> Callable[..
     return run_sync
 
 
-def _fail(exc: BaseException, explicit_port: bool) -> None:
+class _Aborted(ActorFailure):
+    """Raised by ``abort()``: the wrapper names the actor that aborted."""
+
+
+def _fail(actor: Any, exc: BaseException, explicit_port: bool) -> None:
     """Monarch's rule: a BaseException (not an Exception) escaping an endpoint kills the actor
     and its caller hears a SupervisionError (``_supervision.py``)."""
+    if isinstance(exc, _Aborted):  # Monarch's failure names the actor, class and all
+        cls = type(actor)
+        who = f"<{cls.__module__}.{cls.__qualname__} {native.context().path}>"
+        raise ActorFailure(f"actor {who} aborted: {exc}") from None
     failure = failure_of(exc, explicit_port=explicit_port)
     if failure is not None:
         raise failure from exc
@@ -170,6 +181,8 @@ def _fail(exc: BaseException, explicit_port: bool) -> None:
 _REPLY = native.endpoint(let_it_crash=native.UNANSWERED)
 _CONCURRENT = native.endpoint(concurrent=True, let_it_crash=native.UNANSWERED)
 _CONCURRENT_PORT = native.endpoint(concurrent=True, reply_port=True, let_it_crash=True)
+#: The owner hook: served at once; its exception goes to the controller, which fails the owner.
+_SUPERVISE = native.endpoint(concurrent=True, let_it_crash=False)
 
 
 @overload
@@ -262,6 +275,24 @@ class Instance:
     def proc(self) -> ProcMesh:
         """A proc mesh to spawn siblings on (see ``this_proc``)."""
         return this_proc()
+
+    @property
+    def proc_mesh(self) -> ProcMesh:
+        """Monarch's actor's proc mesh; here, as ``proc``, a one-process mesh to spawn on
+        (``this_proc``): an actor does not hold its mesh's processes here."""
+        return this_proc()
+
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """End the running actor as failed, now: its caller hears ``SupervisionError``, and its
+        owner's ``__supervise__`` (or ``unhandled_fault_hook``) a failure that gives `reason`
+        ("no reason provided" without one). Unlike Monarch's, it does not return: the endpoint
+        ends here."""
+        if self is _CLIENT:
+            raise RuntimeError(
+                "abort() ends the running actor: call it in an actor's endpoint "
+                "(outside actors, raise an exception or call sys.exit)"
+            )
+        raise _Aborted(reason if reason is not None else "no reason provided")
 
 
 @dataclass(frozen=True)

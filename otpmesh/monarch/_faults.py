@@ -18,6 +18,7 @@ from typing import Any
 from .._node._failure import MeshFailure
 from .._runtime._controller_runtime import Runtime
 from ._ending import end_program, ending_status
+from ._supervision import MonarchFailure
 
 #: What the line that ends the program starts with.
 ENDS = "otpmesh.monarch: unhandled fault, the program ends:"
@@ -35,7 +36,7 @@ def report(failure: MeshFailure) -> None:
         return
     hook: Any = getattr(sys.modules[__package__ or ""], "unhandled_fault_hook", default_hook)
     try:
-        hook(failure)
+        hook(MonarchFailure.of(failure))
     except BaseException as exc:
         # One line: the worker's own log already showed the traceback of what failed there.
         what = str(failure).splitlines()[0]

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from .._controller._procmesh import ProcMesh as NativeProcMesh
 from .._controller._procref import ProcMeshRef
 from .._core._actor import Actor as NativeActor
-from .._core._errors import ActorDiedError, ActorError, SpawnError
+from .._core._errors import ActorDiedError, ActorError, MeshError, SpawnError
 from .._core._shape import Shape, select
 from .._core._valuemesh import ValueMesh as NativeValueMesh
 from .._node._failure import MeshFailure
@@ -31,7 +31,7 @@ from ._faults import report
 from ._future import Future, settled
 from ._supervision import as_monarch
 from ._syncthread import check_styles
-from ._values import ValueMesh
+from ._values import Extent, ValueMesh
 from ._where import start
 
 log = logging.getLogger("otpmesh.monarch")
@@ -43,7 +43,7 @@ NativeProcs = NativeProcMesh | ProcMeshRef
 Ready = Callable[[], None]
 
 
-def _size(extent: Shape, dim: str | None = None) -> int:
+def extent_size(extent: Shape, dim: str | None = None) -> int:
     """The number of points of `extent`, or its size along `dim`."""
     if dim is not None:
         if dim not in extent:
@@ -83,15 +83,15 @@ class ActorMesh(Generic[A]):
         return await self._native
 
     @property
-    def extent(self) -> Shape:
-        return dict(self._extent)
+    def extent(self) -> Extent:
+        return Extent.of(self._extent)
 
     def size(self, dim: str | None = None) -> int:
         """How many points (actors, processes), or the size along `dim`."""
-        return _size(self._extent, dim)
+        return extent_size(self._extent, dim)
 
     def __len__(self) -> int:
-        return _size(self._extent)
+        return extent_size(self._extent)
 
     def __getattr__(self, name: str) -> Endpoint[Any]:
         if name.startswith("_"):
@@ -127,7 +127,7 @@ class ActorMesh(Generic[A]):
             native = await self._native
             return native.flatten(name) if isinstance(native, NativeActorMesh) else native
 
-        return ActorMesh(start(flattened), self._cls, {name: _size(self._extent)})
+        return ActorMesh(start(flattened), self._cls, {name: extent_size(self._extent)})
 
     @property
     def initialized(self) -> Future[bool]:
@@ -296,14 +296,22 @@ def _spawn_failures(name: str, error: SpawnError) -> list[MeshFailure]:
     return failures or [MeshFailure(name, name, -1, str(error))]
 
 
+def _stopped_error(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"spawn({name!r}, ...): `ProcMesh` has already been stopped; spawn on a new one "
+        "(host.spawn_procs(...))"
+    )
+
+
 class ProcMesh:
     """Processes, one per point of its extent; ``spawn`` starts actors on them."""
 
-    __slots__ = ("_extent", "_native")
+    __slots__ = ("_extent", "_native", "_stopped")
 
     def __init__(self, native: Future[NativeProcs], extent: Shape) -> None:
         self._native = native
         self._extent = dict(extent)
+        self._stopped = False  # stop() was asked for: spawn is refused, as Monarch's is
 
     @classmethod
     def from_otpmesh(cls, procs: NativeProcs) -> ProcMesh:
@@ -313,12 +321,12 @@ class ProcMesh:
         return cls(settled(procs), procs.shape)
 
     @property
-    def extent(self) -> Shape:
-        return dict(self._extent)
+    def extent(self) -> Extent:
+        return Extent.of(self._extent)
 
     def size(self, dim: str | None = None) -> int:
         """How many points (actors, processes), or the size along `dim`."""
-        return _size(self._extent, dim)
+        return extent_size(self._extent, dim)
 
     def spawn(self, name: str, actor: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """One `actor` per process (``actor(*args, **kwargs)`` runs there); returns at once,
@@ -331,6 +339,8 @@ class ProcMesh:
                 "(subclass otpmesh.monarch.Actor)"
             )
         check_styles(actor)
+        if self._stopped:
+            raise _stopped_error(name)
         cls: type[NativeActor] = actor
 
         async def spawn(ready: Ready) -> NativeMesh:
@@ -339,6 +349,10 @@ class ProcMesh:
             ready()
             try:
                 mesh: NativeMesh = await procs.spawn(name, cls, *a, **k)
+            except MeshError as exc:
+                if isinstance(procs, NativeProcMesh) and procs.stopped:
+                    raise _stopped_error(name) from exc
+                raise
             except SpawnError as exc:
                 # The program's own proc mesh: nobody else to tell. One it stopped meanwhile
                 # ended the spawn on purpose: the spawn's error, no fault.
@@ -366,6 +380,8 @@ class ProcMesh:
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes, then the processes."""
+
+        self._stopped = True
 
         async def stop(ready: Ready) -> None:
             procs = await self._native

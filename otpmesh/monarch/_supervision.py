@@ -10,8 +10,10 @@ otpmesh's detail after Monarch's words.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from .._core._errors import ActorDiedError, ActorError
+from .._node._failure import MeshFailure
 
 
 class SupervisionError(ActorDiedError, RuntimeError):
@@ -65,3 +67,23 @@ def as_monarch(exc: BaseException, *, call: str | None = None) -> BaseException:
 def _chained(new: BaseException, cause: BaseException) -> BaseException:
     new.__cause__ = cause
     return new
+
+
+@dataclass(frozen=True, slots=True)
+class MonarchFailure(MeshFailure):
+    """A MeshFailure as Monarch's hooks see it (``__supervise__``, ``unhandled_fault_hook``):
+    it prints as Monarch's does, ``MeshFailure(mesh_name=..., crashed_ranks=[...], event=...)``;
+    ``report()`` gives otpmesh's words."""
+
+    @classmethod
+    def of(cls, failure: MeshFailure) -> MeshFailure:
+        if not isinstance(failure, MeshFailure) or isinstance(failure, MonarchFailure):
+            return failure
+        return cls(failure.mesh, failure.path, failure.rank, failure.reason)
+
+    def __str__(self) -> str:
+        event = MeshFailure.__str__(self)
+        return f"MeshFailure(mesh_name={self.mesh}, crashed_ranks=[{self.rank}], event={event})"
+
+    def report(self) -> str:
+        return MeshFailure.__str__(self)

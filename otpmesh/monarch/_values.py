@@ -12,6 +12,39 @@ from .._core._valuemesh import ValueMesh as NativeValueMesh
 R = TypeVar("R")
 
 
+class Extent(dict[str, int]):
+    """Monarch's ``Extent``: a mesh's size along each dimension, in order. A dict
+    (``extent["gpus"]``) with Monarch's ``labels``, ``sizes`` and ``nelements``;
+    ``Extent(["hosts", "gpus"], [2, 4])``."""
+
+    def __init__(self, labels: Iterable[str], sizes: Iterable[int]) -> None:
+        labels, sizes = list(labels), list(sizes)
+        if len(labels) != len(sizes):
+            raise ValueError(f"Extent(labels, sizes): {len(labels)} labels for {len(sizes)} sizes")
+        super().__init__(zip(labels, sizes, strict=True))
+
+    @classmethod
+    def of(cls, shape: Mapping[str, int]) -> Extent:
+        """The extent of `shape` (a dict of sizes)."""
+        return cls(shape.keys(), shape.values())
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.keys())
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self.values())
+
+    @property
+    def nelements(self) -> int:
+        """How many points: the product of the sizes."""
+        n = 1
+        for size in self.values():
+            n *= size
+        return n
+
+
 class Point(Mapping[str, int]):
     """A position in a mesh: its coordinates by dimension (a mapping), ``rank`` (its index in
     rank order) and ``extent`` (the mesh's sizes)."""
@@ -49,8 +82,8 @@ class ValueMesh(NativeValueMesh[R]):
     __slots__ = ()
 
     @property
-    def extent(self) -> Shape:
-        return self.shape
+    def extent(self) -> Extent:
+        return Extent.of(self.shape)
 
     def item(self, **coords: int) -> R:
         """The value at `coords` (every dimension named); no arguments for a one-value mesh."""
