@@ -229,3 +229,41 @@ def test_a_singleton_is_resumed_with_its_state(
     lines = standby.finish()
     assert f"counter {int(count) + 1} {pid}" in lines, lines  # one more, in the same process
     assert not any("not taken over" in line for line in lines), lines
+
+
+MESH_JOB = """
+import trio
+import otpmesh
+from otpmesh import Supervisor, Worker
+from tests.owned_actors import Spawner
+
+
+TREE = Supervisor("job", children=[Worker("sp", Spawner)])
+
+
+async def main(state: str, standby: bool) -> None:
+    takeover = otpmesh.Takeover(dir=state, grace=60.0, standby=standby)
+    async with otpmesh.start(TREE, takeover=takeover) as app:
+        kids = await app.actor("job/sp").kids()
+        print("kids", sorted((await kids.pid()).values()), flush=True)
+        if not standby:
+            await trio.sleep_forever()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_mesh_an_actor_spawned_on_a_proc_mesh_runs_on_and_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not taken over yet: said in one line; its actors are left running (their owner, adopted,
+    still calls them), not stopped as a start under way would be."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent.parent))
+    job, state, active = start_job(tmp_path, MESH_JOB)
+    before = active.wait_for("kids")
+    active.proc.send_signal(signal.SIGKILL)
+    active.proc.wait(10)
+    standby = Program(state, "--standby", program=job)
+    lines = standby.finish()
+    assert before in lines, lines  # the same processes answer the adopted owner
+    said = [line for line in lines if "not taken over" in line]
+    assert len(said) == 1 and "job/sp/kids" in said[0] and "run on" in said[0], lines

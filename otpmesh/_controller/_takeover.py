@@ -67,6 +67,9 @@ class Resumed:
     pids: dict[str, int] = field(default_factory=dict)
     #: The trees that actors owned, running, in the order they were started.
     owned: list[dict[str, Any]] = field(default_factory=list)
+    #: Every actor the adopted processes said they run (path -> incarnation), journalled or
+    #: not (an actor mesh spawned on a proc mesh is not).
+    found: dict[str, int] = field(default_factory=dict)
     hosts: Hosts | None = None
     #: The boot of the host the journal's monotonic times were taken on.
     boot: str = ""
@@ -119,19 +122,31 @@ class Resumed:
         skipped = await resume_owned(
             self.rt, self.rt.service, self.owned, self.procs, self.running, heartbeat_timeout
         )
-        known = [SINGLETONS, *roots]
-        for path in _not_taken_over(self.journalled, ctx.specs):
-            if path not in known and owned_by(path, known) is None:
-                skipped[path] = "it was not journalled"
         if skipped:
             log.warning(
                 "takeover: not taken over: %s; their workers' actors are stopped",
                 "; ".join(f"{root} ({why})" for root, why in sorted(skipped.items())),
             )
+        known = [SINGLETONS, *roots]
+        alive = {  # running, in no tree this standby resumed, nor under a declared supervisor
+            path: number
+            for path, number in self.found.items()
+            if owned_by(path, known) is None and path.rpartition("/")[0] not in ctx.specs
+        }
+        unknown = [path for path in _not_taken_over(alive, ctx.specs) if path not in known]
+        if unknown:  # actor meshes spawned on proc meshes: their owners may still call them
+            log.warning(
+                "takeover: not taken over (meshes spawned on proc meshes are not yet): %s; "
+                "their actors run on, unsupervised, until the app ends",
+                ", ".join(unknown),
+            )
 
         # Before any exit is reported: a restarted owner's new tree must not hear these.
+        def declared(path: str) -> bool:
+            return path.rpartition("/")[0] in ctx.specs
+
         stop_unadopted = getattr(ctx.placement, "stop_unadopted", None)
-        unadopted = await stop_unadopted(lambda path: True) if stop_unadopted else []
+        unadopted = await stop_unadopted(declared) if stop_unadopted else []
         lost = ctx.report_lost() + sum(sub.reported_lost for sub in ctx.subtrees)
         await ctx.settled()  # the driver starts on a tree whose supervisors handled them
         journal = ctx.live_journal
@@ -261,6 +276,7 @@ async def _take(
     boot = str(run.app.get("boot", ""))
     resumed = Resumed(rt, lease, restarts=run.restarts, live=run.live, hosts=hosts, boot=boot)
     resumed.owned = list(run.owned.values())
+    resumed.found = {path: n for proc in live.values() for path, n in proc.actors.items()}
     for path, (incarnation, proc_id) in run.actors.items():
         resumed.journalled[path] = incarnation
         if proc_id in run.procs:
