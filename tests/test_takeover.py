@@ -534,6 +534,7 @@ async def main(state: str, standby: bool) -> None:
             await trio.sleep_forever()
         incarnation = app.which_children("job")[0].incarnation
         print(f"incarnation {incarnation} pid {await wedged.pid()}", flush=True)
+        print("exits", [e.reason_text() for e in app.events.of_kind("child_exited")], flush=True)
 """
 
 
@@ -547,6 +548,8 @@ def test_an_actor_that_ended_in_a_live_process_during_the_gap_restarts_in_it(
     standby = Program(state, "--standby", program=job)
     line = standby.wait_for("incarnation ")
     assert line == f"incarnation 2 pid {pid}"  # restarted, in the process that kept running
+    exits = standby.wait_for("exits ")
+    assert "ended while no controller ran; its process lives on" in exits, exits
     standby.finish()
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._core._children import ChildInfo, ChildStatus
-from .._core._exits import ProcessExit, describe
+from .._core._exits import ActorCrash, ProcessExit, describe
 from .._core._healspec import PEER
 from .._core._reasons import KILLED, SHUTDOWN
 from .._core._shape import all_coords
@@ -234,8 +234,12 @@ class SupervisorDriver:
         adopted = getattr(self.app.placement, "adopted", None)
         proc = adopted(path) if adopted is not None else None
         if proc is None or proc.actors.get(path) != command.incarnation:
+            live = self.app.placement.process(self.app.slot(path))
+            if live is not None:  # its actor ended (a hang, a crash), its process lives on
+                why = "it ended while no controller ran; its process lives on"
+                return self._lost(command, ActorCrash("ActorLost", why))
             journal = self.app.live_journal
-            pid = proc.pid if proc else journal.pid_of(path) if journal else 0
+            pid = journal.pid_of(path) if journal else 0
             return self._lost(command, ProcessExit(pid, "ended while no controller ran"))
         return await self._start(replace(command, adopt=False))
 
